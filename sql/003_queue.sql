@@ -1,0 +1,83 @@
+-- 003_queue: webhooks.alert_delivery_queue, one row per (event, endpoint) delivery.
+--
+-- `INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload) VALUES (...)` is
+-- enough to enqueue: every other column has a default, and the idempotency key defaults to the
+-- event id (set by a BEFORE trigger, since a column default cannot read another column).
+--
+-- Hot-table care: fillfactor below 100 so status updates stay heap-only, partial indexes that cover
+-- only the claimable and leased rows, and autovacuum tuned for a table whose rows churn.
+
+CREATE TABLE webhooks.alert_delivery_queue (
+    delivery_id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    webhook_id         bigint      NOT NULL REFERENCES webhooks.endpoints (id),
+    event_id           text        NOT NULL DEFAULT 'evt_' || replace(gen_random_uuid()::text, '-', ''),
+    idempotency_key    text        NOT NULL,
+    event_type         text        NOT NULL CHECK (event_type <> ''),
+    payload            jsonb       NOT NULL,
+    source_ref         text,
+    metadata           jsonb       NOT NULL DEFAULT '{}',
+    status             text        NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'delivering', 'retrying', 'delivered', 'dead_letter')),
+    priority           smallint    NOT NULL DEFAULT 0,
+    ordering_key       text,
+    attempts           integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    deferrals          integer     NOT NULL DEFAULT 0 CHECK (deferrals >= 0),
+    replays            integer     NOT NULL DEFAULT 0 CHECK (replays >= 0),
+    -- NULL: the endpoint's override, else webhooks.delivery_config.max_attempts
+    max_attempts       integer     CHECK (max_attempts BETWEEN 1 AND 100),
+    next_retry_at      timestamptz NOT NULL DEFAULT now(),
+    locked_by          text,
+    lease_token        uuid,
+    locked_until       timestamptz,
+    last_http_status   integer,
+    last_error         text,
+    failure_category   text,
+    dead_letter_reason text,
+    traceparent        text,
+    expires_at         timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    delivered_at       timestamptz,
+    dead_lettered_at   timestamptz,
+    CONSTRAINT lease_columns_together
+        CHECK ((status = 'delivering') = (lease_token IS NOT NULL AND locked_until IS NOT NULL))
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
+-- The key is unique per endpoint for as long as the row is kept: producers that may retry insert
+-- with ON CONFLICT (webhook_id, idempotency_key) DO NOTHING.
+CREATE UNIQUE INDEX alert_delivery_queue_idempotency
+    ON webhooks.alert_delivery_queue (webhook_id, idempotency_key);
+
+-- The claim scans this, in this order; it only ever holds rows waiting to be sent.
+CREATE INDEX alert_delivery_queue_claimable
+    ON webhooks.alert_delivery_queue (priority DESC, next_retry_at, delivery_id)
+    WHERE status IN ('pending', 'retrying');
+
+-- Expired leases are found here; it only ever holds rows in flight.
+CREATE INDEX alert_delivery_queue_leased
+    ON webhooks.alert_delivery_queue (locked_until)
+    WHERE status = 'delivering';
+
+CREATE INDEX alert_delivery_queue_event ON webhooks.alert_delivery_queue (event_id);
+CREATE INDEX alert_delivery_queue_dead_letters
+    ON webhooks.alert_delivery_queue (webhook_id, dead_lettered_at)
+    WHERE status = 'dead_letter';
+
+CREATE FUNCTION webhooks.fill_idempotency_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.idempotency_key IS NULL THEN
+        NEW.idempotency_key := NEW.event_id;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER fill_idempotency_key
+    BEFORE INSERT ON webhooks.alert_delivery_queue
+    FOR EACH ROW EXECUTE FUNCTION webhooks.fill_idempotency_key();

@@ -1,0 +1,33 @@
+-- 009_endpoint_admin: registering endpoints and listing them without their credentials.
+--
+-- The worker side computes url_display and owns the secrets (a later migration stores them as
+-- ciphertext); this function only validates and stores. endpoint_summary is what may be shown.
+
+CREATE FUNCTION webhooks.register_endpoint(
+    p_name            text,
+    p_url             text,
+    p_url_display     text,
+    p_signing_secrets jsonb,
+    p_event_types     text[] DEFAULT '{*}',
+    p_headers         jsonb  DEFAULT '{}',
+    p_max_attempts    integer DEFAULT NULL,
+    p_timeout_ms      integer DEFAULT NULL,
+    p_retry_schedule  jsonb  DEFAULT NULL
+) RETURNS bigint
+LANGUAGE sql AS $$
+    INSERT INTO webhooks.endpoints
+        (name, url, url_display, signing_secrets, event_types, headers, max_attempts, timeout_ms,
+         retry_schedule)
+    VALUES
+        (p_name, p_url, p_url_display, p_signing_secrets, coalesce(p_event_types, '{*}'),
+         coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule)
+    RETURNING id;
+$$;
+
+CREATE VIEW webhooks.endpoint_summary AS
+SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
+       jsonb_array_length(e.signing_secrets) AS secrets, e.max_attempts, e.timeout_ms,
+       e.created_at, h.health_status, h.total_attempts, h.successes, h.failures,
+       h.consecutive_failures, h.last_success_at, h.last_failure_at
+FROM webhooks.endpoints e
+LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id;

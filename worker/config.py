@@ -1,0 +1,148 @@
+"""The worker's configuration: YAML plus environment overrides, validated once into frozen objects."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "WEBHOOK_WORKER_"
+# Seconds a lease must outlast the request timeout, so a slow request is not reclaimed mid-flight.
+LEASE_MARGIN_SECONDS = 5.0
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as one line naming the dotted key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class DatabaseConfig(_Section):
+    url: str = Field(min_length=1)
+    pool_min_size: int = Field(default=1, ge=1)
+    pool_max_size: int = Field(default=4, ge=1, le=100)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> DatabaseConfig:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError("pool_min_size must not exceed pool_max_size")
+        return self
+
+
+class WorkerConfig(_Section):
+    id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", min_length=1)
+    concurrency: int = Field(default=100, ge=1, le=10_000)
+    poll_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
+    finish_max_delay_seconds: float = Field(default=0.05, ge=0, le=10)
+    shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+
+
+class DeliveryConfig(_Section):
+    """Per-process overrides of webhooks.delivery_config; unset means the database's value."""
+
+    timeout_seconds: float | None = Field(default=None, gt=0, le=300)
+    lease_seconds: int | None = Field(default=None, ge=1)
+    claim_batch_size: int | None = Field(default=None, ge=1, le=10_000)
+    finish_batch_size: int | None = Field(default=None, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _lease_outlasts_timeout(self) -> DeliveryConfig:
+        if self.timeout_seconds is not None and self.lease_seconds is not None:
+            check_lease(self.lease_seconds, self.timeout_seconds)
+        return self
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class Config(_Section):
+    database: DatabaseConfig
+    worker: WorkerConfig = WorkerConfig()
+    delivery: DeliveryConfig = DeliveryConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+def check_lease(lease_seconds: float, timeout_seconds: float) -> None:
+    """Raise ValueError unless the lease outlasts the timeout by the margin."""
+    if lease_seconds < timeout_seconds + LEASE_MARGIN_SECONDS:
+        raise ValueError(
+            f"lease_seconds ({lease_seconds:g}) must be at least timeout_seconds "
+            f"({timeout_seconds:g}) + {LEASE_MARGIN_SECONDS:g}"
+        )
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the YAML file (if any), apply environment overrides and validate."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise ConfigError(f"{path}: not valid YAML{where}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raw = loaded
+    _apply_environment(raw, environ)
+    if "url" not in (raw.get("database") or {}):
+        raise ConfigError("database.url: missing (set it in the file or in DATABASE_URL)")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+
+
+def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """DATABASE_URL, and WEBHOOK_WORKER_<SECTION>__<KEY> for every key (values parsed as YAML)."""
+    url = environ.get(f"{ENV_PREFIX}DATABASE__URL") or environ.get("DATABASE_URL")
+    if url:
+        _section(raw, "database")["url"] = url
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}DATABASE__URL":
+            continue
+        section, sep, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if not sep or not key:
+            continue
+        _section(raw, section)[key] = yaml.safe_load(value) if value else value
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    section = raw.get(name)
+    if section is None:
+        section = raw[name] = {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{name}: must be a mapping, got {type(section).__name__}")
+    return section
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key"
+    if error["type"] == "missing":
+        return f"{key}: missing"
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    # Never echo a URL: it may carry a password or, for a receiver, its secret.
+    if value is None or isinstance(value, dict | list) or "url" in key:
+        return f"{key}: {message}"
+    return f"{key}: {message} (got {value!r})"

@@ -1,0 +1,349 @@
+"""The delivery loop: claim → deliver → classify → finish; owns concurrency, batching and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
+from worker.delivery import Sender, Sent, display_url
+from worker.observability import get_logger
+from worker.policy import Outcome, classify, retry_delay
+from worker.queue import Claimed, DeliverySettings, Finished, Queue
+
+DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
+MAX_BACKOFF_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Effective:
+    """The settings this process runs with: its YAML overrides on top of webhooks.delivery_config."""
+
+    timeout_seconds: float
+    lease_seconds: int
+    claim_batch_size: int
+    finish_batch_size: int
+
+    @classmethod
+    def resolve(cls, config: Config, settings: DeliverySettings) -> Effective:
+        delivery = config.delivery
+        effective = cls(
+            timeout_seconds=delivery.timeout_seconds or settings.timeout_seconds,
+            lease_seconds=delivery.lease_seconds or settings.lease_seconds,
+            claim_batch_size=min(
+                delivery.claim_batch_size or settings.claim_batch_size, config.worker.concurrency
+            ),
+            finish_batch_size=delivery.finish_batch_size or settings.finish_batch_size,
+        )
+        try:
+            check_lease(effective.lease_seconds, effective.timeout_seconds)
+        except ValueError as exc:
+            raise ConfigError(f"delivery.lease_seconds: {exc} (with webhooks.delivery_config)") from None
+        return effective
+
+
+class Backoff:
+    """Capped exponential waits between retries of a failing database call."""
+
+    def __init__(self, first: float = 0.1, cap: float = MAX_BACKOFF_SECONDS) -> None:
+        self._first, self._cap, self._next = first, cap, first
+
+    def next(self) -> float:
+        current, self._next = self._next, min(self._next * 2, self._cap)
+        return current
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+class Worker:
+    def __init__(self, config: Config, queue: Queue, sender: Sender) -> None:
+        self.config = config
+        self.queue = queue
+        self.sender = sender
+        self.worker_id = config.worker.id
+        self.log = get_logger(worker_id=self.worker_id)
+        self.effective: Effective | None = None
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._in_flight: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
+        self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
+
+    def stop(self) -> None:
+        if not self._stopping.is_set():
+            self.log.info("shutdown requested: no more claims", in_flight=len(self._in_flight))
+            self._stopping.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Deliver until stop() is called, then shut down gracefully."""
+        await self.sender.start()
+        await self.queue.open()
+        try:
+            settings = await self._startup_settings()
+            if settings is None:
+                return
+            self.effective = Effective.resolve(self.config, settings)
+            self.log.info(
+                "worker started",
+                concurrency=self.config.worker.concurrency,
+                lease_seconds=self.effective.lease_seconds,
+                timeout_seconds=self.effective.timeout_seconds,
+                claim_batch_size=self.effective.claim_batch_size,
+            )
+            finisher = asyncio.create_task(self._finish_loop(), name="finisher")
+            await self._claim_loop()
+            await self._drain(finisher)
+        finally:
+            await self.sender.close()
+            await self.queue.close()
+            self.log.info("worker stopped")
+
+    async def _startup_settings(self) -> DeliverySettings | None:
+        """Read webhooks.delivery_config, waiting for the database as long as it takes."""
+        backoff = Backoff(first=0.5)
+        while not self._stopping.is_set():
+            try:
+                return await self.queue.settings()
+            except DATABASE_ERRORS as exc:
+                delay = backoff.next()
+                self.log.warning("database not reachable; retrying", error=_brief(exc), retry_in=delay)
+                await self._sleep(delay)
+        return None
+
+    # --- claim ---------------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        assert self.effective is not None
+        concurrency = self.config.worker.concurrency
+        batch_size = self.effective.claim_batch_size
+        # Claim again only once a good share of slots is free, so a busy worker makes few large
+        # claims rather than one claim per finished request.
+        refill_at = max(1, batch_size // 2)
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            free = concurrency - len(self._in_flight)
+            if self._in_flight and free < refill_at:
+                self._slot_freed.clear()
+                await self._wait_for(self._slot_freed)
+                continue
+            want = min(batch_size, free)
+            self._wake.clear()
+            try:
+                rows = await self.queue.acquire(self.worker_id, want, self.effective.lease_seconds)
+            except DATABASE_ERRORS as exc:
+                delay = backoff.next()
+                self.log.warning("claim failed; retrying", error=_brief(exc), retry_in=delay)
+                await self._sleep(delay)
+                continue
+            backoff.reset()
+            if self._stopping.is_set():
+                await self._release(rows, "claimed during shutdown")
+                return
+            for row in rows:
+                task = asyncio.create_task(self._deliver(row), name=f"delivery-{row.delivery_id}")
+                self._in_flight[row.delivery_id] = (row, task)
+            if len(rows) < want:
+                await self._wait_for(self._wake, limit_seconds=self.config.worker.poll_interval_seconds)
+
+    async def _wait_for(self, event: asyncio.Event, limit_seconds: float | None = None) -> None:
+        """Until the event is set, stop() is called, or the timeout passes."""
+        waiters = [asyncio.create_task(event.wait()), asyncio.create_task(self._stopping.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=limit_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    # --- deliver and classify ------------------------------------------------------------------
+
+    async def _deliver(self, row: Claimed) -> None:
+        assert self.effective is not None
+        log = self.log.bind(
+            delivery_id=row.delivery_id,
+            endpoint_id=row.webhook_id,
+            attempt=row.attempt,
+            event_type=row.event_type,
+        )
+        try:
+            timeout = row.timeout_seconds or self.effective.timeout_seconds
+            # A request may never outlive its lease, whatever the endpoint asks for.
+            timeout = min(timeout, self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+            sent = await self.sender.send(row, timeout)
+            finished = self._outcome(row, sent)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("delivery failed inside the worker")
+            finished = Finished(
+                delivery_id=row.delivery_id,
+                lease_token=row.lease_token,
+                attempt=row.attempt,
+                outcome=Outcome.RETRY,
+                retry_after_s=row.schedule.delay(row.attempt),
+                failure_category="internal",
+                error=f"internal error: {type(exc).__name__}: {exc}"[:500],
+            )
+        else:
+            _log_attempt(log, row, sent, finished)
+        finally:
+            self._in_flight.pop(row.delivery_id, None)
+            self._slot_freed.set()
+        self._outcomes.put_nowait(finished)
+
+    def _outcome(self, row: Claimed, sent: Sent) -> Finished:
+        decision = classify(sent.result)
+        delay = None
+        if decision.outcome in (Outcome.RETRY, Outcome.DEFERRED):
+            delay = retry_delay(decision, row.attempt, row.schedule)
+        status = sent.result.status
+        error = sent.result.error or (
+            f"HTTP {status}" if status is not None and not 200 <= status < 300 else None
+        )
+        return Finished(
+            delivery_id=row.delivery_id,
+            lease_token=row.lease_token,
+            attempt=row.attempt,
+            outcome=decision.outcome.value,
+            retry_after_s=delay,
+            http_status=status,
+            failure_category=decision.category.value if decision.category else None,
+            error=error,
+            response_excerpt=sent.excerpt,
+            latency_ms=sent.latency_ms,
+            reason=decision.reason,
+            disable_endpoint=decision.disable_endpoint,
+        )
+
+    # --- finish --------------------------------------------------------------------------------
+
+    async def _finish_loop(self) -> None:
+        """Write outcomes in batches: up to finish_batch_size, or whatever came within the delay."""
+        assert self.effective is not None
+        max_batch = self.effective.finish_batch_size
+        max_delay = self.config.worker.finish_max_delay_seconds
+        loop = asyncio.get_running_loop()
+        closing = False
+        while not closing:
+            first = await self._outcomes.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = loop.time() + max_delay
+            while len(batch) < max_batch:
+                try:
+                    item = self._outcomes.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._outcomes.get(), remaining)
+                    except TimeoutError:
+                        break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            await self._write(batch)
+
+    async def _write(self, batch: list[Finished]) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                results = await self.queue.finish(self.worker_id, batch)
+                break
+            except DATABASE_ERRORS as exc:
+                delay = backoff.next()
+                self.log.warning(
+                    "finish failed; retrying", error=_brief(exc), outcomes=len(batch), retry_in=delay
+                )
+                await asyncio.sleep(delay)
+        stale = [r.delivery_id for r in results if not r.applied]
+        if stale:
+            self.log.warning("outcomes arrived after their lease was taken over", delivery_ids=stale)
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    async def _drain(self, finisher: asyncio.Task[None]) -> None:
+        """Let requests in flight finish within the grace; release the rest; flush the outcomes."""
+        grace = self.config.worker.shutdown_grace_seconds
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        tasks = [task for _, task in self._in_flight.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        leftover = list(self._in_flight.values())
+        for _, task in leftover:
+            task.cancel()
+        if leftover:
+            await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
+            await self._release([row for row, _ in leftover], "shutdown grace ran out")
+        self._outcomes.put_nowait(None)
+        try:
+            await asyncio.wait_for(finisher, timeout=max(deadline - loop.time(), 5.0))
+        except TimeoutError:
+            self.log.error("outcomes not written before exit; their rows return after the lease")
+
+    async def _release(self, rows: list[Claimed], why: str) -> None:
+        if not rows:
+            return
+        try:
+            released = await self.queue.release(self.worker_id, rows)
+            self.log.info("released claimed rows", released=released, reason=why)
+        except DATABASE_ERRORS as exc:
+            self.log.error("release failed; rows return after the lease", error=_brief(exc))
+
+
+def _log_attempt(log: Any, row: Claimed, sent: Sent, finished: Finished) -> None:
+    fields = {
+        "outcome": finished.outcome,
+        "http_status": finished.http_status,
+        "latency_ms": finished.latency_ms,
+        "endpoint": display_url(row.url),
+    }
+    if finished.outcome == Outcome.DELIVERED:
+        log.debug("delivered", **fields)
+    else:
+        log.info(
+            "attempt failed",
+            failure_category=finished.failure_category,
+            error=finished.error,
+            retry_in=finished.retry_after_s,
+            **fields,
+        )
+
+
+def _brief(exc: BaseException) -> str:
+    """One line about a database error. psycopg messages never include the password."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+async def serve(config: Config) -> None:
+    """Run one worker process until SIGTERM or SIGINT."""
+    queue = Queue.create(
+        config.database.url,
+        config.database.pool_min_size,
+        config.database.pool_max_size,
+        config.database.connect_timeout_seconds,
+        config.worker.id,
+    )
+    worker = Worker(config, queue, Sender(config.worker.concurrency))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.stop)
+    await worker.run()

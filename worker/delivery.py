@@ -1,0 +1,139 @@
+"""The HTTP side: one aiohttp session, and one POST per attempt with the product's headers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from worker import __version__, signing
+from worker.policy import AttemptResult, Category
+from worker.queue import Claimed
+
+USER_AGENT = f"webhook-worker/{__version__}"
+EXCERPT_BYTES = 1024
+# Read at most this much of a response so a keep-alive connection can be reused; a larger body
+# is cut off and its connection closed instead.
+DRAIN_BYTES = 64 * 1024
+# Headers the product sets; an endpoint's custom headers cannot replace them.
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type", "content-length", "user-agent", "host", "webhook-id", "webhook-timestamp",
+        "webhook-signature", "idempotency-key", "webhook-delivery-id", "webhook-attempt",
+        "webhook-event-type", "traceparent",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Sent:
+    result: AttemptResult
+    latency_ms: int
+    excerpt: str | None
+
+
+def display_url(url: str) -> str:
+    """Scheme, host and port only: what may appear in logs (paths and queries can be secrets)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}"
+
+
+def request_headers(row: Claimed, timestamp: int) -> dict[str, str]:
+    headers = {k: v for k, v in row.headers.items() if k.lower() not in RESERVED_HEADERS}
+    headers.update(
+        {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "webhook-id": row.idempotency_key,
+            "webhook-timestamp": str(timestamp),
+            "Idempotency-Key": row.idempotency_key,
+            "webhook-delivery-id": str(row.delivery_id),
+            "webhook-attempt": str(row.attempt),
+            "webhook-event-type": row.event_type,
+        }
+    )
+    if row.signing_secrets:
+        headers["webhook-signature"] = signing.signature_header(
+            row.signing_secrets, row.idempotency_key, timestamp, row.body
+        )
+    if row.traceparent:
+        headers["traceparent"] = row.traceparent
+    return headers
+
+
+def transport_failure(exc: BaseException) -> tuple[Category, str]:
+    """Which failure category a transport exception belongs to, and a message safe to log."""
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return Category.TIMEOUT, "request timed out"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return Category.DNS, f"DNS lookup failed: {exc.os_error}"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return Category.TLS, f"TLS error: {type(exc).__name__}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Category.CONNECT, f"connection failed: {exc.os_error}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return Category.CONNECT, "server disconnected before answering"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return Category.CONNECT, f"invalid HTTP response ({exc.status})"
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return Category.CONNECT, f"{type(exc).__name__}: {exc}"
+    return Category.INTERNAL, f"{type(exc).__name__}"
+
+
+class Sender:
+    """Owns the HTTP session; every attempt goes through send()."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60)
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def send(self, row: Claimed, timeout_seconds: float) -> Sent:
+        assert self._session is not None, "Sender.start() first"
+        started = time.monotonic()
+        timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        try:
+            async with self._session.post(
+                row.url,
+                data=row.body,
+                headers=request_headers(row, int(time.time())),
+                timeout=timeout,
+                allow_redirects=False,
+            ) as response:
+                excerpt = await _read_excerpt(response)
+                result = AttemptResult(
+                    status=response.status, retry_after=response.headers.get("Retry-After")
+                )
+        except Exception as exc:  # noqa: BLE001 - every transport failure becomes a category
+            category, message = transport_failure(exc)
+            result, excerpt = AttemptResult(failure=category, error=message), None
+        return Sent(result, int((time.monotonic() - started) * 1000), excerpt)
+
+
+async def _read_excerpt(response: aiohttp.ClientResponse) -> str:
+    head = await response.content.read(EXCERPT_BYTES)
+    drained = len(head)
+    while drained < DRAIN_BYTES:
+        chunk = await response.content.read(DRAIN_BYTES - drained)
+        if not chunk:
+            break
+        drained += len(chunk)
+    else:
+        response.close()
+    return head.decode("utf-8", errors="replace")

@@ -1,0 +1,94 @@
+"""A throwaway local PostgreSQL cluster, for the demo and the test suite when no DATABASE_URL is set."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+# Durability is pointless for a cluster that is deleted afterwards; turning it off makes tests faster.
+THROWAWAY_SETTINGS = {
+    "listen_addresses": "127.0.0.1",
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "200",
+}
+
+
+def _find_binary(name: str) -> str:
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
+    if found is None:
+        raise RuntimeError(f"{name} not found: install PostgreSQL server binaries or set DATABASE_URL")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalPostgres:
+    """initdb + pg_ctl in a temporary directory; as root, the server runs as the `postgres` user."""
+
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        self.settings = {**THROWAWAY_SETTINGS, **(settings or {})}
+        self.port = _free_port()
+        self.base = Path(tempfile.mkdtemp(prefix="webhook-worker-pg-"))
+        self.data = self.base / "data"
+        self.log = self.base / "postgres.log"
+        self._user: str | None = None
+        if os.geteuid() == 0:
+            # initdb refuses to run as root.
+            self._user = "postgres"
+            account = pwd.getpwnam(self._user)
+            os.chown(self.base, account.pw_uid, account.pw_gid)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        result = subprocess.run(
+            args, user=self._user, capture_output=True, text=True, cwd=self.base, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:2])} failed: {result.stderr or result.stdout}")
+
+    def start(self) -> str:
+        self._run(
+            _find_binary("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+            "-E", "UTF8", "--locale=C", "--no-sync",
+        )
+        options = " ".join(f"-c {key}={value}" for key, value in self.settings.items())
+        self._run(
+            _find_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
+            "-o", f"-p {self.port} -k {self.base} {options}", "start",
+        )
+        return self.url
+
+    def restart(self, mode: str = "fast") -> None:
+        self._run(_find_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "restart")
+
+    def stop(self) -> None:
+        if self.data.exists():
+            subprocess.run(
+                [_find_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+                user=self._user, capture_output=True, check=False, cwd=self.base,
+            )
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> LocalPostgres:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

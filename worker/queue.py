@@ -1,0 +1,223 @@
+"""The database side: the connection pool and every call into the webhooks.* SQL functions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from worker.policy import RetrySchedule
+
+APPLICATION_NAME = "webhook-worker"
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """The fleet-wide defaults in webhooks.delivery_config."""
+
+    max_attempts: int
+    timeout_seconds: float
+    lease_seconds: int
+    claim_batch_size: int
+    finish_batch_size: int
+    notify_enabled: bool
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A delivery claimed under a lease, with what the request needs from its endpoint."""
+
+    delivery_id: int
+    webhook_id: int
+    event_id: str
+    idempotency_key: str
+    event_type: str
+    body: bytes
+    attempt: int
+    max_attempts: int
+    lease_token: UUID
+    locked_until: datetime
+    url: str = field(repr=False)
+    signing_secrets: tuple[str, ...] = field(repr=False)
+    headers: dict[str, str]
+    timeout_seconds: float | None  # the endpoint's own; None means the worker's default
+    schedule: RetrySchedule
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One attempt's outcome, as webhooks.finish() takes it."""
+
+    delivery_id: int
+    lease_token: UUID
+    attempt: int
+    outcome: str
+    retry_after_s: float | None = None
+    http_status: int | None = None
+    failure_category: str | None = None
+    error: str | None = None
+    response_excerpt: str | None = None
+    latency_ms: int | None = None
+    reason: str | None = None
+    disable_endpoint: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lease_token"] = str(self.lease_token)
+        return data
+
+
+@dataclass(frozen=True)
+class FinishResult:
+    delivery_id: int
+    applied: bool
+    status: str
+
+
+def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None) -> tuple[str, ...]:
+    """The endpoint's secrets that have not expired (rotation keeps old ones until their expiry)."""
+    now = now or datetime.now(UTC)
+    result = []
+    for entry in stored:
+        expires = entry.get("expires_at")
+        if expires is None or datetime.fromisoformat(expires) > now:
+            result.append(entry["secret"])
+    return tuple(result)
+
+
+def _claimed(row: dict[str, Any]) -> Claimed:
+    return Claimed(
+        delivery_id=row["delivery_id"],
+        webhook_id=row["webhook_id"],
+        event_id=row["event_id"],
+        idempotency_key=row["idempotency_key"],
+        event_type=row["event_type"],
+        body=row["payload"].encode(),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        lease_token=row["lease_token"],
+        locked_until=row["locked_until"],
+        url=row["endpoint_url"],
+        signing_secrets=active_secrets(row["signing_secrets"]),
+        headers={str(k): str(v) for k, v in row["headers"].items()},
+        timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
+        schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
+        traceparent=row["traceparent"],
+    )
+
+
+class Queue:
+    """The worker's handle on the queue: a small pool, and one method per SQL function it calls."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    @classmethod
+    def create(
+        cls, conninfo: str, min_size: int, max_size: int, connect_timeout: float, worker_id: str
+    ) -> Queue:
+        pool = AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            timeout=connect_timeout,
+            name="webhook-worker",
+            kwargs={
+                "autocommit": True,
+                "application_name": f"{APPLICATION_NAME} {worker_id}"[:63],
+                "connect_timeout": max(1, int(connect_timeout)),
+            },
+        )
+        return cls(pool)
+
+    async def open(self) -> None:
+        # wait=False: the pool keeps trying in the background while the database is unreachable.
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def settings(self) -> DeliverySettings:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT max_attempts, timeout_ms, lease_seconds, claim_batch_size,"
+                " finish_batch_size, notify_enabled FROM webhooks.delivery_config"
+            )
+            row = await cur.fetchone()
+        if row is None:
+            raise RuntimeError("webhooks.delivery_config has no row: run `webhook-worker migrate`")
+        return DeliverySettings(row[0], row[1] / 1000.0, row[2], row[3], row[4], row[5])
+
+    async def acquire(self, worker_id: str, batch_size: int, lease_seconds: int) -> list[Claimed]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker_id, batch_size, lease_seconds)
+            )
+            return [_claimed(row) for row in await cur.fetchall()]
+
+    async def finish(self, worker_id: str, outcomes: Sequence[Finished]) -> list[FinishResult]:
+        payload = json.dumps([o.as_json() for o in outcomes])
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT * FROM webhooks.finish(%s, %s)", (worker_id, payload))
+            return [FinishResult(*row) for row in await cur.fetchall()]
+
+    async def release(self, worker_id: str, rows: Sequence[Claimed]) -> int:
+        """Give back rows claimed but not delivered (shutdown): their attempt is not counted."""
+        leases = json.dumps(
+            [{"delivery_id": r.delivery_id, "lease_token": str(r.lease_token)} for r in rows]
+        )
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT webhooks.release(%s, %s)", (worker_id, leases))
+            row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
+
+
+# --- Endpoint administration (the CLI) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    name: str
+    url: str
+    url_display: str
+    signing_secrets: tuple[str, ...]
+    event_types: tuple[str, ...] = ("*",)
+    headers: dict[str, str] = field(default_factory=dict)
+    max_attempts: int | None = None
+    timeout_ms: int | None = None
+    retry_schedule: dict[str, Any] | None = None
+
+
+def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
+    row = conn.execute(
+        "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            spec.name,
+            spec.url,
+            spec.url_display,
+            json.dumps([{"secret": s, "expires_at": None} for s in spec.signing_secrets]),
+            list(spec.event_types),
+            json.dumps(spec.headers),
+            spec.max_attempts,
+            spec.timeout_ms,
+            json.dumps(spec.retry_schedule) if spec.retry_schedule is not None else None,
+        ),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def list_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute("SELECT * FROM webhooks.endpoint_summary ORDER BY id")
+    return cur.fetchall()
