@@ -8,7 +8,10 @@
 -- payload that crashes workers cannot loop forever.
 
 CREATE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
-LANGUAGE sql AS $$
+LANGUAGE sql
+-- Short OLTP statements: JIT compilation would cost far more than it saves.
+SET jit = off
+AS $$
     WITH cfg AS (
         SELECT max_attempts FROM webhooks.delivery_config
     ), expired AS (
@@ -71,7 +74,10 @@ RETURNS TABLE (
     retry_jitter     real,
     created_at       timestamptz
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Short OLTP statements: JIT compilation would cost far more than it saves.
+SET jit = off
+AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM webhooks.reap_expired_leases();

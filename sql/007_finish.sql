@@ -36,7 +36,10 @@ $$;
 
 CREATE FUNCTION webhooks.finish(p_worker_id text, p_outcomes jsonb)
 RETURNS TABLE (delivery_id bigint, applied boolean, status text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Short OLTP statements: JIT compilation would cost far more than it saves.
+SET jit = off
+AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY

@@ -122,7 +122,8 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from worker.demo import run_demo
 
-    return run_demo(alerts=args.alerts)
+    alerts: int = args.alerts
+    return run_demo(alerts=alerts)
 
 
 def _cell(value: Any) -> str:
@@ -164,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     endpoints = commands.add_parser("endpoints", help="register and list endpoints",
                                     description="Register and list endpoints.")
-    endpoints.set_defaults(handler=lambda _args: endpoints.print_help() or EXIT_USAGE)
+    def endpoints_help(_args: argparse.Namespace) -> int:
+        endpoints.print_help()
+        return EXIT_USAGE
+
+    endpoints.set_defaults(handler=endpoints_help)
     endpoint_commands = endpoints.add_subparsers(title="commands", metavar="COMMAND")
     add = command(endpoint_commands, "add", cmd_endpoints_add, "register an endpoint; prints its id")
     add.add_argument("--name", required=True, help="unique name")

@@ -101,6 +101,9 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         raw = loaded
+    for name, section in raw.items():
+        if section is not None and not isinstance(section, dict) and name in Config.model_fields:
+            raise ConfigError(f"{name}: must be a mapping, got {type(section).__name__}")
     _apply_environment(raw, environ)
     if "url" not in (raw.get("database") or {}):
         raise ConfigError("database.url: missing (set it in the file or in DATABASE_URL)")

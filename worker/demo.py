@@ -95,9 +95,9 @@ async def _demo(url: str, alerts: int) -> int:
     worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker"), Sender(10))
     task = asyncio.create_task(worker.run())
     deadline = time.monotonic() + 60
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as aconn:
         while time.monotonic() < deadline:
-            cur = await conn.execute(
+            cur = await aconn.execute(
                 "SELECT count(*) FROM webhooks.alert_delivery_queue"
                 " WHERE delivery_id = ANY(%s) AND status IN ('delivered', 'dead_letter')",
                 (ids,),
@@ -110,18 +110,18 @@ async def _demo(url: str, alerts: int) -> int:
         await task
         await runner.cleanup()
         print()
-        await _print(conn, "webhooks.alert_delivery_queue",
+        await _print(aconn, "webhooks.alert_delivery_queue",
                      "SELECT delivery_id, status, attempts, event_type, idempotency_key, delivered_at"
                      " FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s) ORDER BY 1", ids)
-        await _print(conn, "webhooks.alert_delivery_log (the audit log)",
+        await _print(aconn, "webhooks.alert_delivery_log (the audit log)",
                      "SELECT delivery_id, attempt, outcome, failure_category, http_status, latency_ms,"
                      " worker_id FROM webhooks.alert_delivery_log WHERE delivery_id = ANY(%s)"
                      " ORDER BY log_id", ids)
-        await _print(conn, "webhooks.webhook_health_metrics",
+        await _print(aconn, "webhooks.webhook_health_metrics",
                      "SELECT webhook_id, total_attempts, successes, failures, health_status,"
                      " round(avg_latency_ms::numeric, 1) AS avg_latency_ms"
                      " FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", endpoint_id)
-        cur = await conn.execute(
+        cur = await aconn.execute(
             "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s)"
             " AND status = 'delivered'", (ids,))
         delivered = (await cur.fetchone() or [0])[0]

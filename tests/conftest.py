@@ -1,0 +1,96 @@
+"""Fixtures: a real PostgreSQL (throwaway unless DATABASE_URL is set), a database per test, a
+real receiver on 127.0.0.1, and worker processes that are always cleaned up."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.receiver import Receiver
+from tests.support import WorkerProcess
+from worker import schema
+from worker.localpg import LocalPostgres
+
+TEMPLATE = "webhooks_test_template"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """Connection string of a maintenance database on a server we may create databases on."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    with LocalPostgres() as local:
+        yield local.url
+
+
+def _with_dbname(url: str, dbname: str) -> str:
+    params = conninfo_to_dict(url)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str) -> Iterator[str]:
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    url = _with_dbname(pg_server, TEMPLATE)
+    schema.migrate(url)
+    yield url
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+
+
+@pytest.fixture
+def fresh_db(pg_server: str) -> Iterator[Callable[[bool], str]]:
+    """Factory: a new database, migrated (copied from the template) or empty."""
+    created: list[str] = []
+
+    def make(migrated: bool = True) -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {TEMPLATE}" if migrated else ""))
+        created.append(name)
+        return _with_dbname(pg_server, name)
+
+    yield make
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        for name in created:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def db(template_db: str, fresh_db: Callable[[bool], str]) -> str:
+    """A migrated database of this test's own."""
+    return fresh_db(True)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start `webhook-worker` processes; any still running at the end are killed."""
+    started: list[WorkerProcess] = []
+
+    def start(dsn: str, name: str | None = None, **sections: dict[str, Any]) -> WorkerProcess:
+        process = WorkerProcess(dsn, tmp_path, name or f"worker-{len(started) + 1}", **sections)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()

@@ -1,0 +1,192 @@
+"""The SQL functions on a real PostgreSQL: claim, finish, fencing, idempotent enqueue, release."""
+
+import json
+import threading
+
+import psycopg
+import pytest
+
+from tests.support import add_endpoint, enqueue, eventually, query
+
+OK = {"outcome": "delivered", "http_status": 200, "latency_ms": 3}
+
+
+def acquire(dsn, worker, batch=10, lease=30):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute("SELECT delivery_id, lease_token, attempt FROM webhooks.acquire(%s, %s, %s)",
+                           (worker, batch, lease))
+        return cur.fetchall()
+
+
+def finish(dsn, worker, *outcomes):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT * FROM webhooks.finish(%s, %s)",
+                            (worker, json.dumps(list(outcomes)))).fetchall()
+
+
+def outcome(claimed, **fields):
+    delivery_id, token, attempt = claimed
+    return {"delivery_id": delivery_id, "lease_token": str(token), "attempt": attempt, **fields}
+
+
+def row(dsn, delivery_id, columns="status, attempts"):
+    return query(dsn, f"SELECT {columns} FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
+                 (delivery_id,))[0]
+
+
+def test_plain_insert_gets_an_idempotency_key_equal_to_its_event_id(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    event_id, key, status = row(db, delivery, "event_id, idempotency_key, status")
+    assert key == event_id and event_id.startswith("evt_") and status == "pending"
+
+
+def test_claim_takes_due_rows_by_priority_then_age(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    low = enqueue(db, endpoint, count=2)
+    later = enqueue(db, endpoint, deliver_after=3600)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET priority = 5 WHERE delivery_id = %s RETURNING 1",
+          (low[1],))
+    claimed = [c[0] for c in acquire(db, "w", batch=10)]
+    assert claimed == [low[1], low[0]]
+    assert row(db, later[0]) == ("pending", 0)
+    assert row(db, low[0]) == ("delivering", 1)  # the attempt is counted at claim time
+
+
+def test_finish_applies_under_the_same_lease(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint)
+    [claimed] = acquire(db, "w")
+    assert finish(db, "w", outcome(claimed, **OK)) == [(claimed[0], True, "delivered")]
+    assert row(db, claimed[0], "status, delivered_at IS NOT NULL, lease_token") == ("delivered", True, None)
+    log = query(db, "SELECT attempt, outcome, http_status, stale, worker_id FROM webhooks.alert_delivery_log")
+    assert log == [(1, "delivered", 200, False, "w")]
+    health = query(db, "SELECT total_attempts, successes, health_status FROM webhooks.webhook_health_metrics")
+    assert health == [(1, 1, "healthy")]
+
+
+def test_lease_fencing_a_late_finish_changes_nothing_but_is_logged_as_stale(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    [first] = acquire(db, "worker-a", lease=1)
+    # B can claim the row only once A's lease has really expired in database time.
+    second = eventually(lambda: acquire(db, "worker-b", lease=60), timeout=10, interval=0.1,
+                        message="the row is claimable again after A's lease")
+    [second] = second
+    assert second[0] == delivery and second[2] == 2 and second[1] != first[1]
+
+    assert finish(db, "worker-a", outcome(first, **OK)) == [(delivery, False, "stale")]
+    assert row(db, delivery, "status, attempts, locked_by") == ("delivering", 2, "worker-b")
+
+    assert finish(db, "worker-b", outcome(second, outcome="retry", retry_after_s=60, http_status=500,
+                                          failure_category="http_5xx")) == [(delivery, True, "retrying")]
+    assert row(db, delivery, "status, failure_category") == ("retrying", "http_5xx")
+    log = query(db, "SELECT attempt, outcome, stale, worker_id FROM webhooks.alert_delivery_log"
+                    " ORDER BY log_id")
+    assert log == [(1, "lease_expired", False, "worker-a"), (1, "delivered", True, "worker-a"),
+                   (2, "retry", False, "worker-b")]
+
+
+def test_last_attempt_lost_to_an_expired_lease_is_a_dead_letter(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_attempts=1)
+    [delivery] = enqueue(db, endpoint)
+    acquire(db, "crashed", lease=1)
+    eventually(lambda: row(db, delivery, "status")[0] == "delivering" and
+               query(db, "SELECT webhooks.reap_expired_leases()")[0][0] == 1,
+               timeout=10, interval=0.1, message="the expired lease is reaped")
+    assert row(db, delivery, "status, dead_letter_reason") == ("dead_letter", "lease expired")
+
+
+def test_retry_past_max_attempts_is_a_dead_letter_with_every_attempt_logged(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_attempts=2)
+    [delivery] = enqueue(db, endpoint)
+    fail = {"outcome": "retry", "retry_after_s": 0, "http_status": 500, "failure_category": "http_5xx"}
+    [first] = acquire(db, "w")
+    assert finish(db, "w", outcome(first, **fail))[0][2] == "retrying"
+    [second] = acquire(db, "w")
+    assert finish(db, "w", outcome(second, **fail))[0][2] == "dead_letter"
+    assert row(db, delivery, "attempts, dead_letter_reason") == (2, "attempts exhausted")
+    assert query(db, "SELECT attempt, outcome FROM webhooks.alert_delivery_log ORDER BY log_id") == [
+        (1, "retry"), (2, "dead_letter")]
+    assert query(db, "SELECT failures, consecutive_failures FROM webhooks.webhook_health_metrics") == [
+        (2, 2)]
+
+
+def test_a_deferral_gives_the_attempt_back(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    [claimed] = acquire(db, "w")
+    finish(db, "w", outcome(claimed, outcome="deferred", retry_after_s=30, http_status=429,
+                            failure_category="rate_limited"))
+    assert row(db, delivery, "status, attempts, deferrals, next_retry_at > now() + interval '25 s'") == (
+        "retrying", 0, 1, True)
+
+
+def test_410_dead_letters_and_disables_the_endpoint(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [gone, waiting] = enqueue(db, endpoint, count=2)
+    [claimed, other] = acquire(db, "w")
+    finish(db, "w", outcome(claimed, outcome="dead_letter", http_status=410, failure_category="http_4xx",
+                            reason="HTTP 410 Gone", disable_endpoint=True))
+    assert query(db, "SELECT active, disabled_reason FROM webhooks.endpoints") == [
+        (False, f"HTTP 410 Gone on delivery {gone}")]
+    query(db, "SELECT webhooks.release('w', %s)", (json.dumps([
+        {"delivery_id": other[0], "lease_token": str(other[1])}]),))
+    assert acquire(db, "w") == []  # a disabled endpoint's rows wait
+    assert row(db, waiting, "status, attempts") == ("pending", 0)
+
+
+def test_release_gives_the_attempt_back(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    [claimed] = acquire(db, "w")
+    released = query(db, "SELECT webhooks.release('w', %s)", (json.dumps([
+        {"delivery_id": claimed[0], "lease_token": str(claimed[1])}]),))
+    assert released == [(1,)]
+    assert row(db, delivery, "status, attempts, lease_token") == ("pending", 0, None)
+    assert query(db, "SELECT outcome FROM webhooks.alert_delivery_log") == [("released",)]
+
+
+@pytest.mark.parametrize("how", ["enqueue", "on_conflict"])
+def test_concurrent_duplicate_enqueue_commits_both_transactions_and_queues_one(db, how):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    query(db, "CREATE TABLE app_alerts (id serial PRIMARY KEY, note text) ")
+    insert = {
+        "enqueue": "SELECT webhooks.enqueue(%s, 'alert.created', '{}', 'alert-42')",
+        "on_conflict": "INSERT INTO webhooks.alert_delivery_queue"
+                       " (webhook_id, event_type, payload, idempotency_key)"
+                       " VALUES (%s, 'alert.created', '{}', 'alert-42')"
+                       " ON CONFLICT (webhook_id, idempotency_key) DO NOTHING",
+    }[how]
+    errors = []
+    second_started = threading.Event()
+
+    def second_producer():
+        try:
+            with psycopg.connect(db) as conn:
+                conn.execute("INSERT INTO app_alerts (note) VALUES ('second')")
+                second_started.set()
+                conn.execute(insert, (endpoint,))  # waits for the first transaction's key
+                conn.commit()
+        except Exception as exc:  # noqa: BLE001 - reported through the assertion below
+            errors.append(exc)
+            second_started.set()
+
+    with psycopg.connect(db) as first:
+        first.execute("INSERT INTO app_alerts (note) VALUES ('first')")
+        first.execute(insert, (endpoint,))
+        thread = threading.Thread(target=second_producer)
+        thread.start()
+        second_started.wait(10)
+        # the second producer is now blocked on the same key (or about to be)
+        eventually(lambda: query(db, "SELECT count(*) FROM pg_stat_activity"
+                                     " WHERE wait_event_type = 'Lock' AND datname = current_database()")[0][0],
+                   timeout=10, message="second producer waits on the key")
+        first.commit()
+    thread.join(10)
+    assert errors == []
+    assert query(db, "SELECT note FROM app_alerts ORDER BY id") == [("first",), ("second",)]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(1,)]
+    if how == "enqueue":
+        assert query(db, "SELECT webhooks.enqueue(%s, 'alert.created', '{}', 'alert-42')", (endpoint,)) == \
+            query(db, "SELECT delivery_id FROM webhooks.alert_delivery_queue")

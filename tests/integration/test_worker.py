@@ -1,0 +1,163 @@
+"""`webhook-worker` processes against a real PostgreSQL and a real receiver on 127.0.0.1."""
+
+import json
+from collections import Counter
+
+from tests.receiver import Reply
+from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from worker import signing
+
+FAST_RETRY = {"delays": [0.2]}
+
+
+def test_an_inserted_row_is_delivered_with_its_log_and_health_rows(db, receiver, spawn):
+    secret = signing.generate_secret()
+    endpoint = add_endpoint(db, receiver.url("/hook"), secret=secret, headers={"X-Team": "ops"})
+    [delivery] = [r[0] for r in query(
+        db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+            " VALUES (%s, 'alert.created', '{\"alert_id\": 42, \"title\": \"disk full\"}')"
+            " RETURNING delivery_id", (endpoint,))]
+    spawn(db)
+    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", message="delivered")
+
+    [request] = receiver.to("/hook")
+    key = query(db, "SELECT idempotency_key FROM webhooks.alert_delivery_queue")[0][0]
+    assert json.loads(request.body) == {"alert_id": 42, "title": "disk full"}
+    assert request.headers["content-type"] == "application/json"
+    assert request.headers["user-agent"].startswith("webhook-worker/")
+    assert request.headers["webhook-id"] == key == request.headers["idempotency-key"]
+    assert request.headers["webhook-delivery-id"] == str(delivery)
+    assert request.headers["webhook-attempt"] == "1"
+    assert request.headers["webhook-event-type"] == "alert.created"
+    assert request.headers["x-team"] == "ops"
+    signing.verify(secret, request.headers, request.body)
+
+    log = query(db, "SELECT attempt, outcome, http_status, latency_ms >= 0, stale, worker_id"
+                    " FROM webhooks.alert_delivery_log")
+    assert log == [(1, "delivered", 200, True, False, "worker-1")]
+    health = query(db, "SELECT total_attempts, successes, failures, health_status, last_success_at"
+                       " IS NOT NULL FROM webhooks.webhook_health_metrics WHERE webhook_id = %s",
+                   (endpoint,))
+    assert health == [(1, 1, 0, "healthy", True)]
+
+
+def test_500_then_200_is_delivered_on_attempt_2_with_the_same_key(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/flaky"))  # the default schedule: first retry at 5 s ±20%
+    receiver.script("/flaky", Reply(500), Reply(200))
+    [delivery] = enqueue(db, endpoint)
+    spawn(db)
+    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", timeout=30,
+               message="delivered on the retry")
+
+    first, second = receiver.to("/flaky")
+    key = query(db, "SELECT idempotency_key FROM webhooks.alert_delivery_queue")[0][0]
+    assert first.headers["webhook-id"].encode() == second.headers["webhook-id"].encode() == key.encode()
+    assert (first.headers["webhook-attempt"], second.headers["webhook-attempt"]) == ("1", "2")
+    assert second.at - first.at >= 5 * 0.8
+    assert query(db, "SELECT attempt, outcome, http_status, failure_category"
+                     " FROM webhooks.alert_delivery_log ORDER BY log_id") == [
+        (1, "retry", 500, "http_5xx"), (2, "delivered", 200, None)]
+
+
+def test_400_is_a_dead_letter_after_exactly_one_request(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/bad"), retry_schedule=FAST_RETRY)
+    sentinel_endpoint = add_endpoint(db, receiver.url("/sentinel"))
+    receiver.script("/bad", Reply(400, body=b'{"error": "unknown field"}'))
+    [delivery] = enqueue(db, endpoint)
+    spawn(db)
+    eventually(lambda: statuses(db, [delivery])[delivery] == "dead_letter", message="dead letter")
+    # A sentinel due later than any (wrong) retry would be: once it arrives, nothing else will.
+    [sentinel] = enqueue(db, sentinel_endpoint, deliver_after=1.0)
+    eventually(lambda: statuses(db, [sentinel])[sentinel] == "delivered", message="sentinel delivered")
+
+    assert len(receiver.to("/bad")) == 1
+    assert query(db, "SELECT attempts, failure_category, last_http_status, dead_letter_reason"
+                     " FROM webhooks.alert_delivery_queue WHERE delivery_id = %s", (delivery,)) == [
+        (1, "http_4xx", 400, "HTTP 400")]
+    assert query(db, "SELECT outcome, response_excerpt FROM webhooks.alert_delivery_log"
+                     " WHERE delivery_id = %s", (delivery,)) == [
+        ("dead_letter", '{"error": "unknown field"}')]
+
+
+def test_exhausted_attempts_end_in_dead_letter_with_every_attempt_logged(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/down"), retry_schedule=FAST_RETRY, max_attempts=3)
+    receiver.script("/down", Reply(502))
+    [delivery] = enqueue(db, endpoint)
+    spawn(db)
+    eventually(lambda: statuses(db, [delivery])[delivery] == "dead_letter", message="dead letter")
+
+    assert len(receiver.to("/down")) == 3
+    assert query(db, "SELECT attempts, dead_letter_reason FROM webhooks.alert_delivery_queue") == [
+        (3, "attempts exhausted")]
+    assert query(db, "SELECT attempt, outcome, http_status FROM webhooks.alert_delivery_log"
+                     " ORDER BY log_id") == [(1, "retry", 502), (2, "retry", 502), (3, "dead_letter", 502)]
+
+
+def test_a_request_slower_than_the_timeout_is_retried_as_timeout(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/slow"), retry_schedule=FAST_RETRY, timeout_ms=500)
+    receiver.script("/slow", Reply(200, delay=3), Reply(200))
+    [delivery] = enqueue(db, endpoint)
+    spawn(db)
+    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", message="delivered")
+    assert query(db, "SELECT attempt, outcome, failure_category, latency_ms < 2000"
+                     " FROM webhooks.alert_delivery_log ORDER BY log_id") == [
+        (1, "retry", "timeout", True), (2, "delivered", None, True)]
+
+
+def test_no_transaction_or_row_lock_is_held_while_requests_are_in_flight(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/hold"))
+    receiver.script("/hold", Reply(200, hold=True))
+    ids = enqueue(db, endpoint, count=100)
+    spawn(db, worker={"concurrency": 100}, database={"pool_max_size": 4})
+    eventually(lambda: receiver.holding == 100, message="the receiver holds 100 requests")
+
+    sessions = query(db, "SELECT state, backend_xid, backend_xmin FROM pg_stat_activity"
+                         " WHERE application_name LIKE 'webhook-worker%%'")
+    assert 1 <= len(sessions) <= 4, sessions
+    assert all(state == "idle" for state, _, _ in sessions), sessions
+    assert all(xid is None and xmin is None for _, xid, xmin in sessions), sessions
+    locks = query(db, "SELECT l.locktype, l.mode FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                      " WHERE a.application_name LIKE 'webhook-worker%%'")
+    assert locks == []
+    assert Counter(statuses(db, ids).values()) == {"delivering": 100}
+
+    receiver.release()
+    eventually(lambda: all_final(db, ids), message="all delivered")
+    assert Counter(statuses(db, ids).values()) == {"delivered": 100}
+
+
+def test_outcomes_are_written_in_batches(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/fast"))
+    ids = enqueue(db, endpoint, count=1000)
+    spawn(db, worker={"concurrency": 100}, delivery={"claim_batch_size": 100, "finish_batch_size": 100})
+    eventually(lambda: all_final(db, ids), timeout=60, message="1000 delivered")
+
+    # Each webhooks.finish() call is one transaction, so its log rows share one xmin.
+    [(finish_calls, logged)] = query(
+        db, "SELECT count(DISTINCT xmin::text), count(*) FROM webhooks.alert_delivery_log")
+    assert logged == 1000
+    assert finish_calls <= 30, finish_calls
+    assert len(receiver.to("/fast")) == 1000
+
+
+def test_two_workers_deliver_each_row_exactly_once_and_share_the_work(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/shared"))
+    receiver.script("/shared", Reply(200, delay=0.01))
+    workers = [spawn(db, name=f"worker-{n}", worker={"concurrency": 50}) for n in (1, 2)]
+    for worker in workers:
+        eventually(lambda w=worker: w.logged("worker started"), message=f"{worker.name} started")
+    ids = enqueue(db, endpoint, count=2000)
+    eventually(lambda: all_final(db, ids), timeout=120, message="2000 delivered")
+    sentinel_endpoint = add_endpoint(db, receiver.url("/sentinel"))
+    [sentinel] = enqueue(db, sentinel_endpoint, deliver_after=0.5)
+    eventually(lambda: statuses(db, [sentinel])[sentinel] == "delivered", message="sentinel")
+
+    received = Counter(r.delivery_id for r in receiver.to("/shared"))
+    assert set(received) == set(ids)
+    assert set(received.values()) == {1}
+    shares = dict(query(db, "SELECT worker_id, count(*) FROM webhooks.alert_delivery_log"
+                            " WHERE delivery_id = ANY(%s) GROUP BY worker_id", (ids,)))
+    assert set(shares) == {"worker-1", "worker-2"}
+    assert min(shares.values()) >= 2000 * 0.15, shares
+    for worker in workers:
+        assert worker.stop() == 0

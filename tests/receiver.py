@@ -1,0 +1,110 @@
+"""A real HTTP receiver on 127.0.0.1 that records every request and answers from a script."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b"ok"
+    hold: bool = False  # wait until Receiver.release() before answering
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+    at: float  # time.time() on arrival
+
+    @property
+    def delivery_id(self) -> int:
+        return int(self.headers["webhook-delivery-id"])
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self._scripts: dict[str, list[Reply]] = {}
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._gate = asyncio.Event()
+        self._holding = 0
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.port = 0
+
+    def start(self) -> Receiver:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        self._gate = asyncio.Event()
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        self.release()
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def script(self, path: str, *replies: Reply) -> None:
+        """Answer requests to `path` with these replies in order; the last one repeats."""
+        with self._lock:
+            self._scripts[path] = list(replies)
+
+    def release(self) -> None:
+        self._loop.call_soon_threadsafe(self._gate.set)
+
+    @property
+    def holding(self) -> int:
+        return self._holding
+
+    def to(self, path: str) -> list[Received]:
+        with self._lock:
+            return [r for r in self.requests if r.path == path]
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError("receiver: condition not met before the deadline")
+            time.sleep(0.02)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        with self._lock:
+            self.requests.append(
+                Received(request.path, {k.lower(): v for k, v in request.headers.items()}, body,
+                         time.time())
+            )
+            script = self._scripts.get(request.path)
+            reply = (script.pop(0) if len(script) > 1 else script[0]) if script else Reply()
+        if reply.hold:
+            self._holding += 1
+            try:
+                await self._gate.wait()
+            finally:
+                self._holding -= 1
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)

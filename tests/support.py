@@ -1,0 +1,128 @@
+"""Test helpers: waiting with deadlines, endpoints and rows, worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import yaml
+
+from worker import signing
+from worker.delivery import display_url
+from worker.queue import EndpointSpec, register_endpoint
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def eventually(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05,
+               message: str = "condition") -> T:
+    """Return check()'s first truthy value, or fail when the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not met within {timeout} s (last value: {value!r})")
+        time.sleep(interval)
+
+
+def add_endpoint(dsn: str, url: str, name: str | None = None, **overrides: Any) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return register_endpoint(conn, EndpointSpec(
+            name=name or f"ep-{time.monotonic_ns()}", url=url, url_display=display_url(url),
+            signing_secrets=(overrides.pop("secret", None) or signing.generate_secret(),),
+            **overrides,
+        ))
+
+
+def enqueue(dsn: str, webhook_id: int, payload: dict[str, Any] | None = None,
+            event_type: str = "alert.created", deliver_after: float = 0.0, count: int = 1) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, next_retry_at)"
+            " SELECT %s, %s, %s::jsonb || jsonb_build_object('n', n),"
+            "        now() + make_interval(secs => %s)"
+            " FROM generate_series(1, %s) n RETURNING delivery_id",
+            (webhook_id, event_type, json.dumps(payload or {}), deliver_after, count),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description is not None else []
+
+
+def statuses(dsn: str, ids: list[int]) -> dict[int, str]:
+    rows = query(dsn, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue"
+                      " WHERE delivery_id = ANY(%s)", (ids,))
+    return dict(rows)  # type: ignore[arg-type]
+
+
+def all_final(dsn: str, ids: list[int]) -> bool:
+    found = statuses(dsn, ids)
+    return len(found) == len(ids) and all(s in ("delivered", "dead_letter") for s in found.values())
+
+
+class WorkerProcess:
+    """`python -m worker --config FILE` as a subprocess, as it runs in production."""
+
+    def __init__(self, dsn: str, workdir: Path, name: str, **sections: dict[str, Any]) -> None:
+        config: dict[str, Any] = {
+            "database": {"url": dsn},
+            "worker": {"id": name, "poll_interval_seconds": 0.1},
+            "logging": {"level": "info", "format": "json"},
+        }
+        for section, values in sections.items():
+            config.setdefault(section, {}).update(values)
+        self.config_path = workdir / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / f"{name}.log"
+        self.name = name
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
+        env.pop("DATABASE_URL", None)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "worker", "--config", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                lines.append({"event": line})
+        return lines
+
+    def logged(self, event: str) -> bool:
+        return any(line.get("event") == event for line in self.log_lines())
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)

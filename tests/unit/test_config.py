@@ -1,0 +1,57 @@
+"""Config loading: defaults, environment overrides, and one clear line per mistake."""
+
+import pytest
+
+from worker.config import ConfigError, load_config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_minimal_file_gets_defaults(tmp_path):
+    config = load_config(write(tmp_path, "database:\n  url: postgresql://db/x\n"), environ={})
+    assert config.worker.concurrency == 100
+    assert config.delivery.timeout_seconds is None  # the database's default applies
+
+
+def test_database_url_from_the_environment_without_a_file():
+    config = load_config(None, environ={"DATABASE_URL": "postgresql://env/x"})
+    assert config.database.url == "postgresql://env/x"
+
+
+def test_environment_overrides_any_key(tmp_path):
+    path = write(tmp_path, "database:\n  url: postgresql://db/x\nworker:\n  concurrency: 5\n")
+    config = load_config(path, environ={"WEBHOOK_WORKER_WORKER__CONCURRENCY": "7",
+                                        "WEBHOOK_WORKER_DATABASE__URL": "postgresql://env/y"})
+    assert config.worker.concurrency == 7
+    assert config.database.url == "postgresql://env/y"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("database:\n  url: postgresql://db/x\n  pool_size: 3\n", "database.pool_size: unknown key"),
+        ("database:\n  url: postgresql://db/x\nworker:\n  concurrency: lots\n",
+         "worker.concurrency: Input should be a valid integer"),
+        ("worker:\n  concurrency: 3\n", "database.url: missing"),
+        ("database:\n  url: postgresql://db/x\ndelivery:\n  timeout_seconds: 30\n  lease_seconds: 30\n",
+         "delivery: lease_seconds (30) must be at least timeout_seconds (30) + 5"),
+        ("database: [1, 2]\n", "database: must be a mapping"),
+        ("- just a list\n", "the top level must be a mapping"),
+    ],
+)
+def test_bad_config_names_the_key_and_the_problem(tmp_path, text, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), environ={})
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_url_values_are_never_echoed(tmp_path):
+    path = write(tmp_path, "database:\n  url: 12345\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert "12345" not in str(caught.value)

@@ -1,0 +1,60 @@
+"""Standard Webhooks signatures, checked against the specification's published test vector."""
+
+import pytest
+
+from worker import signing
+
+# From the Standard Webhooks specification (and Svix's documentation of the same scheme).
+VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+VECTOR_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+VECTOR_TIMESTAMP = 1614265330
+VECTOR_BODY = b'{"test": 2432232314}'
+VECTOR_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def headers(signature: str, timestamp: int = VECTOR_TIMESTAMP) -> dict[str, str]:
+    return {"webhook-id": VECTOR_ID, "webhook-timestamp": str(timestamp),
+            "webhook-signature": signature}
+
+
+def test_sign_matches_the_published_vector():
+    assert signing.sign(VECTOR_SECRET, VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY) == VECTOR_SIGNATURE
+
+
+def test_verify_accepts_the_published_vector():
+    signing.verify(VECTOR_SECRET, headers(VECTOR_SIGNATURE), VECTOR_BODY, now=VECTOR_TIMESTAMP + 10)
+
+
+def test_verify_accepts_any_of_several_signatures():
+    other = signing.sign(signing.generate_secret(), VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY)
+    signing.verify(VECTOR_SECRET, headers(f"{other} {VECTOR_SIGNATURE}"), VECTOR_BODY,
+                   now=VECTOR_TIMESTAMP)
+
+
+@pytest.mark.parametrize("skew", [-301, 301])
+def test_verify_rejects_timestamps_outside_five_minutes(skew):
+    with pytest.raises(signing.VerificationError, match="tolerance"):
+        signing.verify(VECTOR_SECRET, headers(VECTOR_SIGNATURE), VECTOR_BODY,
+                       now=VECTOR_TIMESTAMP + skew)
+
+
+def test_verify_rejects_a_changed_body():
+    with pytest.raises(signing.VerificationError, match="no matching"):
+        signing.verify(VECTOR_SECRET, headers(VECTOR_SIGNATURE), VECTOR_BODY + b" ",
+                       now=VECTOR_TIMESTAMP)
+
+
+def test_generated_secrets_are_whsec_with_at_least_24_random_bytes():
+    import base64
+
+    secret = signing.generate_secret()
+    assert secret.startswith("whsec_")
+    assert len(base64.b64decode(secret.removeprefix("whsec_"))) >= 24
+    assert signing.generate_secret() != secret
+
+
+def test_rotation_header_carries_one_signature_per_secret():
+    second = signing.generate_secret()
+    header = signing.signature_header([VECTOR_SECRET, second], VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY)
+    parts = header.split(" ")
+    assert parts[0] == VECTOR_SIGNATURE and len(parts) == 2

@@ -1,0 +1,7 @@
+"""`python -m worker` is `webhook-worker`."""
+
+import sys
+
+from worker.cli import main
+
+sys.exit(main())
