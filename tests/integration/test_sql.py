@@ -180,7 +180,8 @@ def test_concurrent_duplicate_enqueue_commits_both_transactions_and_queues_one(d
         second_started.wait(10)
         # the second producer is now blocked on the same key (or about to be)
         eventually(lambda: query(db, "SELECT count(*) FROM pg_stat_activity"
-                                     " WHERE wait_event_type = 'Lock' AND datname = current_database()")[0][0],
+                                     " WHERE wait_event_type = 'Lock'"
+                                     " AND datname = current_database()")[0][0],
                    timeout=10, message="second producer waits on the key")
         first.commit()
     thread.join(10)
