@@ -19,6 +19,8 @@ from worker.queue import Claimed, DeliverySettings, Finished, Queue
 
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
 MAX_BACKOFF_SECONDS = 5.0
+# When rows are due but another worker got them first, look again soon, but never spin.
+MIN_IDLE_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,12 @@ class Worker:
                 claim_batch_size=self.effective.claim_batch_size,
             )
             finisher = asyncio.create_task(self._finish_loop(), name="finisher")
-            await self._claim_loop()
+            listener = asyncio.create_task(self._listen_loop(), name="listener")
+            try:
+                await self._claim_loop()
+            finally:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
             await self._drain(finisher)
         finally:
             await self.sender.close()
@@ -149,11 +156,37 @@ class Worker:
             if self._stopping.is_set():
                 await self._release(rows, "claimed during shutdown")
                 return
+            if rows:
+                self.log.debug("claimed batch", rows=len(rows), wanted=want)
             for row in rows:
                 task = asyncio.create_task(self._deliver(row), name=f"delivery-{row.delivery_id}")
                 self._in_flight[row.delivery_id] = (row, task)
             if len(rows) < want:
-                await self._wait_for(self._wake, limit_seconds=self.config.worker.poll_interval_seconds)
+                await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
+
+    async def _idle_seconds(self) -> float:
+        """Sleep until the earliest due retry or lease expiry, capped by the polling interval."""
+        poll = self.config.worker.poll_interval_seconds
+        try:
+            due_in = await self.queue.next_due_in()
+        except DATABASE_ERRORS:
+            return poll
+        if due_in is None:
+            return poll
+        return min(poll, max(due_in, MIN_IDLE_SECONDS))
+
+    async def _listen_loop(self) -> None:
+        """Wake the claim loop on NOTIFY; reconnect with backoff whenever the connection drops."""
+        backoff = Backoff(first=0.5)
+        while True:
+            try:
+                async for _ in self.queue.notifications():
+                    backoff.reset()
+                    self._wake.set()
+            except DATABASE_ERRORS as exc:
+                delay = backoff.next()
+                self.log.warning("listener disconnected; reconnecting", error=_brief(exc), retry_in=delay)
+                await asyncio.sleep(delay)
 
     async def _wait_for(self, event: asyncio.Event, limit_seconds: float | None = None) -> None:
         """Until the event is set, stop() is called, or the timeout passes."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +16,9 @@ from psycopg_pool import AsyncConnectionPool
 from worker.policy import RetrySchedule
 
 APPLICATION_NAME = "webhook-worker"
+NOTIFY_CHANNEL = "webhooks_queue"
+# Detect a silently dropped connection (no RST) within about a minute.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
 
 @dataclass(frozen=True)
@@ -117,13 +120,20 @@ def _claimed(row: dict[str, Any]) -> Claimed:
 class Queue:
     """The worker's handle on the queue: a small pool, and one method per SQL function it calls."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any]) -> None:
         self.pool = pool
+        self._listen_kwargs = listen_kwargs
 
     @classmethod
     def create(
         cls, conninfo: str, min_size: int, max_size: int, connect_timeout: float, worker_id: str
     ) -> Queue:
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": f"{APPLICATION_NAME} {worker_id}"[:63],
+            "connect_timeout": max(1, int(connect_timeout)),
+            **KEEPALIVES,
+        }
         pool = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
@@ -131,13 +141,11 @@ class Queue:
             open=False,
             timeout=connect_timeout,
             name="webhook-worker",
-            kwargs={
-                "autocommit": True,
-                "application_name": f"{APPLICATION_NAME} {worker_id}"[:63],
-                "connect_timeout": max(1, int(connect_timeout)),
-            },
+            kwargs=kwargs,
         )
-        return cls(pool)
+        listen_kwargs = {**kwargs, "conninfo": conninfo,
+                         "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63]}
+        return cls(pool, listen_kwargs)
 
     async def open(self) -> None:
         # wait=False: the pool keeps trying in the background while the database is unreachable.
@@ -156,6 +164,25 @@ class Queue:
         if row is None:
             raise RuntimeError("webhooks.delivery_config has no row: run `webhook-worker migrate`")
         return DeliverySettings(row[0], row[1] / 1000.0, row[2], row[3], row[4], row[5])
+
+    async def notifications(self) -> AsyncIterator[None]:
+        """Yield once when listening, then once per NOTIFY; on its own connection, not the pool's.
+
+        Raises psycopg.OperationalError when the connection is lost; the caller reconnects.
+        """
+        conn = await psycopg.AsyncConnection.connect(**self._listen_kwargs)
+        async with conn:
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            yield None
+            async for _notify in conn.notifies():
+                yield None
+
+    async def next_due_in(self) -> float | None:
+        """Seconds until a row falls due or a lease expires; None when nothing waits."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT webhooks.next_due_in()")
+            row = await cur.fetchone()
+        return None if row is None else row[0]
 
     async def acquire(self, worker_id: str, batch_size: int, lease_seconds: int) -> list[Claimed]:
         async with self.pool.connection() as conn:

@@ -191,3 +191,49 @@ def test_concurrent_duplicate_enqueue_commits_both_transactions_and_queues_one(d
     if how == "enqueue":
         assert query(db, "SELECT webhooks.enqueue(%s, 'alert.created', '{}', 'alert-42')", (endpoint,)) == \
             query(db, "SELECT delivery_id FROM webhooks.alert_delivery_queue")
+
+
+def dead_letter(dsn, endpoint, category, count=1, event_type="alert.created"):
+    ids = enqueue(dsn, endpoint, count=count, event_type=event_type)
+    for claimed in acquire(dsn, "w", batch=count):
+        finish(dsn, "w", outcome(claimed, outcome="dead_letter", failure_category=category,
+                                 http_status=400 if category == "http_4xx" else None))
+    return ids
+
+
+def test_filtered_replay_resets_matching_dead_letters_and_counts_them(db):
+    first = add_endpoint(db, "http://127.0.0.1:9/a")
+    second = add_endpoint(db, "http://127.0.0.1:9/b")
+    dead_letter(db, first, "http_4xx", count=3)
+    dead_letter(db, first, "internal", count=2)
+    dead_letter(db, second, "http_4xx", count=4, event_type="billing.paid")
+
+    def replay(**filters):
+        names = ", ".join(f"p_{k} => %({k})s" for k in filters)
+        return query(db, f"SELECT webhooks.replay_dead_letters({names})", filters)[0][0]
+
+    assert replay(webhook_id=first, failure_category="internal") == 2
+    assert replay(event_type="billing.paid", limit=3) == 3
+    assert replay(event_type="billing.paid") == 1
+    assert replay(until=query(db, "SELECT now() - interval '1 hour'")[0][0]) == 0
+    assert replay() == 3
+    assert replay() == 0
+    assert query(db, "SELECT status, attempts, replays, count(*) FROM webhooks.alert_delivery_queue"
+                     " GROUP BY 1, 2, 3") == [("pending", 0, 1, 9)]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE outcome = 'replayed'") == [(9,)]
+
+
+def test_lookups_by_id_by_key_and_history(db):
+    first = add_endpoint(db, "http://127.0.0.1:9/a", name="first")
+    second = add_endpoint(db, "http://127.0.0.1:9/b", name="second")
+    query(db, "SELECT webhooks.enqueue(%s, 'alert.created', '{}', 'alert-7'),"
+              " webhooks.enqueue(%s, 'alert.created', '{}', 'alert-7')", (first, second))
+    [claimed] = acquire(db, "w", batch=1)
+    finish(db, "w", outcome(claimed, **OK))
+
+    by_key = query(db, "SELECT endpoint_name, status, max_attempts FROM webhooks.delivery_by_key('alert-7')")
+    assert by_key == [("first", "delivered", 10), ("second", "pending", 10)]
+    assert query(db, "SELECT idempotency_key, endpoint FROM webhooks.delivery(%s)", (claimed[0],)) == [
+        ("alert-7", "http://127.0.0.1:9")]
+    assert query(db, "SELECT attempt, outcome, http_status FROM webhooks.delivery_history(%s)",
+                 (claimed[0],)) == [(1, "delivered", 200)]

@@ -1,0 +1,74 @@
+-- 013_replay: putting finished deliveries back in the queue.
+--
+-- A replay is the same row, sent again: status back to 'pending', attempts and deferrals reset,
+-- `replays` incremented, the same idempotency key (so a receiver that already processed it can
+-- deduplicate). The audit log keeps every earlier attempt and records the replay. An operator who
+-- wants a new event enqueues a new one.
+
+CREATE FUNCTION webhooks.replay_rows(p_delivery_ids bigint[]) RETURNS integer
+LANGUAGE sql
+SET jit = off
+AS $$
+    WITH replayed AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'pending', attempts = 0, deferrals = 0, replays = q.replays + 1,
+            next_retry_at = now(), dead_letter_reason = NULL, dead_lettered_at = NULL,
+            delivered_at = NULL, updated_at = now()
+        WHERE q.delivery_id = ANY(p_delivery_ids) AND q.status IN ('dead_letter', 'delivered')
+        RETURNING q.delivery_id, q.webhook_id, q.replays
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, error)
+        SELECT delivery_id, webhook_id, 0, 'replayed', 'replay ' || replays FROM replayed
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM logged;
+$$;
+
+-- One delivery, dead-lettered or delivered. Returns whether it was put back.
+CREATE FUNCTION webhooks.replay(p_delivery_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF webhooks.replay_rows(ARRAY[p_delivery_id]) = 1 THEN
+        PERFORM pg_notify('webhooks_queue', '');
+        RETURN true;
+    END IF;
+    RETURN false;
+END;
+$$;
+
+-- Every dead letter matching all the given filters (NULL matches anything), at most p_limit of
+-- them, oldest first, so a large recovery can run in bounded, resumable steps. Returns the count.
+CREATE FUNCTION webhooks.replay_dead_letters(
+    p_webhook_id       bigint      DEFAULT NULL,
+    p_event_type       text        DEFAULT NULL,
+    p_failure_category text        DEFAULT NULL,
+    p_since            timestamptz DEFAULT NULL,
+    p_until            timestamptz DEFAULT NULL,
+    p_limit            integer     DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    SELECT webhooks.replay_rows(array_agg(d.delivery_id)) INTO v_count
+    FROM (
+        SELECT q.delivery_id
+        FROM webhooks.alert_delivery_queue q
+        WHERE q.status = 'dead_letter'
+          AND (p_webhook_id IS NULL OR q.webhook_id = p_webhook_id)
+          AND (p_event_type IS NULL OR q.event_type = p_event_type)
+          AND (p_failure_category IS NULL OR q.failure_category = p_failure_category)
+          AND (p_since IS NULL OR q.dead_lettered_at >= p_since)
+          AND (p_until IS NULL OR q.dead_lettered_at < p_until)
+        ORDER BY q.dead_lettered_at, q.delivery_id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ) d;
+    IF v_count > 0 THEN
+        PERFORM pg_notify('webhooks_queue', '');
+    END IF;
+    RETURN coalesce(v_count, 0);
+END;
+$$;
