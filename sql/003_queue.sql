@@ -36,6 +36,9 @@ CREATE TABLE webhooks.alert_delivery_queue (
     traceparent        text,
     expires_at         timestamptz,
     created_at         timestamptz NOT NULL DEFAULT now(),
+    -- When the current round of attempts began (insert or replay): the retry window of a row whose
+    -- endpoint is disabled is measured from here.
+    scheduled_at       timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
     delivered_at       timestamptz,
     dead_lettered_at   timestamptz,
@@ -53,15 +56,21 @@ CREATE TABLE webhooks.alert_delivery_queue (
 CREATE UNIQUE INDEX alert_delivery_queue_idempotency
     ON webhooks.alert_delivery_queue (webhook_id, idempotency_key);
 
--- The claim scans this, in this order; it only ever holds rows waiting to be sent.
+-- The claim walks this per endpoint, in this order; it only ever holds rows waiting to be sent.
 CREATE INDEX alert_delivery_queue_claimable
-    ON webhooks.alert_delivery_queue (priority DESC, next_retry_at, delivery_id)
+    ON webhooks.alert_delivery_queue (webhook_id, priority DESC, next_retry_at, delivery_id)
     WHERE status IN ('pending', 'retrying');
 
--- Expired leases are found here; it only ever holds rows in flight.
+-- Rows in flight: per-endpoint concurrency is counted here, expired leases are found here. It
+-- is small by nature (at most the fleet's concurrency).
 CREATE INDEX alert_delivery_queue_leased
-    ON webhooks.alert_delivery_queue (locked_until)
+    ON webhooks.alert_delivery_queue (webhook_id, locked_until)
     WHERE status = 'delivering';
+
+-- Opt-in ordering: a row with an ordering key waits for earlier unfinished rows of its key.
+CREATE INDEX alert_delivery_queue_ordering
+    ON webhooks.alert_delivery_queue (webhook_id, ordering_key, delivery_id)
+    WHERE ordering_key IS NOT NULL AND status IN ('pending', 'retrying', 'delivering');
 
 CREATE INDEX alert_delivery_queue_event ON webhooks.alert_delivery_queue (event_id);
 CREATE INDEX alert_delivery_queue_dead_letters

@@ -2,7 +2,8 @@
 --
 -- Written by webhooks.finish() once per endpoint per batch, always in endpoint-id order so that
 -- concurrent batches never deadlock. The circuit, pause and rate columns are the fleet-wide state
--- that the claim reads; they live here so operators see health and state in one row.
+-- that the claim reads and updates under this row's lock; they live here so operators see health
+-- and state in one row. Every endpoint has a row from its registration on.
 
 CREATE TABLE webhooks.webhook_health_metrics (
     webhook_id           bigint      PRIMARY KEY REFERENCES webhooks.endpoints (id) ON DELETE CASCADE,
@@ -24,9 +25,35 @@ CREATE TABLE webhooks.webhook_health_metrics (
     circuit_opened_at    timestamptz,
     circuit_open_until   timestamptz,
     circuit_sleep_seconds integer,
+    -- half-open: probes claimed, and the outcomes of probes so far
+    probes_sent          integer     NOT NULL DEFAULT 0,
+    probe_successes      integer     NOT NULL DEFAULT 0,
+    probe_failures       integer     NOT NULL DEFAULT 0,
+    -- The circuit's sliding window, as two fixed windows weighted by overlap: cheap to keep per
+    -- batch and close enough to a true sliding count.
+    window_started_at    timestamptz,
+    window_attempts      integer     NOT NULL DEFAULT 0,
+    window_failures      integer     NOT NULL DEFAULT 0,
+    previous_attempts    integer     NOT NULL DEFAULT 0,
+    previous_failures    integer     NOT NULL DEFAULT 0,
+    -- 429/503 with Retry-After pauses the whole endpoint, for every worker.
     paused_until         timestamptz,
-    in_flight            integer     NOT NULL DEFAULT 0,
     rate_tokens          double precision,
     rate_refilled_at     timestamptz,
+    failing_since        timestamptz,
     updated_at           timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 70);
+
+-- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
+CREATE FUNCTION webhooks.create_health_row() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO webhooks.webhook_health_metrics (webhook_id) VALUES (NEW.id)
+    ON CONFLICT (webhook_id) DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER create_health_row
+    AFTER INSERT ON webhooks.endpoints
+    FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();

@@ -16,7 +16,15 @@ from worker import __version__, schema, signing
 from worker.config import Config, ConfigError, load_config
 from worker.delivery import RESERVED_HEADERS, display_url
 from worker.observability import configure_logging
-from worker.queue import EndpointSpec, list_endpoints, register_endpoint
+from worker.policy import RetrySchedule
+from worker.queue import (
+    EndpointSpec,
+    find_endpoint,
+    list_endpoints,
+    register_endpoint,
+    set_circuit,
+    set_endpoint_active,
+)
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -66,9 +74,30 @@ def _check_url(url: str) -> None:
         raise UsageError("--url: expected an http:// or https:// URL with a host")
 
 
+def _check_endpoint_options(args: argparse.Namespace) -> None:
+    """Refuse bad values here, before SQL sees them: a constraint violation would make the server
+    log the whole row, URL and secret included."""
+    if not args.name.strip():
+        raise UsageError("--name: must not be empty")
+    if args.max_attempts is not None and not 1 <= args.max_attempts <= 100:
+        raise UsageError("--max-attempts: expected 1 to 100")
+    if args.timeout_seconds is not None and not 0.1 <= args.timeout_seconds <= 300:
+        raise UsageError("--timeout-seconds: expected 0.1 to 300")
+    if args.rate_limit is not None and not args.rate_limit > 0:
+        raise UsageError("--rate-limit: expected a number of requests per second above 0")
+    if args.burst is not None and args.burst < 1:
+        raise UsageError("--burst: expected at least 1")
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        raise UsageError("--max-in-flight: expected at least 1")
+    for event_type in args.event_type or []:
+        if not event_type.strip():
+            raise UsageError("--event-type: must not be empty")
+
+
 def cmd_endpoints_add(args: argparse.Namespace) -> int:
     config = _config(args)
     _check_url(args.url)
+    _check_endpoint_options(args)
     secret = args.secret or signing.generate_secret()
     try:
         signing.sign(secret, "check", 0, b"")
@@ -78,8 +107,10 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     if args.retry_delays:
         try:
             schedule = {"delays": [float(d) for d in args.retry_delays.split(",")]}
+            RetrySchedule.from_json(schedule, 0.0)
         except ValueError:
-            raise UsageError("--retry-delays: expected seconds separated by commas") from None
+            raise UsageError("--retry-delays: expected 1 to 100 delays of 0 to 604800 seconds, "
+                             "separated by commas") from None
     spec = EndpointSpec(
         name=args.name,
         url=args.url,
@@ -90,6 +121,9 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         timeout_ms=int(args.timeout_seconds * 1000) if args.timeout_seconds else None,
         retry_schedule=schedule,
+        rate_limit_per_second=args.rate_limit,
+        rate_limit_burst=args.burst,
+        max_in_flight=args.max_in_flight,
     )
     with psycopg.connect(config.database.url, autocommit=True) as conn:
         try:
@@ -106,6 +140,42 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _endpoint_id(conn: psycopg.Connection, name_or_id: str) -> int:
+    endpoint_id = find_endpoint(conn, name_or_id)
+    if endpoint_id is None:
+        raise UsageError(f"ENDPOINT {name_or_id!r}: no endpoint with this name or id")
+    return endpoint_id
+
+
+def cmd_endpoints_enable(args: argparse.Namespace) -> int:
+    return _set_active(args, active=True)
+
+
+def cmd_endpoints_disable(args: argparse.Namespace) -> int:
+    return _set_active(args, active=False)
+
+
+def _set_active(args: argparse.Namespace, active: bool) -> int:
+    config = _config(args)
+    with psycopg.connect(config.database.url, autocommit=True) as conn:
+        endpoint_id = _endpoint_id(conn, args.endpoint)
+        change = set_endpoint_active(conn, endpoint_id, active, getattr(args, "reason", ""))
+    state = "enabled" if active else "disabled"
+    print(f"endpoint {endpoint_id} {state}" if change else f"endpoint {endpoint_id} was already {state}")
+    return 0
+
+
+def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.action != "open" and args.until:
+        raise UsageError("--until: only with 'open'")
+    with psycopg.connect(config.database.url, autocommit=True) as conn:
+        endpoint_id = _endpoint_id(conn, args.endpoint)
+        change = set_circuit(conn, endpoint_id, args.action, args.until)
+    print(f"endpoint {endpoint_id}: {change}")
+    return 0
+
+
 def cmd_endpoints_list(args: argparse.Namespace) -> int:
     config = _config(args)
     with psycopg.connect(config.database.url, autocommit=True) as conn:
@@ -113,8 +183,8 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, default=str))
         return 0
-    columns = ["id", "name", "url_display", "active", "event_types", "health_status", "successes",
-               "failures"]
+    columns = ["id", "name", "url_display", "active", "event_types", "health_status", "circuit_state",
+               "successes", "failures"]
     print_table(columns, [[_cell(row[c]) for c in columns] for row in rows])
     return 0
 
@@ -182,7 +252,25 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--max-attempts", type=int, help="override the global max attempts")
     add.add_argument("--timeout-seconds", type=float, help="override the request timeout")
     add.add_argument("--retry-delays", metavar="S,S,...", help="override the retry delays (seconds)")
+    add.add_argument("--rate-limit", type=float, metavar="PER_SECOND",
+                     help="at most this many requests per second, fleet-wide")
+    add.add_argument("--burst", type=int, help="requests allowed at once above the rate")
+    add.add_argument("--max-in-flight", type=int, help="at most this many requests open at once, fleet-wide")
     add.add_argument("--json", action="store_true", help="print JSON")
+    enable = command(endpoint_commands, "enable", cmd_endpoints_enable,
+                     "enable an endpoint (and reset its circuit); its waiting rows are sent")
+    enable.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    disable = command(endpoint_commands, "disable", cmd_endpoints_disable,
+                      "disable an endpoint: no new deliveries, queued rows wait")
+    disable.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    disable.add_argument("--reason", default="disabled by an operator", help="recorded with the change")
+    circuit = command(endpoint_commands, "circuit", cmd_endpoints_circuit,
+                      "control the circuit breaker: reset, open (until a time) or close")
+    circuit.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    circuit.add_argument("action", choices=["reset", "open", "close"],
+                         help="reset: closed and counters cleared; open: nothing sent (until --until, "
+                              "or until reset); close: never opens by itself until reset")
+    circuit.add_argument("--until", metavar="TIMESTAMP", help="with open: when to start probing again")
     listing = command(endpoint_commands, "list", cmd_endpoints_list, "list endpoints and health")
     listing.add_argument("--json", action="store_true", help="print JSON")
 

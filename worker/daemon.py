@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -17,10 +19,14 @@ from worker.observability import get_logger
 from worker.policy import Outcome, classify, retry_delay
 from worker.queue import Claimed, DeliverySettings, Finished, Queue
 
+T = TypeVar("T")
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
+# Errors that a retry can cure: the connection, not the statement, failed.
+TRANSIENT_ERRORS = (psycopg.OperationalError, PoolTimeout, OSError)
 MAX_BACKOFF_SECONDS = 5.0
 # When rows are due but another worker got them first, look again soon, but never spin.
 MIN_IDLE_SECONDS = 0.05
+HOUSEKEEPING_INTERVAL_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,10 @@ class Effective:
         return effective
 
 
+class PoisonRow(Exception):
+    """A claimed row that cannot be attempted (for example unreadable endpoint settings)."""
+
+
 class Backoff:
     """Capped exponential waits between retries of a failing database call."""
 
@@ -75,7 +85,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
-        self._in_flight: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
+        self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
         self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
 
     def stop(self) -> None:
@@ -103,12 +113,16 @@ class Worker:
                 claim_batch_size=self.effective.claim_batch_size,
             )
             finisher = asyncio.create_task(self._finish_loop(), name="finisher")
-            listener = asyncio.create_task(self._listen_loop(), name="listener")
+            side_tasks = [
+                asyncio.create_task(self._listen_loop(), name="listener"),
+                asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+            ]
             try:
                 await self._claim_loop()
             finally:
-                listener.cancel()
-                await asyncio.gather(listener, return_exceptions=True)
+                for task in side_tasks:
+                    task.cancel()
+                await asyncio.gather(*side_tasks, return_exceptions=True)
             await self._drain(finisher)
         finally:
             await self.sender.close()
@@ -146,7 +160,10 @@ class Worker:
             want = min(batch_size, free)
             self._wake.clear()
             try:
-                rows = await self.queue.acquire(self.worker_id, want, self.effective.lease_seconds)
+                claim = self.queue.acquire(self.worker_id, want, self.effective.lease_seconds)
+                rows = await self._unless_stopped(claim)
+                if rows is None:
+                    return  # stopped while waiting for the database; anything claimed returns after its lease
             except DATABASE_ERRORS as exc:
                 delay = backoff.next()
                 self.log.warning("claim failed; retrying", error=_brief(exc), retry_in=delay)
@@ -160,7 +177,7 @@ class Worker:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
             for row in rows:
                 task = asyncio.create_task(self._deliver(row), name=f"delivery-{row.delivery_id}")
-                self._in_flight[row.delivery_id] = (row, task)
+                self._in_flight[row.lease_token] = (row, task)
             if len(rows) < want:
                 await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
 
@@ -175,6 +192,18 @@ class Worker:
             return poll
         return min(poll, max(due_in, MIN_IDLE_SECONDS))
 
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            try:
+                expired, partitions = await self.queue.housekeeping()
+                if expired:
+                    self.log.warning("dead-lettered rows of disabled endpoints", rows=expired)
+                if partitions:
+                    self.log.info("created audit log partitions", partitions=partitions)
+            except DATABASE_ERRORS as exc:
+                self.log.warning("housekeeping failed", error=_brief(exc))
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
+
     async def _listen_loop(self) -> None:
         """Wake the claim loop on NOTIFY; reconnect with backoff whenever the connection drops."""
         backoff = Backoff(first=0.5)
@@ -187,6 +216,20 @@ class Worker:
                 delay = backoff.next()
                 self.log.warning("listener disconnected; reconnecting", error=_brief(exc), retry_in=delay)
                 await asyncio.sleep(delay)
+
+    async def _unless_stopped(self, call: Coroutine[Any, Any, T]) -> T | None:
+        """The call's result, or None if stop() came first (the call is then cancelled)."""
+        task = asyncio.ensure_future(call)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
 
     async def _wait_for(self, event: asyncio.Event, limit_seconds: float | None = None) -> None:
         """Until the event is set, stop() is called, or the timeout passes."""
@@ -212,6 +255,8 @@ class Worker:
             event_type=row.event_type,
         )
         try:
+            if row.problem is not None:
+                raise PoisonRow(row.problem)
             timeout = row.timeout_seconds or self.effective.timeout_seconds
             # A request may never outlive its lease, whatever the endpoint asks for.
             timeout = min(timeout, self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
@@ -219,8 +264,11 @@ class Worker:
             finished = self._outcome(row, sent)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            log.exception("delivery failed inside the worker")
+        except Exception as exc:  # one bad delivery must never stop the worker
+            if isinstance(exc, PoisonRow):
+                log.error("delivery cannot be attempted", error=str(exc))
+            else:
+                log.exception("delivery failed inside the worker")
             finished = Finished(
                 delivery_id=row.delivery_id,
                 lease_token=row.lease_token,
@@ -228,12 +276,13 @@ class Worker:
                 outcome=Outcome.RETRY,
                 retry_after_s=row.schedule.delay(row.attempt),
                 failure_category="internal",
-                error=f"internal error: {type(exc).__name__}: {exc}"[:500],
+                error=(str(exc) if isinstance(exc, PoisonRow)
+                       else f"internal error: {type(exc).__name__}: {exc}")[:500],
             )
         else:
             _log_attempt(log, row, sent, finished)
         finally:
-            self._in_flight.pop(row.delivery_id, None)
+            self._in_flight.pop(row.lease_token, None)
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
 
@@ -294,20 +343,41 @@ class Worker:
             await self._write(batch)
 
     async def _write(self, batch: list[Finished]) -> None:
+        """Write a batch, retrying while the database is unreachable. A batch the database rejects
+        is split until the outcome at fault is isolated and dropped: its row comes back after its
+        lease, and every other outcome is written."""
         backoff = Backoff()
         while True:
             try:
                 results = await self.queue.finish(self.worker_id, batch)
                 break
-            except DATABASE_ERRORS as exc:
+            except TRANSIENT_ERRORS as exc:
                 delay = backoff.next()
                 self.log.warning(
                     "finish failed; retrying", error=_brief(exc), outcomes=len(batch), retry_in=delay
                 )
                 await asyncio.sleep(delay)
+            except psycopg.Error as exc:
+                if len(batch) == 1:
+                    self.log.error(
+                        "outcome rejected by the database; the row returns after its lease",
+                        delivery_id=batch[0].delivery_id, error=_brief(exc),
+                    )
+                    return
+                half = len(batch) // 2
+                await self._write(batch[:half])
+                await self._write(batch[half:])
+                return
+        # Capacity freed here (fleet-wide concurrency is counted from rows in flight): claim again.
+        self._wake.set()
         stale = [r.delivery_id for r in results if not r.applied]
         if stale:
             self.log.warning("outcomes arrived after their lease was taken over", delivery_ids=stale)
+        for result in results:
+            if result.endpoint_change:
+                self.log.warning(
+                    "endpoint state changed", delivery_id=result.delivery_id, change=result.endpoint_change
+                )
 
     # --- shutdown ------------------------------------------------------------------------------
 
@@ -324,7 +394,13 @@ class Worker:
             task.cancel()
         if leftover:
             await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
-            await self._release([row for row, _ in leftover], "shutdown grace ran out")
+            try:
+                await asyncio.wait_for(
+                    self._release([row for row, _ in leftover], "shutdown grace ran out"),
+                    timeout=max(deadline - loop.time(), 2.0),
+                )
+            except TimeoutError:
+                self.log.error("release timed out; rows return after their lease")
         self._outcomes.put_nowait(None)
         try:
             await asyncio.wait_for(finisher, timeout=max(deadline - loop.time(), 5.0))

@@ -73,18 +73,23 @@ def transport_failure(exc: BaseException) -> tuple[Category, str]:
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return Category.TIMEOUT, "request timed out"
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return Category.DNS, f"DNS lookup failed: {exc.os_error}"
+        return Category.DNS, f"DNS lookup failed: {exc.os_error.strerror or type(exc.os_error).__name__}"
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
         return Category.TLS, f"TLS error: {type(exc).__name__}"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return Category.CONNECT, f"connection failed: {exc.os_error}"
+        return Category.CONNECT, f"connection failed: {exc.os_error.strerror or type(exc.os_error).__name__}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return Category.CONNECT, "server disconnected before answering"
     if isinstance(exc, aiohttp.ClientResponseError):
         return Category.CONNECT, f"invalid HTTP response ({exc.status})"
+    if isinstance(exc, aiohttp.InvalidURL):
+        return Category.INTERNAL, "invalid endpoint URL"
+    # Never str(exc) here: several aiohttp errors carry the full URL, which may hold a secret.
+    if isinstance(exc, OSError) and exc.strerror:
+        return Category.CONNECT, f"{type(exc).__name__}: {exc.strerror}"
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return Category.CONNECT, f"{type(exc).__name__}: {exc}"
-    return Category.INTERNAL, f"{type(exc).__name__}"
+        return Category.CONNECT, type(exc).__name__
+    return Category.INTERNAL, type(exc).__name__
 
 
 class Sender:
@@ -136,4 +141,11 @@ async def _read_excerpt(response: aiohttp.ClientResponse) -> str:
         drained += len(chunk)
     else:
         response.close()
-    return head.decode("utf-8", errors="replace")
+    return excerpt_text(head)
+
+
+def excerpt_text(raw: bytes) -> str:
+    """At most EXCERPT_BYTES of UTF-8, cut at a character boundary, without NULs (PostgreSQL
+    text cannot hold them): a receiver's error page of any encoding can always be stored."""
+    text = raw.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+    return text.encode()[:EXCERPT_BYTES].decode("utf-8", errors="ignore")

@@ -13,6 +13,8 @@ from typing import Any
 # Retry-After beyond a day is more likely a misconfigured receiver than a plan; cap it.
 MAX_RETRY_AFTER_SECONDS = 86_400.0
 DEFAULT_DELAYS: tuple[float, ...] = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
+# The same bounds as webhooks.valid_retry_schedule() in SQL.
+MAX_DELAY_SECONDS = 604_800.0
 
 
 class Category(enum.StrEnum):
@@ -119,21 +121,25 @@ class RetrySchedule:
             return cls(jitter=jitter)
         if "delays" in spec:
             delays = tuple(float(d) for d in spec["delays"])
-            if not delays or any(d < 0 for d in delays):
-                raise ValueError("retry schedule: delays must be a non-empty list of seconds >= 0")
+            if not delays or any(not 0 <= d <= MAX_DELAY_SECONDS for d in delays):
+                raise ValueError("retry schedule: delays must be a non-empty list of 0 to 604800 seconds")
             return cls(delays=delays, jitter=jitter)
         if "base" in spec:
-            return cls(
-                delays=(), base=float(spec["base"]), multiplier=float(spec.get("multiplier", 2.0)),
-                cap=float(spec.get("cap", 86_400.0)), jitter=jitter,
-            )
+            base = float(spec["base"])
+            multiplier = float(spec.get("multiplier", 2.0))
+            cap = float(spec.get("cap", 86_400.0))
+            in_range = 0 <= base <= MAX_DELAY_SECONDS and 0 <= cap <= MAX_DELAY_SECONDS
+            if not (in_range and 1 <= multiplier <= 100):
+                raise ValueError("retry schedule: base and cap 0 to 604800 s, multiplier 1 to 100")
+            return cls(delays=(), base=base, multiplier=multiplier, cap=cap, jitter=jitter)
         raise ValueError("retry schedule: expected {'delays': [...]} or {'base': ..., 'multiplier': ...}")
 
     def nominal_delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based), before jitter."""
         index = max(attempt, 1) - 1
         if self.base is not None:
-            return float(min(self.cap, self.base * self.multiplier**index))
+            # min() before the power can overflow: past ~1000 steps any multiplier > 1 hits the cap
+            return float(min(self.cap, self.base * self.multiplier ** min(index, 1000)))
         return self.delays[min(index, len(self.delays) - 1)]
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:

@@ -53,6 +53,9 @@ class Claimed:
     timeout_seconds: float | None  # the endpoint's own; None means the worker's default
     schedule: RetrySchedule
     traceparent: str | None = None
+    # Set when the row's endpoint settings could not be read: the attempt fails as `internal`
+    # without a request, and the rest of the batch is unaffected.
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class FinishResult:
     delivery_id: int
     applied: bool
     status: str
+    endpoint_change: str | None  # e.g. "circuit_opened: 12 of 20 attempts failed in the last 60 s"
 
 
 def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None) -> tuple[str, ...]:
@@ -91,12 +95,39 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
     result = []
     for entry in stored:
         expires = entry.get("expires_at")
-        if expires is None or datetime.fromisoformat(expires) > now:
-            result.append(entry["secret"])
+        if expires is not None:
+            when = datetime.fromisoformat(expires)
+            if (when if when.tzinfo else when.replace(tzinfo=UTC)) <= now:
+                continue
+        result.append(entry["secret"])
     return tuple(result)
 
 
 def _claimed(row: dict[str, Any]) -> Claimed:
+    try:
+        return _parse_claimed(row)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return Claimed(
+            delivery_id=row["delivery_id"],
+            webhook_id=row["webhook_id"],
+            event_id=row["event_id"],
+            idempotency_key=row["idempotency_key"],
+            event_type=row["event_type"],
+            body=b"",
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            lease_token=row["lease_token"],
+            locked_until=row["locked_until"],
+            url="",
+            signing_secrets=(),
+            headers={},
+            timeout_seconds=None,
+            schedule=RetrySchedule(),
+            problem=f"unusable endpoint settings: {type(exc).__name__}: {exc}"[:300],
+        )
+
+
+def _parse_claimed(row: dict[str, Any]) -> Claimed:
     return Claimed(
         delivery_id=row["delivery_id"],
         webhook_id=row["webhook_id"],
@@ -198,6 +229,15 @@ class Queue:
             cur = await conn.execute("SELECT * FROM webhooks.finish(%s, %s)", (worker_id, payload))
             return [FinishResult(*row) for row in await cur.fetchall()]
 
+    async def housekeeping(self) -> tuple[int, int]:
+        """Dead-letter disabled endpoints' rows past their retry window; keep log partitions ahead."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT webhooks.expire_disabled_endpoint_rows(), webhooks.ensure_log_partitions()"
+            )
+            row = await cur.fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
     async def release(self, worker_id: str, rows: Sequence[Claimed]) -> int:
         """Give back rows claimed but not delivered (shutdown): their attempt is not counted."""
         leases = json.dumps(
@@ -223,11 +263,15 @@ class EndpointSpec:
     max_attempts: int | None = None
     timeout_ms: int | None = None
     retry_schedule: dict[str, Any] | None = None
+    rate_limit_per_second: float | None = None
+    rate_limit_burst: int | None = None
+    max_in_flight: int | None = None
+    circuit_policy: dict[str, Any] = field(default_factory=dict)
 
 
 def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
     row = conn.execute(
-        "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             spec.name,
             spec.url,
@@ -238,10 +282,36 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
             spec.max_attempts,
             spec.timeout_ms,
             json.dumps(spec.retry_schedule) if spec.retry_schedule is not None else None,
+            spec.rate_limit_per_second,
+            spec.rate_limit_burst,
+            spec.max_in_flight,
+            json.dumps(spec.circuit_policy),
         ),
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def find_endpoint(conn: psycopg.Connection, name_or_id: str) -> int | None:
+    row = conn.execute(
+        "SELECT id FROM webhooks.endpoints WHERE name = %s OR id::text = %s ORDER BY name = %s DESC",
+        (name_or_id, name_or_id, name_or_id),
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def set_endpoint_active(conn: psycopg.Connection, endpoint_id: int, active: bool, reason: str) -> str | None:
+    if active:
+        row = conn.execute("SELECT webhooks.enable_endpoint(%s)", (endpoint_id,)).fetchone()
+    else:
+        row = conn.execute("SELECT webhooks.disable_endpoint(%s, %s)", (endpoint_id, reason)).fetchone()
+    return None if row is None else row[0]
+
+
+def set_circuit(conn: psycopg.Connection, endpoint_id: int, action: str, until: str | None) -> str:
+    row = conn.execute("SELECT webhooks.set_circuit(%s, %s, %s)", (endpoint_id, action, until)).fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 def list_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:

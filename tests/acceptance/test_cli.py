@@ -12,7 +12,7 @@ import pytest
 from tests.support import ROOT, query
 
 COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["endpoints", "list"],
-            ["demo"]]
+            ["endpoints", "enable"], ["endpoints", "disable"], ["endpoints", "circuit"], ["demo"]]
 
 
 def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker")):

@@ -53,8 +53,8 @@ def test_one_notification_per_insert_statement_and_none_when_switched_off(db):
 
 def test_a_killed_worker_s_rows_are_delivered_by_another_and_last_attempts_dead_lettered(
         db, receiver, spawn):
-    retried = add_endpoint(db, receiver.url("/hold-a"))
-    last_try = add_endpoint(db, receiver.url("/hold-b"), max_attempts=1)
+    retried = add_endpoint(db, receiver.url("/hold-a"), max_in_flight=20)
+    last_try = add_endpoint(db, receiver.url("/hold-b"), max_attempts=1, max_in_flight=20)
     receiver.script("/hold-a", Reply(hold=True))
     receiver.script("/hold-b", Reply(hold=True))
     ids_a = enqueue(db, retried, count=15)
@@ -97,7 +97,7 @@ def claims_after_shutdown(worker):
 
 
 def test_sigterm_stops_claiming_and_writes_the_outcomes_of_requests_in_flight(db, receiver, spawn):
-    endpoint = add_endpoint(db, receiver.url("/held"))
+    endpoint = add_endpoint(db, receiver.url("/held"), max_in_flight=20)
     receiver.script("/held", Reply(hold=True))
     ids = enqueue(db, endpoint, count=50)
     worker = spawn(db, worker={"concurrency": 20}, logging={"level": "debug"})

@@ -88,7 +88,7 @@ def test_exhausted_attempts_end_in_dead_letter_with_every_attempt_logged(db, rec
 
     assert len(receiver.to("/down")) == 3
     assert query(db, "SELECT attempts, dead_letter_reason FROM webhooks.alert_delivery_queue") == [
-        (3, "attempts exhausted")]
+        (3, "attempts exhausted: HTTP 502")]
     assert query(db, "SELECT attempt, outcome, http_status FROM webhooks.alert_delivery_log"
                      " ORDER BY log_id") == [(1, "retry", 502), (2, "retry", 502), (3, "dead_letter", 502)]
 
@@ -105,7 +105,7 @@ def test_a_request_slower_than_the_timeout_is_retried_as_timeout(db, receiver, s
 
 
 def test_no_transaction_or_row_lock_is_held_while_requests_are_in_flight(db, receiver, spawn):
-    endpoint = add_endpoint(db, receiver.url("/hold"))
+    endpoint = add_endpoint(db, receiver.url("/hold"), max_in_flight=100)
     receiver.script("/hold", Reply(200, hold=True))
     ids = enqueue(db, endpoint, count=100)
     spawn(db, worker={"concurrency": 100}, database={"pool_max_size": 4})
@@ -127,7 +127,7 @@ def test_no_transaction_or_row_lock_is_held_while_requests_are_in_flight(db, rec
 
 
 def test_outcomes_are_written_in_batches(db, receiver, spawn):
-    endpoint = add_endpoint(db, receiver.url("/fast"))
+    endpoint = add_endpoint(db, receiver.url("/fast"), max_in_flight=100)
     ids = enqueue(db, endpoint, count=1000)
     spawn(db, worker={"concurrency": 100}, delivery={"claim_batch_size": 100, "finish_batch_size": 100})
     eventually(lambda: all_final(db, ids), timeout=60, message="1000 delivered")
@@ -141,7 +141,7 @@ def test_outcomes_are_written_in_batches(db, receiver, spawn):
 
 
 def test_two_workers_deliver_each_row_exactly_once_and_share_the_work(db, receiver, spawn):
-    endpoint = add_endpoint(db, receiver.url("/shared"))
+    endpoint = add_endpoint(db, receiver.url("/shared"), max_in_flight=100)
     receiver.script("/shared", Reply(200, delay=0.01))
     workers = [spawn(db, name=f"worker-{n}", worker={"concurrency": 50}) for n in (1, 2)]
     for worker in workers:

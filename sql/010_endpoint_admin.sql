@@ -1,4 +1,4 @@
--- 009_endpoint_admin: registering endpoints and listing them without their credentials.
+-- 010_endpoint_admin: registering endpoints and listing them without their credentials.
 --
 -- The worker side computes url_display and owns the secrets (a later migration stores them as
 -- ciphertext); this function only validates and stores. endpoint_summary is what may be shown.
@@ -12,15 +12,20 @@ CREATE FUNCTION webhooks.register_endpoint(
     p_headers         jsonb  DEFAULT '{}',
     p_max_attempts    integer DEFAULT NULL,
     p_timeout_ms      integer DEFAULT NULL,
-    p_retry_schedule  jsonb  DEFAULT NULL
+    p_retry_schedule  jsonb  DEFAULT NULL,
+    p_rate_limit_per_second numeric DEFAULT NULL,
+    p_rate_limit_burst integer DEFAULT NULL,
+    p_max_in_flight   integer DEFAULT NULL,
+    p_circuit_policy  jsonb  DEFAULT '{}'
 ) RETURNS bigint
 LANGUAGE sql AS $$
     INSERT INTO webhooks.endpoints
         (name, url, url_display, signing_secrets, event_types, headers, max_attempts, timeout_ms,
-         retry_schedule)
+         retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight, circuit_policy)
     VALUES
         (p_name, p_url, p_url_display, p_signing_secrets, coalesce(p_event_types, '{*}'),
-         coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule)
+         coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule,
+         p_rate_limit_per_second, p_rate_limit_burst, p_max_in_flight, coalesce(p_circuit_policy, '{}'))
     RETURNING id;
 $$;
 
@@ -28,6 +33,8 @@ CREATE VIEW webhooks.endpoint_summary AS
 SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
        jsonb_array_length(e.signing_secrets) AS secrets, e.max_attempts, e.timeout_ms,
        e.created_at, h.health_status, h.total_attempts, h.successes, h.failures,
-       h.consecutive_failures, h.last_success_at, h.last_failure_at
+       h.consecutive_failures, h.last_success_at, h.last_failure_at, h.circuit_state,
+       h.circuit_open_until, h.paused_until, e.rate_limit_per_second, e.rate_limit_burst,
+       e.max_in_flight
 FROM webhooks.endpoints e
 LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id;

@@ -1,4 +1,4 @@
--- 012_fanout: producers publish events; each event becomes one delivery per subscribed endpoint.
+-- 013_fanout: producers publish events; each event becomes one delivery per subscribed endpoint.
 --
 -- webhooks.publish() fans an event out to every active endpoint whose event_types match ('*',
 -- the exact type, or a prefix pattern such as 'alert.*'). Every delivery of one event shares its
@@ -24,7 +24,7 @@ CREATE FUNCTION webhooks.publish(
     p_payload    jsonb,
     p_event_key  text DEFAULT NULL,
     p_source_ref text DEFAULT NULL,
-    p_priority   smallint DEFAULT 0
+    p_priority   integer DEFAULT 0
 ) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off

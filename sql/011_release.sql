@@ -1,4 +1,4 @@
--- 010_release: webhooks.release(), giving claimed rows back without counting their attempt.
+-- 011_release: webhooks.release(), giving claimed rows back without counting their attempt.
 --
 -- A worker shutting down calls it for rows it claimed but could not finish within its grace.
 -- p_leases is [{"delivery_id", "lease_token"}]; only rows still held under that token change.

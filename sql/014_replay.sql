@@ -1,4 +1,4 @@
--- 013_replay: putting finished deliveries back in the queue.
+-- 014_replay: putting finished deliveries back in the queue.
 --
 -- A replay is the same row, sent again: status back to 'pending', attempts and deferrals reset,
 -- `replays` incremented, the same idempotency key (so a receiver that already processed it can

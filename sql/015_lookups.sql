@@ -1,4 +1,4 @@
--- 014_lookups: answering "what happened to this delivery?" from psql.
+-- 015_lookups: answering "what happened to this delivery?" from psql.
 --
 --   SELECT * FROM webhooks.delivery(42);                      -- the row, with its endpoint's name
 --   SELECT * FROM webhooks.delivery_by_key('alert-42');       -- every endpoint's delivery of a key

@@ -1,4 +1,4 @@
--- 008_enqueue: webhooks.enqueue(), the idempotent way in for producers that may retry.
+-- 009_enqueue: webhooks.enqueue(), the idempotent way in for producers that may retry.
 --
 -- Returns the delivery id, new or existing. A duplicate key neither raises nor aborts the caller's
 -- transaction: INSERT ... ON CONFLICT DO NOTHING, then a read of the row that won.
@@ -9,7 +9,7 @@ CREATE FUNCTION webhooks.enqueue(
     p_payload         jsonb,
     p_idempotency_key text        DEFAULT NULL,
     p_event_id        text        DEFAULT NULL,
-    p_priority        smallint    DEFAULT 0,
+    p_priority        integer     DEFAULT 0,
     p_source_ref      text        DEFAULT NULL,
     p_metadata        jsonb       DEFAULT '{}',
     p_ordering_key    text        DEFAULT NULL,

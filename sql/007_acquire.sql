@@ -1,0 +1,229 @@
+-- 007_acquire: webhooks.acquire(), the claim. Short transactions, never held across HTTP.
+--
+-- 1. Rows whose lease expired (a crashed or stalled worker) become claimable again or, if the lost
+--    attempt was their last, dead letters with reason 'lease expired'.
+-- 2. The endpoints that may send now are locked, in id order, with SKIP LOCKED: active, not
+--    paused by Retry-After, circuit not open (an open circuit whose sleep is over turns half-open
+--    here), with due rows. Locking the endpoint's state row is what makes its limits hold across
+--    the fleet: no two claims for one endpoint run at once, and none ever waits for another.
+-- 3. In a new statement (so it sees every claim committed before the lock), each endpoint gets a
+--    quota: the least of its free concurrency (max_in_flight minus rows in flight), its rate
+--    tokens, its remaining half-open probes, and the batch size. Each endpoint's due rows are
+--    taken in priority, then due-time order, up to its quota; rows with an ordering key only when
+--    no earlier row of their key is unfinished. The batch is filled by priority, then round-robin
+--    across endpoints, so a large backlog on one endpoint never starves the others. Rows of a
+--    limited endpoint are not touched: they wait in the table.
+-- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
+--    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
+--    rate tokens and probe counts are debited.
+
+CREATE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE sql
+SET jit = off
+AS $$
+    WITH cfg AS (
+        SELECT max_attempts FROM webhooks.delivery_config
+    ), expired AS (
+        SELECT q.delivery_id, q.lease_token, q.locked_by,
+               q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts) AS exhausted
+        FROM webhooks.alert_delivery_queue q
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        CROSS JOIN cfg
+        WHERE q.status = 'delivering' AND q.locked_until < now()
+        ORDER BY q.locked_until
+        LIMIT p_limit
+        FOR UPDATE OF q SKIP LOCKED
+    ), reaped AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE WHEN x.exhausted THEN 'dead_letter' ELSE 'retrying' END,
+            next_retry_at = now(),
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            failure_category = 'internal',
+            last_error = 'lease expired',
+            dead_letter_reason = CASE WHEN x.exhausted THEN 'lease expired' END,
+            dead_lettered_at = CASE WHEN x.exhausted THEN now() END,
+            updated_at = now()
+        FROM expired x
+        WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts, q.status, x.lease_token, x.locked_by
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, failure_category, error, worker_id, lease_token)
+        SELECT delivery_id, webhook_id, attempts, 'lease_expired', 'internal',
+               CASE WHEN status = 'dead_letter' THEN 'lease expired on the last attempt'
+                    ELSE 'lease expired' END,
+               locked_by, lease_token
+        FROM reaped
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM logged;
+$$;
+
+-- A row that may be sent as far as ordering goes: no ordering key, or no earlier unfinished row
+-- with the same key on the same endpoint.
+CREATE FUNCTION webhooks.is_head_of_key(p_webhook_id bigint, p_ordering_key text, p_delivery_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM webhooks.alert_delivery_queue o
+        WHERE o.webhook_id = p_webhook_id AND o.ordering_key = p_ordering_key
+          AND o.delivery_id < p_delivery_id
+          AND o.status IN ('pending', 'retrying', 'delivering'));
+$$;
+
+CREATE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer)
+RETURNS TABLE (
+    delivery_id      bigint,
+    webhook_id       bigint,
+    event_id         text,
+    idempotency_key  text,
+    event_type       text,
+    payload          text,
+    attempt          integer,
+    max_attempts     integer,
+    deferrals        integer,
+    replays          integer,
+    lease_token      uuid,
+    locked_until     timestamptz,
+    traceparent      text,
+    endpoint_url     text,
+    signing_secrets  jsonb,
+    headers          jsonb,
+    body_format      text,
+    timeout_ms       integer,     -- the endpoint's own timeout; NULL means the worker's default
+    retry_schedule   jsonb,
+    retry_jitter     real,
+    created_at       timestamptz
+)
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_endpoints bigint[];
+BEGIN
+    PERFORM webhooks.reap_expired_leases();
+
+    SELECT array_agg(x.webhook_id ORDER BY x.webhook_id) INTO v_endpoints
+    FROM (
+        SELECT h.webhook_id
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        WHERE e.active
+          AND (h.paused_until IS NULL OR h.paused_until <= now())
+          AND h.circuit_state <> 'forced_open'
+          AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
+          AND EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue q
+                      WHERE q.webhook_id = h.webhook_id AND q.status IN ('pending', 'retrying')
+                        AND q.next_retry_at <= now())
+        ORDER BY h.webhook_id
+        FOR UPDATE OF h SKIP LOCKED
+    ) x;
+    IF v_endpoints IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH cfg AS (
+        SELECT * FROM webhooks.delivery_config
+    ), clock AS (
+        SELECT clock_timestamp() AS now_exact
+    ), limits AS (
+        SELECT h.webhook_id, h.circuit_state, h.probes_sent,
+               coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
+               coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
+               coalesce(e.rate_limit_burst, cfg.rate_limit_burst,
+                        greatest(1, ceil(coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second))))
+                   AS burst,
+               coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes) AS probes,
+               h.rate_tokens, h.rate_refilled_at
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        CROSS JOIN cfg
+        WHERE h.webhook_id = ANY(v_endpoints)
+    ), tokens AS (
+        SELECT l.*,
+               CASE WHEN l.rate IS NOT NULL THEN least(l.burst::double precision,
+                   coalesce(l.rate_tokens, l.burst) + l.rate::double precision * greatest(0,
+                       extract(epoch FROM clock.now_exact - coalesce(l.rate_refilled_at, clock.now_exact))))
+               END AS tokens_now
+        FROM limits l CROSS JOIN clock
+    ), quota AS (
+        SELECT t.*,
+               least(
+                   p_batch_size,
+                   t.max_in_flight - (SELECT count(*) FROM webhooks.alert_delivery_queue d
+                                      WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering'
+                                        AND d.locked_until > now())::integer,
+                   CASE WHEN t.rate IS NULL THEN p_batch_size ELSE floor(t.tokens_now)::integer END,
+                   CASE t.circuit_state WHEN 'open' THEN t.probes
+                                        WHEN 'half_open' THEN t.probes - t.probes_sent
+                                        ELSE p_batch_size END
+               ) AS quota
+        FROM tokens t
+    ), candidates AS (
+        SELECT qt.webhook_id, r.delivery_id, r.priority, r.next_retry_at,
+               row_number() OVER (PARTITION BY qt.webhook_id
+                                  ORDER BY r.priority DESC, r.next_retry_at, r.delivery_id) AS turn
+        FROM quota qt
+        CROSS JOIN LATERAL (
+            SELECT q.delivery_id, q.priority, q.next_retry_at
+            FROM webhooks.alert_delivery_queue q
+            WHERE q.webhook_id = qt.webhook_id AND q.status IN ('pending', 'retrying')
+              AND q.next_retry_at <= now()
+              AND webhooks.is_head_of_key(q.webhook_id, q.ordering_key, q.delivery_id)
+            ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
+            LIMIT qt.quota
+        ) r
+        WHERE qt.quota > 0
+    ), picked AS (
+        SELECT c.delivery_id
+        FROM candidates c
+        ORDER BY c.priority DESC, c.turn, c.next_retry_at, c.delivery_id
+        LIMIT p_batch_size
+    ), claimed AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'delivering',
+            attempts = q.attempts + 1,
+            locked_by = p_worker_id,
+            lease_token = gen_random_uuid(),
+            locked_until = now() + make_interval(secs => p_lease_seconds),
+            updated_at = now()
+        FROM picked p
+        WHERE q.delivery_id = p.delivery_id AND q.status IN ('pending', 'retrying')
+        RETURNING q.*
+    ), debited AS (
+        UPDATE webhooks.webhook_health_metrics h
+        SET rate_tokens = CASE WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
+            rate_refilled_at = CASE WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
+            circuit_state = CASE WHEN h.circuit_state = 'open' THEN 'half_open' ELSE h.circuit_state END,
+            probes_sent = CASE h.circuit_state WHEN 'open' THEN n.claimed
+                                               WHEN 'half_open' THEN h.probes_sent + n.claimed
+                                               ELSE h.probes_sent END,
+            probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
+            probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
+            updated_at = now()
+        FROM (SELECT c.webhook_id, count(*)::integer AS claimed FROM claimed c GROUP BY c.webhook_id) n
+        JOIN quota qt ON qt.webhook_id = n.webhook_id
+        CROSS JOIN clock
+        WHERE h.webhook_id = n.webhook_id
+        RETURNING h.webhook_id, h.circuit_state
+    ), half_opened AS (
+        INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by)
+        SELECT d.webhook_id, 'circuit_half_open', 'sleep over; sending probes', 'circuit breaker'
+        FROM debited d JOIN quota qt ON qt.webhook_id = d.webhook_id
+        WHERE qt.circuit_state = 'open'
+        RETURNING 1
+    )
+    SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
+           q.payload::text, q.attempts,
+           coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
+           q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
+           e.url, e.signing_secrets, e.headers, e.body_format, e.timeout_ms,
+           coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at
+    FROM claimed q
+    JOIN webhooks.endpoints e ON e.id = q.webhook_id
+    CROSS JOIN cfg
+    ORDER BY q.priority DESC, q.delivery_id;
+END;
+$$;
