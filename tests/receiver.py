@@ -40,6 +40,8 @@ class Receiver:
         self._loop = asyncio.new_event_loop()
         self._gate = asyncio.Event()
         self._holding = 0
+        self._open: dict[str, int] = {}
+        self.max_open: dict[str, int] = {}
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.port = 0
 
@@ -72,6 +74,11 @@ class Receiver:
         with self._lock:
             self._scripts[path] = list(replies)
 
+    def script_delivery(self, delivery_id: int, *replies: Reply) -> None:
+        """Like script(), for one delivery (by its webhook-delivery-id header), whatever the path."""
+        with self._lock:
+            self._scripts[f"delivery:{delivery_id}"] = list(replies)
+
     def release(self) -> None:
         self._loop.call_soon_threadsafe(self._gate.set)
 
@@ -97,14 +104,21 @@ class Receiver:
                 Received(request.path, {k.lower(): v for k, v in request.headers.items()}, body,
                          time.time())
             )
-            script = self._scripts.get(request.path)
+            script = self._scripts.get(f"delivery:{request.headers.get('webhook-delivery-id')}")
+            script = script or self._scripts.get(request.path)
             reply = (script.pop(0) if len(script) > 1 else script[0]) if script else Reply()
-        if reply.hold:
-            self._holding += 1
-            try:
-                await self._gate.wait()
-            finally:
-                self._holding -= 1
-        if reply.delay:
-            await asyncio.sleep(reply.delay)
+            self._open[request.path] = self._open.get(request.path, 0) + 1
+            self.max_open[request.path] = max(self.max_open.get(request.path, 0), self._open[request.path])
+        try:
+            if reply.hold:
+                self._holding += 1
+                try:
+                    await self._gate.wait()
+                finally:
+                    self._holding -= 1
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+        finally:
+            with self._lock:
+                self._open[request.path] -= 1
         return web.Response(status=reply.status, body=reply.body, headers=reply.headers)

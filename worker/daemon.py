@@ -280,7 +280,8 @@ class Worker:
                        else f"internal error: {type(exc).__name__}: {exc}")[:500],
             )
         else:
-            _log_attempt(log, row, sent, finished)
+            with contextlib.suppress(Exception):  # a log line must never cost an outcome
+                _log_attempt(log, row, sent, finished)
         finally:
             self._in_flight.pop(row.lease_token, None)
             self._slot_freed.set()

@@ -37,11 +37,14 @@ class Sent:
 
 def display_url(url: str) -> str:
     """Scheme, host and port only: what may appear in logs (paths and queries can be secrets)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(invalid URL)"
     if ":" in host:
         host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}"
 
 

@@ -161,3 +161,62 @@ def test_two_workers_deliver_each_row_exactly_once_and_share_the_work(db, receiv
     assert min(shares.values()) >= 2000 * 0.15, shares
     for worker in workers:
         assert worker.stop() == 0
+
+
+def test_a_binary_error_page_is_stored_as_a_clean_excerpt(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/binary"), retry_schedule=FAST_RETRY)
+    receiver.script("/binary", Reply(500, body=b"\xff\xfe\x00bad\x00" * 400), Reply(200))
+    [delivery] = enqueue(db, endpoint)
+    spawn(db)
+    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", message="delivered")
+    [(excerpt, size)] = query(db, "SELECT response_excerpt, octet_length(response_excerpt)"
+                                  " FROM webhooks.alert_delivery_log WHERE outcome = 'retry'")
+    assert 0 < size <= 1024 and "\x00" not in excerpt and "bad" in excerpt
+
+
+def test_urls_and_secrets_never_reach_logs_or_error_columns(db, receiver, spawn):
+    secret = signing.generate_secret()
+    failing = add_endpoint(db, receiver.url("/services/T0/B0/SECRETPATH?token=SECRETQUERY"), secret=secret,
+                           retry_schedule=FAST_RETRY, max_attempts=2)
+    receiver.script("/services/T0/B0/SECRETPATH", Reply(500))
+    refused = add_endpoint(db, "http://127.0.0.1:1/hooks/SECRETPATH?token=SECRETQUERY",
+                           retry_schedule=FAST_RETRY, max_attempts=2)
+    malformed = add_endpoint(db, "http://user:SECRETPASS@[::1/SECRETPATH", retry_schedule=FAST_RETRY,
+                             max_attempts=2)
+    ids = [enqueue(db, e)[0] for e in (failing, refused, malformed)]
+    worker = spawn(db, logging={"level": "debug"})
+    eventually(lambda: all_final(db, ids), message="all dead-lettered")
+    assert set(statuses(db, ids).values()) == {"dead_letter"}
+
+    stored = json.dumps(query(db, "SELECT q.last_error, q.dead_letter_reason, l.error, l.response_excerpt"
+                                  " FROM webhooks.alert_delivery_queue q"
+                                  " JOIN webhooks.alert_delivery_log l USING (delivery_id)"))
+    logs = worker.log_path.read_text()
+    for text in (stored, logs):
+        for leak in ("SECRETPATH", "SECRETQUERY", "SECRETPASS", secret, secret.removeprefix("whsec_")):
+            assert leak not in text
+    assert "connection failed" in stored and "invalid endpoint URL" in stored
+    assert worker.process.poll() is None
+
+
+def test_a_poison_row_is_dead_lettered_as_internal_and_the_worker_keeps_going(db, receiver, spawn):
+    poisoned = add_endpoint(db, receiver.url("/poisoned"), retry_schedule=FAST_RETRY, max_attempts=3)
+    healthy = add_endpoint(db, receiver.url("/fine"))
+    # a secret that cannot be used makes the worker's own signing code raise for this endpoint only
+    query(db, "UPDATE webhooks.endpoints SET signing_secrets = '[{\"secret\": \"whsec_%%%%\"}]'"
+              " WHERE id = %s", (poisoned,))
+    [bad] = enqueue(db, poisoned)
+    worker = spawn(db)
+    pid = worker.pid
+    eventually(lambda: statuses(db, [bad])[bad] == "dead_letter", message="poison row dead-lettered")
+    good = enqueue(db, healthy, count=20)
+    eventually(lambda: all_final(db, good), message="other deliveries flow")
+
+    [(category, reason, attempts)] = query(
+        db, "SELECT failure_category, dead_letter_reason, attempts FROM webhooks.alert_delivery_queue"
+            " WHERE delivery_id = %s", (bad,))
+    assert (category, attempts) == ("internal", 3)
+    assert "attempts exhausted" in reason and "ValueError" in reason
+    assert receiver.to("/poisoned") == []
+    assert worker.pid == pid and worker.process.poll() is None
+    assert set(statuses(db, good).values()) == {"delivered"}
