@@ -82,6 +82,10 @@ class Receiver:
     def release(self) -> None:
         self._loop.call_soon_threadsafe(self._gate.set)
 
+    def open_now(self, path: str) -> int:
+        with self._lock:
+            return self._open.get(path, 0)
+
     @property
     def holding(self) -> int:
         return self._holding

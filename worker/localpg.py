@@ -64,10 +64,11 @@ class LocalPostgres:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {result.stderr or result.stdout}")
 
     def start(self) -> str:
-        self._run(
-            _find_binary("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-            "-E", "UTF8", "--locale=C", "--no-sync",
-        )
+        if not self.data.exists():
+            self._run(
+                _find_binary("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                "-E", "UTF8", "--locale=C", "--no-sync",
+            )
         options = " ".join(f"-c {key}={value}" for key, value in self.settings.items())
         self._run(
             _find_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
@@ -76,7 +77,15 @@ class LocalPostgres:
         return self.url
 
     def restart(self, mode: str = "fast") -> None:
-        self._run(_find_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "restart")
+        """`pg_ctl restart -m MODE`: fast disconnects everyone cleanly, immediate is a crash."""
+        self._run(
+            _find_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-m", mode, "-w", "-t", "60",
+            "restart",
+        )
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server but keep its data, so start() brings the same cluster back."""
+        self._run(_find_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
     def stop(self) -> None:
         if self.data.exists():

@@ -197,26 +197,3 @@ def test_urls_and_secrets_never_reach_logs_or_error_columns(db, receiver, spawn)
             assert leak not in text
     assert "connection failed" in stored and "invalid endpoint URL" in stored
     assert worker.process.poll() is None
-
-
-def test_a_poison_row_is_dead_lettered_as_internal_and_the_worker_keeps_going(db, receiver, spawn):
-    poisoned = add_endpoint(db, receiver.url("/poisoned"), retry_schedule=FAST_RETRY, max_attempts=3)
-    healthy = add_endpoint(db, receiver.url("/fine"))
-    # a secret that cannot be used makes the worker's own signing code raise for this endpoint only
-    query(db, "UPDATE webhooks.endpoints SET signing_secrets = '[{\"secret\": \"whsec_%%%%\"}]'"
-              " WHERE id = %s", (poisoned,))
-    [bad] = enqueue(db, poisoned)
-    worker = spawn(db)
-    pid = worker.pid
-    eventually(lambda: statuses(db, [bad])[bad] == "dead_letter", message="poison row dead-lettered")
-    good = enqueue(db, healthy, count=20)
-    eventually(lambda: all_final(db, good), message="other deliveries flow")
-
-    [(category, reason, attempts)] = query(
-        db, "SELECT failure_category, dead_letter_reason, attempts FROM webhooks.alert_delivery_queue"
-            " WHERE delivery_id = %s", (bad,))
-    assert (category, attempts) == ("internal", 3)
-    assert "attempts exhausted" in reason and "ValueError" in reason
-    assert receiver.to("/poisoned") == []
-    assert worker.pid == pid and worker.process.poll() is None
-    assert set(statuses(db, good).values()) == {"delivered"}

@@ -1,0 +1,108 @@
+"""TCP servers on 127.0.0.1 that misbehave in the ways real receivers do."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bool:
+    """Read one HTTP request (headers and Content-Length body); False at end of stream."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return False
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    await reader.readexactly(length)
+    return True
+
+
+async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    await asyncio.sleep(3600)
+
+
+async def resets(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+    writer.transport.abort()
+
+
+async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    writer.write(b"\x16\x03\x01 this is not HTTP at all\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+def answers_late(delay: float) -> Handler:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(delay)
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+    return handler
+
+
+def closes_keepalive_at_random(probability: float, seed: int = 1) -> Handler:
+    rng = random.Random(seed)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await _read_request(reader):
+            writer.write(OK)  # advertises keep-alive, then sometimes hangs up anyway
+            await writer.drain()
+            if rng.random() < probability:
+                break
+        writer.close()
+    return handler
+
+
+class TcpServer:
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self.connections = 0
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await self._handler(reader, writer)
+
+    def start(self) -> TcpServer:
+        self._thread.start()
+
+        async def listen() -> None:
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            self.port = self._server.sockets[0].getsockname()[1]
+
+        asyncio.run_coroutine_threadsafe(listen(), self._loop).result(10)
+        return self
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> None:
+        async def close() -> None:
+            self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)

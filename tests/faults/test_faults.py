@@ -1,0 +1,282 @@
+"""Faults injected for real: every queued row ends delivered or dead-lettered, whatever happens.
+
+Each scenario runs `webhook-worker` processes against a real PostgreSQL and receivers on 127.0.0.1,
+then checks the database and what the receivers recorded. Each prints a line of figures.
+"""
+
+import random
+import signal
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+from tests.faults import misbehaving
+from tests.faults.misbehaving import TcpServer
+from tests.receiver import Reply
+from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+
+QUICK_LEASE = {"timeout_seconds": 1, "lease_seconds": 6}
+FAST_RETRY = {"delays": [0.1]}
+
+
+def delivering(db, worker_name=None):
+    sql = "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'delivering'"
+    if worker_name is None:
+        return query(db, sql)[0][0]
+    return query(db, sql + " AND locked_by = %s", (worker_name,))[0][0]
+
+
+def duplicates(receiver, path):
+    seen = Counter(r.delivery_id for r in receiver.to(path))
+    return sum(n - 1 for n in seen.values()), seen
+
+
+def report(name, **figures):
+    print(f"\n[{name}] " + ", ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+def test_workers_killed_at_random_lose_nothing(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/kill"), max_in_flight=1000)
+    receiver.script("/kill", Reply(200, delay=0.05))
+    ids = enqueue(db, endpoint, count=10_000)
+    settings = {"worker": {"concurrency": 100}, "delivery": QUICK_LEASE}
+    workers = [spawn(db, name=f"w{n}", **settings) for n in range(3)]
+    kills, in_flight_at_kills, started = 0, 0, time.monotonic()
+    rng = random.Random(42)
+    # Bounded: at most 20 kills, about one a second (the cadence is the scenario, not a wait).
+    while kills < 20 and not all_final(db, ids) and time.monotonic() - started < 120:
+        time.sleep(0.7)
+        victim = rng.choice(workers)
+        if receiver.open_now("/kill") == 0 or delivering(db, victim.name) == 0:
+            continue  # only kill while it has requests open
+        victim.signal(signal.SIGKILL)
+        victim.process.wait(10)
+        # Every row it held, in flight or with an unwritten outcome, is still 'delivering' under it.
+        in_flight_at_kills += delivering(db, victim.name)
+        kills += 1
+        workers.remove(victim)
+        workers.append(spawn(db, name=f"w{2 + kills}", **settings))
+    eventually(lambda: all_final(db, ids), timeout=120, interval=0.5, message="every row final")
+    recovered = time.monotonic() - started
+    dup, seen = duplicates(receiver, "/kill")
+    report("kill -9", deliveries=len(ids), kills=kills, in_flight_at_kills=in_flight_at_kills,
+           lost=len(set(ids) - set(seen)), duplicates=dup, seconds=round(recovered, 1))
+    assert kills >= 5
+    assert set(statuses(db, ids).values()) == {"delivered"}
+    assert delivering(db) == 0
+    assert set(seen) == set(ids)
+    assert dup <= in_flight_at_kills
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_a_database_restart_mid_run_loses_nothing_and_no_worker_exits(own_pg, receiver, spawn, mode):
+    db = own_pg.url
+    endpoint = add_endpoint(db, receiver.url("/restart"), max_in_flight=1000)
+    receiver.script("/restart", Reply(200, delay=0.05))
+    ids = enqueue(db, endpoint, count=2000)
+    workers = [spawn(db, name=f"w{n}", worker={"concurrency": 50}, delivery=QUICK_LEASE) for n in range(2)]
+    pids = [w.pid for w in workers]
+    eventually(lambda: len(receiver.to("/restart")) >= 300, message="delivering")
+    restarted = time.monotonic()
+    own_pg.restart(mode)
+    eventually(lambda: all_final(db, ids), timeout=90, interval=0.5, message="every row final")
+    dup, seen = duplicates(receiver, "/restart")
+    report(f"restart -m {mode}", deliveries=len(ids), lost=len(set(ids) - set(seen)), duplicates=dup,
+           seconds_to_finish_after_restart=round(time.monotonic() - restarted, 1))
+    assert set(statuses(db, ids).values()) == {"delivered"}
+    assert delivering(db) == 0
+    assert [w.pid for w in workers] == pids and all(w.process.poll() is None for w in workers)
+    assert any(w.logged("claim failed; retrying") or w.logged("finish failed; retrying") for w in workers)
+
+
+def test_a_worker_started_before_its_database_waits_and_then_delivers(unstarted_pg, receiver, spawn):
+    worker = spawn(unstarted_pg.url, delivery=QUICK_LEASE)
+    eventually(lambda: worker.logged("database not reachable; retrying"), message="a clear log line")
+    eventually(lambda: sum(1 for line in worker.log_lines()
+                           if line.get("event") == "database not reachable; retrying") >= 3,
+               timeout=30, message="retries with backoff")
+    assert worker.process.poll() is None  # no crash loop: the same process waits
+    delays = [line["retry_in"] for line in worker.log_lines()
+              if line.get("event") == "database not reachable; retrying"]
+    assert delays[:3] == sorted(delays[:3]) and delays[1] > delays[0]
+
+    from worker import schema
+
+    unstarted_pg.start()
+    schema.migrate(unstarted_pg.url)
+    endpoint = add_endpoint(unstarted_pg.url, receiver.url("/late"))
+    [delivery] = enqueue(unstarted_pg.url, endpoint)
+    eventually(lambda: statuses(unstarted_pg.url, [delivery])[delivery] == "delivered", timeout=30,
+               message="delivered once the database is there")
+    report("database late", retries_logged=len(delays), backoff_seconds=delays[:5])
+
+
+def test_connections_cut_between_claim_and_finish_are_retried(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/cut"), max_in_flight=100)
+    receiver.script("/cut", Reply(hold=True))
+    ids = enqueue(db, endpoint, count=50)
+    worker = spawn(db, worker={"concurrency": 50})
+    eventually(lambda: receiver.holding == 50, message="50 requests held")
+    cut = query(db, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'webhook-worker%%'")[0][0]
+    receiver.release()
+    eventually(lambda: all_final(db, ids), message="every row final")
+    dup, seen = duplicates(receiver, "/cut")
+    history = Counter(query(db, "SELECT outcome, stale FROM webhooks.alert_delivery_log"))
+    report("connections cut", deliveries=len(ids), connections_cut=cut, lost=len(set(ids) - set(seen)),
+           duplicates=dup, audit=dict(history))
+    assert cut >= 2
+    assert set(statuses(db, ids).values()) == {"delivered"}
+    assert dup == 0 and history == {("delivered", False): 50}
+    assert worker.process.poll() is None
+
+
+def test_outcomes_held_while_the_database_is_down_past_the_lease(own_pg, receiver, spawn):
+    db = own_pg.url
+    endpoint = add_endpoint(db, receiver.url("/down"), max_in_flight=100)
+    receiver.script("/down", Reply(hold=True))
+    ids = enqueue(db, endpoint, count=20)
+    worker = spawn(db, worker={"concurrency": 20}, delivery=QUICK_LEASE)
+    eventually(lambda: receiver.holding == 20, message="20 requests held")
+    own_pg.halt("fast")
+    receiver.script("/down", Reply(200))
+    receiver.release()
+    eventually(lambda: worker.logged("finish failed; retrying"), message="outcomes cannot be written")
+    down_since = time.monotonic()
+    eventually(lambda: time.monotonic() - down_since > 7, timeout=10, interval=0.5,
+               message="the database stays down past the 6 s lease")
+    own_pg.start()
+    eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+    rows = query(db, "SELECT delivery_id, array_agg(outcome || CASE WHEN stale THEN '(stale)' ELSE '' END"
+                     " ORDER BY log_id) FROM webhooks.alert_delivery_log GROUP BY 1")
+    histories = Counter(tuple(h) for _, h in rows)
+    report("database down past the lease", deliveries=len(ids), lost=0 if all_final(db, ids) else "?",
+           duplicates=duplicates(receiver, "/down")[0], histories=dict(histories))
+    assert set(statuses(db, ids).values()) == {"delivered"}
+    # Either the held outcome was written in time, or the lease was reaped first and the late
+    # outcome logged as stale before a new attempt delivered it. Nothing else.
+    assert set(histories) <= {("delivered",), ("lease_expired", "delivered(stale)", "delivered"),
+                              ("delivered(stale)", "lease_expired", "delivered"),
+                              ("lease_expired", "delivered", "delivered(stale)")}
+    assert worker.process.poll() is None
+
+
+def test_a_paused_worker_s_late_outcomes_are_fenced_off(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/paused"), max_in_flight=100)
+    receiver.script("/paused", Reply(hold=True))
+    ids = enqueue(db, endpoint, count=10)
+    sleeper = spawn(db, name="sleeper", worker={"concurrency": 10}, delivery=QUICK_LEASE)
+    eventually(lambda: receiver.holding == 10, message="10 requests held")
+    sleeper.signal(signal.SIGSTOP)
+    receiver.script("/paused", Reply(200))
+    receiver.release()  # the answers wait in the stopped worker's sockets
+    spawn(db, name="rescuer", delivery=QUICK_LEASE)
+    eventually(lambda: all_final(db, ids), timeout=30, message="reclaimed and delivered after the lease")
+    sleeper.signal(signal.SIGCONT)
+    eventually(lambda: query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE stale")[0][0] == 10,
+               timeout=30, message="the sleeper's late outcomes arrive, fenced off")
+    histories = Counter(tuple(h) for _, h in query(
+        db, "SELECT delivery_id, array_agg(worker_id || ':' || outcome || CASE WHEN stale THEN '(stale)'"
+            " ELSE '' END ORDER BY log_id) FROM webhooks.alert_delivery_log GROUP BY 1"))
+    report("SIGSTOP past the lease", deliveries=len(ids), duplicates=duplicates(receiver, "/paused")[0],
+           histories=dict(histories))
+    # The sleeper's late outcome is a success or, if its request timers ran out while it was
+    # stopped, a timeout; either way it is logged as stale and changes nothing.
+    assert sum(histories.values()) == 10
+    for history in histories:
+        assert history[:2] == ("sleeper:lease_expired", "rescuer:delivered")
+        assert history[2] in ("sleeper:delivered(stale)", "sleeper:retry(stale)")
+    final = query(db, "SELECT DISTINCT status, attempts FROM webhooks.alert_delivery_queue")
+    assert final == [("delivered", 2)]
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "handler", "category"),
+    [("never answers", misbehaving.never_answers, "timeout"),
+     ("resets the connection", misbehaving.resets, "connect"),
+     ("answers garbage", misbehaving.garbage, "connect"),
+     ("answers 200 after the timeout", misbehaving.answers_late(3.0), "timeout")],
+)
+def test_misbehaving_receivers_are_classified_and_others_keep_flowing(db, receiver, spawn, behaviour,
+                                                                      handler, category):
+    server = TcpServer(handler).start()
+    try:
+        bad = add_endpoint(db, server.url(), retry_schedule=FAST_RETRY, max_attempts=2)
+        good = add_endpoint(db, receiver.url("/good"))
+        bad_ids = enqueue(db, bad, count=5)
+        worker = spawn(db, delivery=QUICK_LEASE)
+        good_ids = enqueue(db, good, count=50)
+        eventually(lambda: all_final(db, good_ids), message="the healthy endpoint keeps flowing")
+        eventually(lambda: all_final(db, bad_ids), timeout=30, message="the misbehaving one dead-lettered")
+        categories = Counter(query(db, "SELECT failure_category FROM webhooks.alert_delivery_log"
+                                       " WHERE webhook_id = %s", (bad,)))
+        report(behaviour, categories=dict(categories), connections=server.connections)
+        assert categories == {(category,): 10}
+        assert set(statuses(db, bad_ids).values()) == {"dead_letter"}
+        assert set(statuses(db, good_ids).values()) == {"delivered"}
+        assert worker.process.poll() is None
+    finally:
+        server.stop()
+
+
+def test_a_receiver_closing_keepalive_connections_at_random_still_gets_everything(db, spawn):
+    server = TcpServer(misbehaving.closes_keepalive_at_random(0.3)).start()
+    try:
+        endpoint = add_endpoint(db, server.url(), retry_schedule=FAST_RETRY, max_in_flight=20)
+        ids = enqueue(db, endpoint, count=300)
+        spawn(db)
+        eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+        retried = query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE attempts > 1")[0][0]
+        report("keep-alive closed at random", deliveries=len(ids), connections=server.connections,
+               retried=retried)
+        assert set(statuses(db, ids).values()) == {"delivered"}
+    finally:
+        server.stop()
+
+
+def test_a_poison_row_is_dead_lettered_as_internal_and_the_worker_keeps_going(db, receiver, spawn):
+    poisoned = add_endpoint(db, receiver.url("/poisoned"), retry_schedule=FAST_RETRY, max_attempts=3)
+    healthy = add_endpoint(db, receiver.url("/fine"))
+    # a secret that cannot be used makes the worker's own signing code raise for this endpoint only
+    query(db, "UPDATE webhooks.endpoints SET signing_secrets = '[{\"secret\": \"whsec_%%%%\"}]'"
+              " WHERE id = %s", (poisoned,))
+    [bad] = enqueue(db, poisoned)
+    worker = spawn(db)
+    pid = worker.pid
+    eventually(lambda: statuses(db, [bad])[bad] == "dead_letter", message="poison row dead-lettered")
+    good = enqueue(db, healthy, count=20)
+    eventually(lambda: all_final(db, good), message="other deliveries flow")
+
+    [(category, reason, attempts)] = query(
+        db, "SELECT failure_category, dead_letter_reason, attempts FROM webhooks.alert_delivery_queue"
+            " WHERE delivery_id = %s", (bad,))
+    assert (category, attempts) == ("internal", 3)
+    assert "attempts exhausted" in reason and "ValueError" in reason
+    assert receiver.to("/poisoned") == []
+    assert worker.pid == pid and worker.process.poll() is None
+    assert set(statuses(db, good).values()) == {"delivered"}
+
+
+def test_a_rolling_restart_loses_nothing_and_duplicates_nothing(db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/rollout"), max_in_flight=1000)
+    receiver.script("/rollout", Reply(200, delay=0.3))
+    ids = enqueue(db, endpoint, count=2000)
+    old = [spawn(db, name=f"old-{n}", worker={"concurrency": 200}) for n in range(3)]
+    eventually(lambda: delivering(db) >= 400, message="hundreds in flight")
+    in_flight = delivering(db)
+    for worker in old:
+        worker.signal(signal.SIGTERM)
+    new = [spawn(db, name=f"new-{n}", worker={"concurrency": 200}) for n in range(3)]
+    exits = [worker.process.wait(40) for worker in old]
+    eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+    dup, seen = duplicates(receiver, "/rollout")
+    report("rolling restart", deliveries=len(ids), in_flight_at_sigterm=in_flight,
+           lost=len(set(ids) - set(seen)), duplicates=dup)
+    assert exits == [0, 0, 0]
+    assert set(statuses(db, ids).values()) == {"delivered"}
+    assert dup == 0
+    assert all(w.process.poll() is None for w in new)
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM webhooks.alert_delivery_log WHERE stale").fetchone() == (0,)
