@@ -83,6 +83,7 @@ class WorkerProcess:
             "database": {"url": dsn},
             "worker": {"id": name, "poll_interval_seconds": 0.1},
             "logging": {"level": "info", "format": "json"},
+            "http": {"host": "127.0.0.1", "port": 0, "stats_interval_seconds": 0.2},
         }
         for section, values in sections.items():
             config.setdefault(section, {}).update(values)
@@ -113,6 +114,28 @@ class WorkerProcess:
 
     def logged(self, event: str) -> bool:
         return any(line.get("event") == event for line in self.log_lines())
+
+    @property
+    def http_port(self) -> int | None:
+        for line in self.log_lines():
+            if line.get("event") == "probes and metrics listening":
+                return int(line["port"])
+        return None
+
+    def get(self, path: str) -> tuple[int, str]:
+        """GET a probe or /metrics of this worker: (status, body); (0, "") while it is not listening."""
+        import urllib.error
+        import urllib.request
+
+        if self.http_port is None:
+            return 0, ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except urllib.error.URLError:
+            return 0, ""
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)

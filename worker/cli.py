@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +40,8 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # Until the event loop installs its own handlers, SIGTERM means "nothing claimed yet: exit 0".
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     from worker.daemon import serve
 
     config = _config(args)

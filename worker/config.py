@@ -60,6 +60,18 @@ class DeliveryConfig(_Section):
         return self
 
 
+class HttpConfig(_Section):
+    """The probes and /metrics."""
+
+    enabled: bool = True
+    host: str = "0.0.0.0"  # probes must be reachable from the kubelet
+    port: int = Field(default=8080, ge=0, le=65535)  # 0: any free port (logged at start-up)
+    # Per-endpoint metric labels (circuit state) for at most this many endpoints, so the number of
+    # series stays bounded however many endpoints are registered.
+    endpoint_label_limit: int = Field(default=100, ge=0, le=10_000)
+    stats_interval_seconds: float = Field(default=15.0, gt=0)
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -69,6 +81,7 @@ class Config(_Section):
     database: DatabaseConfig
     worker: WorkerConfig = WorkerConfig()
     delivery: DeliveryConfig = DeliveryConfig()
+    http: HttpConfig = HttpConfig()
     logging: LoggingConfig = LoggingConfig()
 
 

@@ -13,11 +13,12 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from worker import schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
 from worker.delivery import Sender, Sent, display_url
-from worker.observability import get_logger
+from worker.observability import Metrics, ProbeServer, get_logger
 from worker.policy import Outcome, classify, retry_delay
-from worker.queue import Claimed, DeliverySettings, Finished, Queue
+from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue
 
 T = TypeVar("T")
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
@@ -87,6 +88,9 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
         self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
+        self.metrics = Metrics()
+        self.started = False
+        self._probes = ProbeServer(self.metrics, self.readiness, lambda: self.started)
 
     def stop(self) -> None:
         if not self._stopping.is_set():
@@ -96,15 +100,44 @@ class Worker:
     def wake(self) -> None:
         self._wake.set()
 
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready: started, not shutting down, the database reachable with a schema we support."""
+        if self._stopping.is_set():
+            return False, {"reason": "shutting down"}
+        if not self.started:
+            return False, {"reason": "starting"}
+        try:
+            version = await self.queue.schema_version(wait_seconds=2.0)
+        except DATABASE_ERRORS as exc:
+            return False, {"reason": "database unreachable", "error": _brief(exc)}
+        supported = version is not None and (
+            schema.MIN_SUPPORTED_VERSION <= version <= schema.MAX_SUPPORTED_VERSION)
+        details: dict[str, Any] = {"schema_version": version}
+        if not supported:
+            details["reason"] = (f"schema version {version} outside "
+                                 f"{schema.MIN_SUPPORTED_VERSION}-{schema.MAX_SUPPORTED_VERSION}")
+        return supported, details
+
     async def run(self) -> None:
         """Deliver until stop() is called, then shut down gracefully."""
         await self.sender.start()
         await self.queue.open()
+        if self.config.http.enabled:
+            http = self.config.http
+            try:
+                port = await self._probes.start(http.host, http.port)
+            except OSError as exc:
+                await self.sender.close()
+                await self.queue.close()
+                where = f"{http.host}:{http.port}"
+                raise ConfigError(f"http.port: cannot listen on {where}: {exc.strerror}") from None
+            self.log.info("probes and metrics listening", port=port)
         try:
             settings = await self._startup_settings()
             if settings is None:
                 return
             self.effective = Effective.resolve(self.config, settings)
+            self.started = True
             self.log.info(
                 "worker started",
                 concurrency=self.config.worker.concurrency,
@@ -116,6 +149,7 @@ class Worker:
             side_tasks = [
                 asyncio.create_task(self._listen_loop(), name="listener"),
                 asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
+                asyncio.create_task(self._stats_loop(), name="stats"),
             ]
             try:
                 await self._claim_loop()
@@ -127,6 +161,7 @@ class Worker:
         finally:
             await self.sender.close()
             await self.queue.close()
+            await self._probes.stop()
             self.log.info("worker stopped")
 
     async def _startup_settings(self) -> DeliverySettings | None:
@@ -165,6 +200,7 @@ class Worker:
                 if rows is None:
                     return  # stopped while waiting for the database; anything claimed returns after its lease
             except DATABASE_ERRORS as exc:
+                self.metrics.database_errors.labels("claim").inc()
                 delay = backoff.next()
                 self.log.warning("claim failed; retrying", error=_brief(exc), retry_in=delay)
                 await self._sleep(delay)
@@ -174,10 +210,12 @@ class Worker:
                 await self._release(rows, "claimed during shutdown")
                 return
             if rows:
+                self.metrics.claim_batch.observe(len(rows))
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
             for row in rows:
                 task = asyncio.create_task(self._deliver(row), name=f"delivery-{row.delivery_id}")
                 self._in_flight[row.lease_token] = (row, task)
+            self.metrics.in_flight.set(len(self._in_flight))
             if len(rows) < want:
                 await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
 
@@ -191,6 +229,18 @@ class Worker:
         if due_in is None:
             return poll
         return min(poll, max(due_in, MIN_IDLE_SECONDS))
+
+    async def _stats_loop(self) -> None:
+        """Sample queue statistics for the metrics; the SQL side lets one worker at a time count."""
+        while True:
+            try:
+                stats = await self.queue.queue_stats(self.config.http.endpoint_label_limit)
+                if stats is not None:
+                    self.metrics.record_stats(stats)
+            except DATABASE_ERRORS as exc:
+                self.metrics.database_errors.labels("stats").inc()
+                self.log.warning("sampling queue statistics failed", error=_brief(exc))
+            await asyncio.sleep(self.config.http.stats_interval_seconds)
 
     async def _housekeeping_loop(self) -> None:
         while True:
@@ -261,6 +311,7 @@ class Worker:
             # A request may never outlive its lease, whatever the endpoint asks for.
             timeout = min(timeout, self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
             sent = await self.sender.send(row, timeout)
+            self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
             finished = self._outcome(row, sent)
         except asyncio.CancelledError:
             raise
@@ -284,6 +335,7 @@ class Worker:
                 _log_attempt(log, row, sent, finished)
         finally:
             self._in_flight.pop(row.lease_token, None)
+            self.metrics.in_flight.set(len(self._in_flight))
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
 
@@ -353,6 +405,7 @@ class Worker:
                 results = await self.queue.finish(self.worker_id, batch)
                 break
             except TRANSIENT_ERRORS as exc:
+                self.metrics.database_errors.labels("finish").inc()
                 delay = backoff.next()
                 self.log.warning(
                     "finish failed; retrying", error=_brief(exc), outcomes=len(batch), retry_in=delay
@@ -371,6 +424,7 @@ class Worker:
                 return
         # Capacity freed here (fleet-wide concurrency is counted from rows in flight): claim again.
         self._wake.set()
+        self._count(batch, results)
         stale = [r.delivery_id for r in results if not r.applied]
         if stale:
             self.log.warning("outcomes arrived after their lease was taken over", delivery_ids=stale)
@@ -407,6 +461,23 @@ class Worker:
             await asyncio.wait_for(finisher, timeout=max(deadline - loop.time(), 5.0))
         except TimeoutError:
             self.log.error("outcomes not written before exit; their rows return after the lease")
+
+    def _count(self, batch: list[Finished], results: list[FinishResult]) -> None:
+        outcomes = {f.delivery_id: f for f in batch}
+        for result in results:
+            finished = outcomes.get(result.delivery_id)
+            if not result.applied:
+                self.metrics.deliveries.labels("stale").inc()
+            elif result.status == "delivered":
+                self.metrics.deliveries.labels("delivered").inc()
+            elif result.status == "dead_letter":
+                self.metrics.deliveries.labels("dead_lettered").inc()
+            elif finished is not None and finished.outcome == Outcome.DEFERRED:
+                self.metrics.deliveries.labels("deferred").inc()
+            else:
+                self.metrics.deliveries.labels("retried").inc()
+            if result.applied and result.status in ("delivered", "dead_letter") and finished is not None:
+                self.metrics.attempts_per_delivery.observe(finished.attempt)
 
     async def _release(self, rows: list[Claimed], why: str) -> None:
         if not rows:

@@ -11,7 +11,7 @@ import psycopg
 from aiohttp import web
 
 from worker import schema, signing
-from worker.config import Config, DatabaseConfig, LoggingConfig, WorkerConfig
+from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, WorkerConfig
 from worker.daemon import Worker
 from worker.delivery import Sender
 from worker.localpg import LocalPostgres
@@ -91,6 +91,7 @@ async def _demo(url: str, alerts: int) -> int:
         database=DatabaseConfig(url=url),
         worker=WorkerConfig(id="demo-worker", poll_interval_seconds=0.2),
         logging=LoggingConfig(level="warning", format="console"),
+        http=HttpConfig(enabled=False),
     )
     worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker"), Sender(10))
     task = asyncio.create_task(worker.run())

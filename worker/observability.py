@@ -1,12 +1,21 @@
-"""Logs: structlog, JSON lines by default and readable console output on a terminal."""
+"""What operators see: structlog logs, Prometheus metrics, and the /health, /ready, /startup probes."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+CIRCUIT_STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
+STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
+HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap")
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -31,3 +40,107 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
 
 def get_logger(**context: Any) -> Any:
     return structlog.get_logger("webhook-worker").bind(**context)
+
+
+class Metrics:
+    """The worker's Prometheus metrics, in a registry of its own. No label ever holds a URL, a
+    secret or a payload; endpoint labels are names, for a bounded number of endpoints."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.deliveries = Counter(
+            "webhook_worker_deliveries", "Attempt outcomes written, by outcome.", ["outcome"], registry=r)
+        self.request_duration = Histogram(
+            "webhook_worker_request_duration_seconds", "HTTP request duration, to the last byte read.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.attempts_per_delivery = Histogram(
+            "webhook_worker_attempts_per_delivery", "Attempts a delivery took, when it ended.",
+            buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20), registry=r)
+        self.in_flight = Gauge("webhook_worker_in_flight", "Requests in flight in this process.", registry=r)
+        self.claim_batch = Histogram(
+            "webhook_worker_claim_batch_size", "Rows per claim that returned any.",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.database_errors = Counter(
+            "webhook_worker_database_errors", "Failed database calls, by operation.", ["operation"],
+            registry=r)
+        self.queue_depth = Gauge(
+            "webhook_worker_queue_depth", "Queue rows by status (sampled by one worker at a time).",
+            ["status"], registry=r)
+        self.oldest_due_age = Gauge(
+            "webhook_worker_oldest_due_age_seconds",
+            "Age of the oldest due, unclaimed delivery (sampled by one worker at a time).", registry=r)
+        self.held_back = Gauge(
+            "webhook_worker_held_back_deliveries",
+            "Due deliveries left unclaimed on purpose, by reason (sampled by one worker at a time).",
+            ["reason"], registry=r)
+        self.circuit_state = Gauge(
+            "webhook_worker_endpoint_circuit_state",
+            "1 for each endpoint's current circuit state (a bounded number of endpoints).",
+            ["endpoint", "state"], registry=r)
+        self.stats_sampled = Gauge(
+            "webhook_worker_stats_last_sampled_timestamp_seconds",
+            "When this process last sampled the queue statistics.", registry=r)
+
+    def record_stats(self, stats: dict[str, Any]) -> None:
+        for status in STATUSES:
+            self.queue_depth.labels(status).set(stats.get("depth", {}).get(status, 0))
+        self.oldest_due_age.set(stats.get("oldest_due_age_seconds") or 0)
+        for reason in HELD_BACK_REASONS:
+            self.held_back.labels(reason).set(stats.get("held_back", {}).get(reason, 0))
+        self.circuit_state.clear()
+        for circuit in stats.get("circuits", []):
+            for state in CIRCUIT_STATES:
+                self.circuit_state.labels(circuit["endpoint"], state).set(
+                    1 if circuit["state"] == state else 0)
+        self.stats_sampled.set(time.time())
+
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
+class ProbeServer:
+    """/health (liveness: the event loop answers), /ready, /startup and /metrics on one port."""
+
+    def __init__(self, metrics: Metrics, ready: ReadyCheck, started: Callable[[], bool]) -> None:
+        self._metrics = metrics
+        self._ready = ready
+        self._started = started
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready_probe)
+        app.router.add_get("/startup", self._startup)
+        app.router.add_get("/metrics", self._metrics_page)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else port
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        # Answering at all proves the loop turns; the database is deliberately not consulted,
+        # because restarting a worker would not bring the database back.
+        return web.json_response({"status": "alive"})
+
+    async def _ready_probe(self, _request: web.Request) -> web.Response:
+        ready, details = await self._ready()
+        return web.json_response({"ready": ready, **details}, status=200 if ready else 503)
+
+    async def _startup(self, _request: web.Request) -> web.Response:
+        started = self._started()
+        return web.json_response({"started": started}, status=200 if started else 503)
+
+    async def _metrics_page(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})

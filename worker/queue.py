@@ -208,6 +208,19 @@ class Queue:
             async for _notify in conn.notifies():
                 yield None
 
+    async def schema_version(self, wait_seconds: float) -> int | None:
+        async with self.pool.connection(timeout=wait_seconds) as conn:
+            cur = await conn.execute("SELECT max(version) FROM webhooks.schema_migrations")
+            row = await cur.fetchone()
+        return None if row is None else row[0]
+
+    async def queue_stats(self, endpoint_limit: int) -> dict[str, Any] | None:
+        """Queue statistics, or None when another worker is sampling them right now."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT webhooks.queue_stats(%s)", (endpoint_limit,))
+            row = await cur.fetchone()
+        return None if row is None else row[0]
+
     async def next_due_in(self) -> float | None:
         """Seconds until a row falls due or a lease expires; None when nothing waits."""
         async with self.pool.connection() as conn:

@@ -264,6 +264,8 @@ def test_a_rolling_restart_loses_nothing_and_duplicates_nothing(db, receiver, sp
     receiver.script("/rollout", Reply(200, delay=0.3))
     ids = enqueue(db, endpoint, count=2000)
     old = [spawn(db, name=f"old-{n}", worker={"concurrency": 200}) for n in range(3)]
+    for worker in old:
+        eventually(lambda w=worker: w.logged("worker started"), message=f"{worker.name} started")
     eventually(lambda: delivering(db) >= 400, message="hundreds in flight")
     in_flight = delivering(db)
     for worker in old:

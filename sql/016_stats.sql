@@ -1,0 +1,59 @@
+-- 016_stats: queue statistics for metrics and people, computed by one worker at a time.
+--
+-- webhooks.queue_stats() returns nothing unless it wins a transaction-level advisory lock, so
+-- with N workers sampling every 15 s the database does the counting about once per 15 s, not N
+-- times. webhooks.queue_statistics is the same numbers as a view, for psql.
+
+CREATE VIEW webhooks.queue_statistics AS
+SELECT s.status, count(q.delivery_id) AS deliveries,
+       extract(epoch FROM now() - min(q.next_retry_at) FILTER (
+           WHERE q.status IN ('pending', 'retrying') AND q.next_retry_at <= now()))::double precision
+           AS oldest_due_age_seconds
+FROM unnest(ARRAY['pending', 'delivering', 'retrying', 'delivered', 'dead_letter']) AS s(status)
+LEFT JOIN webhooks.alert_delivery_queue q ON q.status = s.status
+GROUP BY s.status;
+
+-- Due rows held back, and why: what the claim leaves in the table on purpose.
+CREATE VIEW webhooks.held_back AS
+SELECT CASE WHEN NOT e.active THEN 'endpoint_disabled'
+            WHEN h.paused_until > now() THEN 'paused'
+            WHEN h.circuit_state = 'forced_open'
+              OR (h.circuit_state = 'open' AND h.circuit_open_until > now()) THEN 'circuit_open'
+            WHEN coalesce(e.rate_limit_per_second, c.rate_limit_per_second) IS NOT NULL
+              AND coalesce(h.rate_tokens, 1) < 1 THEN 'rate_limited'
+            WHEN (SELECT count(*) FROM webhooks.alert_delivery_queue d
+                  WHERE d.webhook_id = e.id AND d.status = 'delivering' AND d.locked_until > now())
+                 >= coalesce(e.max_in_flight, c.max_in_flight) THEN 'concurrency_cap'
+       END AS reason,
+       e.id AS webhook_id, due.rows
+FROM webhooks.endpoints e
+JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
+CROSS JOIN webhooks.delivery_config c
+CROSS JOIN LATERAL (
+    SELECT count(*) AS rows FROM webhooks.alert_delivery_queue q
+    WHERE q.webhook_id = e.id AND q.status IN ('pending', 'retrying') AND q.next_retry_at <= now()
+) due
+WHERE due.rows > 0;
+
+CREATE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100) RETURNS jsonb
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.queue_stats')) THEN
+        RETURN NULL;
+    END IF;
+    RETURN jsonb_build_object(
+        'depth', (SELECT jsonb_object_agg(status, deliveries) FROM webhooks.queue_statistics),
+        'oldest_due_age_seconds',
+            (SELECT max(oldest_due_age_seconds) FROM webhooks.queue_statistics),
+        'held_back', (SELECT coalesce(jsonb_object_agg(reason, rows), '{}') FROM (
+            SELECT reason, sum(rows) AS rows FROM webhooks.held_back
+            WHERE reason IS NOT NULL GROUP BY reason) r),
+        'circuits', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'endpoint', e.name, 'state', h.circuit_state) ORDER BY e.id), '[]')
+            FROM (SELECT * FROM webhooks.endpoints ORDER BY id LIMIT p_endpoint_limit) e
+            JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id)
+    );
+END;
+$$;
