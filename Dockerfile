@@ -17,10 +17,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
 RUN groupadd --system --gid 10001 webhook \
  && useradd --system --uid 10001 --gid webhook --no-create-home --shell /usr/sbin/nologin webhook
 # A bind mount keeps the wheels out of the image's layers.
+ARG VERSION=0.1.0
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels webhook-worker
+    pip install --no-index --find-links /wheels "webhook-worker==${VERSION}"
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
+# Probes and /metrics (http.port).
+EXPOSE 8080
+# Liveness only: /health stays 200 while the database is down, as a restart would not help.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)"]
 # The config file is mounted at run time (ConfigMap or bind mount) and DATABASE_URL comes from the
 # environment: nothing environment-specific or secret lives in the image.
 ENTRYPOINT ["webhook-worker"]

@@ -61,6 +61,12 @@ CREATE INDEX alert_delivery_queue_claimable
     ON webhooks.alert_delivery_queue (webhook_id, priority DESC, next_retry_at, delivery_id)
     WHERE status IN ('pending', 'retrying');
 
+-- Is anything of this endpoint due, and when is its next row due? Without this, both would scan
+-- every waiting row of an endpoint whose backlog is scheduled for later.
+CREATE INDEX alert_delivery_queue_due
+    ON webhooks.alert_delivery_queue (webhook_id, next_retry_at)
+    WHERE status IN ('pending', 'retrying');
+
 -- Rows in flight: per-endpoint concurrency is counted here, expired leases are found here. It
 -- is small by nature (at most the fleet's concurrency).
 CREATE INDEX alert_delivery_queue_leased

@@ -41,6 +41,8 @@ CREATE TABLE webhooks.webhook_health_metrics (
     rate_tokens          double precision,
     rate_refilled_at     timestamptz,
     failing_since        timestamptz,
+    -- the claim serves the least recently served endpoints first
+    last_claimed_at      timestamptz,
     updated_at           timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 70);
 

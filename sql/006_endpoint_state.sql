@@ -69,6 +69,8 @@ CREATE FUNCTION webhooks.disable_endpoint(
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Health row first, then the endpoint: the order webhooks.finish() takes them in.
+    PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
     UPDATE webhooks.endpoints
     SET active = false, disabled_reason = p_reason, disabled_at = now(), updated_at = now()
     WHERE id = p_webhook_id AND active;
@@ -89,6 +91,7 @@ CREATE FUNCTION webhooks.enable_endpoint(p_webhook_id bigint, p_decided_by text 
 RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
     UPDATE webhooks.endpoints
     SET active = true, disabled_reason = NULL, disabled_at = NULL, updated_at = now()
     WHERE id = p_webhook_id AND NOT active;
@@ -116,6 +119,7 @@ CREATE FUNCTION webhooks.set_circuit(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_change text;
+    v_found boolean;
 BEGIN
     IF p_action = 'reset' THEN
         UPDATE webhooks.webhook_health_metrics
@@ -123,6 +127,7 @@ BEGIN
             window_attempts = 0, window_failures = 0, previous_attempts = 0, previous_failures = 0,
             updated_at = now()
         WHERE webhook_id = p_webhook_id;
+        v_found := FOUND;
         v_change := 'circuit_reset';
         PERFORM pg_notify('webhooks_queue', '');
     ELSIF p_action = 'open' THEN
@@ -130,17 +135,19 @@ BEGIN
         SET circuit_state = CASE WHEN p_until IS NULL THEN 'forced_open' ELSE 'open' END,
             circuit_opened_at = now(), circuit_open_until = p_until, updated_at = now()
         WHERE webhook_id = p_webhook_id;
+        v_found := FOUND;
         v_change := 'circuit_forced_open';
     ELSIF p_action = 'close' THEN
         UPDATE webhooks.webhook_health_metrics
         SET circuit_state = 'forced_closed', circuit_open_until = NULL, updated_at = now()
         WHERE webhook_id = p_webhook_id;
+        v_found := FOUND;
         v_change := 'circuit_forced_closed';
         PERFORM pg_notify('webhooks_queue', '');
     ELSE
         RAISE EXCEPTION 'set_circuit: action must be reset, open or close, not %', p_action;
     END IF;
-    IF NOT FOUND THEN
+    IF NOT v_found THEN
         RAISE EXCEPTION 'set_circuit: no endpoint %', p_webhook_id;
     END IF;
     RETURN webhooks.record_endpoint_event(

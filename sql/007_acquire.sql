@@ -116,7 +116,9 @@ BEGIN
           AND EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue q
                       WHERE q.webhook_id = h.webhook_id AND q.status IN ('pending', 'retrying')
                         AND q.next_retry_at <= now())
-        ORDER BY h.webhook_id
+        -- least recently served first, and a bounded number: a claim never locks every endpoint
+        ORDER BY h.last_claimed_at NULLS FIRST, h.webhook_id
+        LIMIT p_batch_size
         FOR UPDATE OF h SKIP LOCKED
     ) x;
     IF v_endpoints IS NULL THEN
@@ -130,6 +132,7 @@ BEGIN
         SELECT clock_timestamp() AS now_exact
     ), limits AS (
         SELECT h.webhook_id, h.circuit_state, h.probes_sent,
+               h.probe_successes + h.probe_failures AS probe_results,
                coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
                coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
                coalesce(e.rate_limit_burst, cfg.rate_limit_burst,
@@ -148,19 +151,24 @@ BEGIN
                        extract(epoch FROM clock.now_exact - coalesce(l.rate_refilled_at, clock.now_exact))))
                END AS tokens_now
         FROM limits l CROSS JOIN clock
+    ), in_flight AS (
+        SELECT t.*, (SELECT count(*) FROM webhooks.alert_delivery_queue d
+                     WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering'
+                       AND d.locked_until > now())::integer AS flying
+        FROM tokens t
     ), quota AS (
         SELECT t.*,
                least(
                    p_batch_size,
-                   t.max_in_flight - (SELECT count(*) FROM webhooks.alert_delivery_queue d
-                                      WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering'
-                                        AND d.locked_until > now())::integer,
+                   t.max_in_flight - t.flying,
                    CASE WHEN t.rate IS NULL THEN p_batch_size ELSE floor(t.tokens_now)::integer END,
+                   -- Half-open: probes not yet answered are the rows in flight, so a probe lost to
+                   -- a crash or a release frees its place again instead of wedging the circuit.
                    CASE t.circuit_state WHEN 'open' THEN t.probes
-                                        WHEN 'half_open' THEN t.probes - t.probes_sent
+                                        WHEN 'half_open' THEN t.probes - t.probe_results - t.flying
                                         ELSE p_batch_size END
                ) AS quota
-        FROM tokens t
+        FROM in_flight t
     ), candidates AS (
         SELECT qt.webhook_id, r.delivery_id, r.priority, r.next_retry_at,
                row_number() OVER (PARTITION BY qt.webhook_id
@@ -202,6 +210,7 @@ BEGIN
                                                ELSE h.probes_sent END,
             probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
             probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
+            last_claimed_at = clock.now_exact,
             updated_at = now()
         FROM (SELECT c.webhook_id, count(*)::integer AS claimed FROM claimed c GROUP BY c.webhook_id) n
         JOIN quota qt ON qt.webhook_id = n.webhook_id

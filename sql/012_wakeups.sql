@@ -46,7 +46,15 @@ AS $$
             WHERE q.webhook_id = h.webhook_id AND q.status IN ('pending', 'retrying')
               AND webhooks.is_head_of_key(q.webhook_id, q.ordering_key, q.delivery_id)
         ) due
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS flying FROM webhooks.alert_delivery_queue d
+            WHERE d.webhook_id = h.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
+        ) f
         WHERE e.active AND h.circuit_state <> 'forced_open' AND due.at IS NOT NULL
+          -- an endpoint at its cap (or out of probes) is woken by the finish that frees a place
+          AND f.flying < coalesce(e.max_in_flight, cfg.max_in_flight)
+          AND NOT (h.circuit_state = 'half_open' AND f.flying + h.probe_successes + h.probe_failures
+                   >= coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes))
     )
     SELECT greatest(0, extract(epoch FROM least(
         (SELECT min(at) FROM per_endpoint),

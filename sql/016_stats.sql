@@ -1,8 +1,15 @@
 -- 016_stats: queue statistics for metrics and people, computed by one worker at a time.
 --
--- webhooks.queue_stats() returns nothing unless it wins a transaction-level advisory lock, so
--- with N workers sampling every 15 s the database does the counting about once per 15 s, not N
--- times. webhooks.queue_statistics is the same numbers as a view, for psql.
+-- webhooks.queue_stats() counts only for the first caller in each interval (a one-row table records
+-- when the fleet last sampled), so with N workers offering every 15 s the database counts about
+-- once per 15 s, not N times; the others get NULL and keep their last sample. Aggregate the
+-- sampled gauges across pods with max(). webhooks.queue_statistics is the same numbers, for psql.
+
+CREATE TABLE webhooks.stats_sample (
+    singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    sampled_at timestamptz NOT NULL DEFAULT '-infinity'
+);
+INSERT INTO webhooks.stats_sample DEFAULT VALUES;
 
 CREATE VIEW webhooks.queue_statistics AS
 SELECT s.status, count(q.delivery_id) AS deliveries,
@@ -35,13 +42,17 @@ CROSS JOIN LATERAL (
 ) due
 WHERE due.rows > 0;
 
-CREATE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100) RETURNS jsonb
+CREATE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100,
+                                     p_interval interval DEFAULT '10 seconds') RETURNS jsonb
 LANGUAGE plpgsql
 SET jit = off
 AS $$
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.queue_stats')) THEN
-        RETURN NULL;
+    UPDATE webhooks.stats_sample SET sampled_at = now()
+    WHERE sampled_at <= now() - p_interval
+      AND pg_try_advisory_xact_lock(hashtext('webhooks.queue_stats'));
+    IF NOT FOUND THEN
+        RETURN NULL;  -- another worker sampled within the interval, or is sampling now
     END IF;
     RETURN jsonb_build_object(
         'depth', (SELECT jsonb_object_agg(status, deliveries) FROM webhooks.queue_statistics),

@@ -7,13 +7,16 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
 
 from worker import __version__, schema, signing
+from worker import queue as db
 from worker.config import Config, ConfigError, load_config
 from worker.delivery import RESERVED_HEADERS, display_url
 from worker.observability import configure_logging
@@ -71,16 +74,33 @@ def _parse_headers(values: Sequence[str]) -> dict[str, str]:
     return headers
 
 
+def _check_secret(secret: str) -> None:
+    try:
+        signing.sign(secret, "check", 0, b"")
+    except ValueError as exc:
+        raise UsageError(f"--secret: {exc}") from None
+
+
+def _schedule(delays: str) -> dict[str, Any]:
+    try:
+        schedule = {"delays": [float(d) for d in delays.split(",")]}
+        RetrySchedule.from_json(schedule, 0.0)
+    except ValueError:
+        raise UsageError("--retry-delays: expected 1 to 100 delays of 0 to 604800 seconds, "
+                         "separated by commas") from None
+    return schedule
+
+
 def _check_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError("--url: expected an http:// or https:// URL with a host")
 
 
-def _check_endpoint_options(args: argparse.Namespace) -> None:
+def _check_endpoint_options(args: argparse.Namespace, require_name: bool = True) -> None:
     """Refuse bad values here, before SQL sees them: a constraint violation would make the server
     log the whole row, URL and secret included."""
-    if not args.name.strip():
+    if require_name and not args.name.strip():
         raise UsageError("--name: must not be empty")
     if args.max_attempts is not None and not 1 <= args.max_attempts <= 100:
         raise UsageError("--max-attempts: expected 1 to 100")
@@ -102,18 +122,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     _check_url(args.url)
     _check_endpoint_options(args)
     secret = args.secret or signing.generate_secret()
-    try:
-        signing.sign(secret, "check", 0, b"")
-    except ValueError as exc:
-        raise UsageError(f"--secret: {exc}") from None
-    schedule = None
-    if args.retry_delays:
-        try:
-            schedule = {"delays": [float(d) for d in args.retry_delays.split(",")]}
-            RetrySchedule.from_json(schedule, 0.0)
-        except ValueError:
-            raise UsageError("--retry-delays: expected 1 to 100 delays of 0 to 604800 seconds, "
-                             "separated by commas") from None
+    _check_secret(secret)
+    schedule = _schedule(args.retry_delays) if args.retry_delays else None
     spec = EndpointSpec(
         name=args.name,
         url=args.url,
@@ -189,6 +199,218 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
     columns = ["id", "name", "url_display", "active", "event_types", "health_status", "circuit_state",
                "successes", "failures"]
     print_table(columns, [[_cell(row[c]) for c in columns] for row in rows])
+    return 0
+
+
+def _connect(args: argparse.Namespace) -> psycopg.Connection:
+    return psycopg.connect(_config(args).database.url, autocommit=True)
+
+
+def _emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> None:
+    """JSON for scripts (--json), a table for people."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, default=str, indent=None))
+    elif columns is not None:
+        rows = data if isinstance(data, list) else [data]
+        print_table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
+    else:
+        for key, value in data.items():
+            print(f"{key}: {_cell(value)}")
+
+
+def cmd_endpoints_show(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        details = db.show_endpoint(conn, _endpoint_id(conn, args.endpoint))
+    if args.json:
+        _emit(args, details)
+        return 0
+    events, queued = details.pop("events"), details.pop("queued")
+    _emit(args, details)
+    print(f"queued: {', '.join(f'{k} {v}' for k, v in queued.items()) or 'nothing'}")
+    if events:
+        print("\nrecent state changes:")
+        print_table(["at", "change", "reason", "decided_by"],
+                    [[_cell(e[c]) for c in ("at", "change", "reason", "decided_by")] for e in events])
+    return 0
+
+
+def cmd_endpoints_update(args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    if args.url is not None:
+        _check_url(args.url)
+        changes["url"] = args.url
+        changes["url_display"] = display_url(args.url)
+    _check_endpoint_options(args, require_name=False)
+    if args.event_type:
+        changes["event_types"] = args.event_type
+    if args.header:
+        changes["headers"] = _parse_headers(args.header)
+    for option, column in (("max_attempts", "max_attempts"), ("rate_limit", "rate_limit_per_second"),
+                           ("burst", "rate_limit_burst"), ("max_in_flight", "max_in_flight")):
+        if getattr(args, option) is not None:
+            changes[column] = getattr(args, option)
+    if args.timeout_seconds is not None:
+        changes["timeout_ms"] = int(args.timeout_seconds * 1000)
+    if args.retry_delays:
+        changes["retry_schedule"] = _schedule(args.retry_delays)
+    if not changes:
+        raise UsageError("nothing to change: give at least one option")
+    with _connect(args) as conn:
+        endpoint_id = _endpoint_id(conn, args.endpoint)
+        db.update_endpoint(conn, endpoint_id, changes)
+    print(f"endpoint {endpoint_id} updated: {', '.join(sorted(k for k in changes if k != 'url_display'))}")
+    return 0
+
+
+def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
+    secret = args.secret or signing.generate_secret()
+    _check_secret(secret)
+    expire_at = None
+    if args.expire_old_after is not None:
+        expire_at = datetime.now(UTC) + timedelta(hours=args.expire_old_after)
+    with _connect(args) as conn:
+        endpoint_id = _endpoint_id(conn, args.endpoint)
+        active = db.rotate_secret(conn, endpoint_id, secret, expire_at)
+    if args.json:
+        print(json.dumps({"id": endpoint_id, "signing_secret": secret, "secrets": active,
+                          "old_expire_at": expire_at}, default=str))
+        return 0
+    print(f"endpoint {endpoint_id}: new signing secret (shown once): {secret}")
+    until = f"until {expire_at:%Y-%m-%d %H:%M:%S} UTC" if expire_at else "until the next rotation"
+    print(f"requests now carry {active} signatures; the older secrets stay active {until}")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    try:
+        json.loads(args.payload)
+    except ValueError:
+        raise UsageError("--payload: not valid JSON") from None
+    with _connect(args) as conn:
+        delivery_id = db.enqueue_one(conn, _endpoint_id(conn, args.endpoint), args.event_type,
+                                     args.payload, args.key)
+    _emit(args, {"delivery_id": delivery_id}) if args.json else print(f"delivery {delivery_id} queued")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        status = db.queue_status(conn)
+    if args.json:
+        _emit(args, status)
+        return 0
+    _emit(args, status["queue"], ["status", "deliveries", "oldest_due_age_seconds"])
+    if status["held_back"]:
+        print()
+        _emit(args, status["held_back"], ["reason", "rows"])
+    print()
+    _emit(args, status["endpoints"], ["id", "name", "active", "health_status", "circuit_state",
+                                      "consecutive_failures", "last_success_at", "last_failure_at"])
+    return 0
+
+
+def cmd_deliveries_show(args: argparse.Namespace) -> int:
+    if (args.id is None) == (args.key is None):
+        raise UsageError("give a delivery id or --key, not both")
+    with _connect(args) as conn:
+        found = db.find_deliveries(conn, args.id, args.key)
+    if not found:
+        print("no such delivery", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        _emit(args, found)
+        return 0
+    for delivery in found:
+        history = delivery.pop("history")
+        delivery.pop("payload", None)
+        _emit(args, delivery)
+        print()
+        print_table(["attempt", "outcome", "failure_category", "http_status", "latency_ms", "worker_id",
+                     "stale", "logged_at", "error"],
+                    [[_cell(h[c]) for c in ("attempt", "outcome", "failure_category", "http_status",
+                                            "latency_ms", "worker_id", "stale", "logged_at", "error")]
+                     for h in history])
+        print()
+    return 0
+
+
+def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "webhook_id": _endpoint_id(conn, args.endpoint) if args.endpoint else None,
+        "event_type": args.event_type,
+        "category": args.category,
+        "since": args.since,
+        "until": args.until,
+    }
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        rows = db.dead_letters(conn, _filters(conn, args), args.limit)
+    _emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
+                       "last_http_status", "dead_letter_reason", "dead_lettered_at"])
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    filtered = any(getattr(args, f) for f in ("endpoint", "event_type", "category", "since", "until"))
+    if args.id is not None and (filtered or args.all):
+        raise UsageError("give a delivery id, or filters with --all, not both")
+    with _connect(args) as conn:
+        if args.id is not None:
+            if not db.replay_one(conn, args.id):
+                print(f"delivery {args.id} is not a dead letter or delivered row", file=sys.stderr)
+                return EXIT_FAILURE
+            print(f"delivery {args.id} queued again (same webhook-id)")
+            return 0
+        if not args.all:
+            raise UsageError("give a delivery id, or --all with filters to replay every matching dead letter")
+        # Batches of the oldest matching dead letters: replayed rows leave the dead-letter state, so
+        # an interrupted run simply continues where it stopped when run again.
+        filters, total = _filters(conn, args), 0
+        pause = args.batch / args.rate if args.rate else 0.0
+        while True:
+            step = min(args.batch, args.max - total) if args.max else args.batch
+            replayed = db.replay_batch(conn, filters, step)
+            total += replayed
+            if replayed:
+                print(f"replayed {total} so far", file=sys.stderr)
+            if replayed < step or (args.max and total >= args.max):
+                break
+            time.sleep(pause)  # the rate limit: whole batches, spaced out
+    _emit(args, {"replayed": total}) if args.json else print(f"replayed {total} dead letters")
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        _emit(args, db.show_config(conn))
+    return 0
+
+
+def cmd_config_set(args: argparse.Namespace) -> int:
+    if args.key not in db.SETTABLE:
+        raise UsageError(f"KEY {args.key!r}: not a setting; one of {', '.join(sorted(db.SETTABLE))}")
+    if args.key == "retry_schedule":
+        try:
+            RetrySchedule.from_json(json.loads(args.value), 0.0)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise UsageError(f"retry_schedule: {exc}") from None
+    with _connect(args) as conn:
+        try:
+            db.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
+            raise UsageError(f"{args.key}: {message}") from None
+    print(f"{args.key} = {args.value}")
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        webhook_id = _endpoint_id(conn, args.endpoint) if args.endpoint else None
+        done = db.purge(conn, args.dead_letters_older_than, webhook_id)
+    _emit(args, done)
     return 0
 
 
@@ -276,6 +498,89 @@ def build_parser() -> argparse.ArgumentParser:
     circuit.add_argument("--until", metavar="TIMESTAMP", help="with open: when to start probing again")
     listing = command(endpoint_commands, "list", cmd_endpoints_list, "list endpoints and health")
     listing.add_argument("--json", action="store_true", help="print JSON")
+    show = command(endpoint_commands, "show", cmd_endpoints_show,
+                   "one endpoint: settings, health, circuit, queued rows, recent state changes")
+    show.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    update = command(endpoint_commands, "update", cmd_endpoints_update, "change an endpoint's settings")
+    update.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    update.add_argument("--url", help="new URL (kept out of logs)")
+    update.add_argument("--event-type", action="append", metavar="TYPE", help="replace the subscriptions")
+    update.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="replace the headers")
+    for option, kind, text in (("--max-attempts", int, "max attempts"),
+                               ("--timeout-seconds", float, "request timeout"),
+                               ("--rate-limit", float, "requests per second"),
+                               ("--burst", int, "burst above the rate"),
+                               ("--max-in-flight", int, "requests open at once")):
+        update.add_argument(option, type=kind, help=text)
+    update.add_argument("--retry-delays", metavar="S,S,...", help="retry delays (seconds)")
+    rotate = command(endpoint_commands, "rotate-secret", cmd_endpoints_rotate_secret,
+                     "add a new signing secret; the old ones stay active until --expire-old-after")
+    rotate.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    rotate.add_argument("--secret", help="the new secret, whsec_<base64> (default: generated)")
+    rotate.add_argument("--expire-old-after", type=float, metavar="HOURS",
+                        help="the current secrets stop being used this many hours from now")
+    rotate.add_argument("--json", action="store_true", help="print JSON")
+
+    enqueue = command(commands, "enqueue", cmd_enqueue, "queue one delivery by hand, to test an endpoint")
+    enqueue.add_argument("--endpoint", required=True, help="name or id")
+    enqueue.add_argument("--event-type", default="webhook.test", help="default: webhook.test")
+    enqueue.add_argument("--payload", default='{"test": true}', help="JSON body")
+    enqueue.add_argument("--key", help="idempotency key (default: a new event id)")
+    enqueue.add_argument("--json", action="store_true", help="print JSON")
+
+    status = command(commands, "status", cmd_status,
+                     "queue counts by status, oldest due, rows held back, endpoint health and circuits")
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    deliveries = commands.add_parser("deliveries", help="look up deliveries",
+                                     description="Look up deliveries.")
+    delivery_commands = deliveries.add_subparsers(title="commands", metavar="COMMAND")
+    show_delivery = command(delivery_commands, "show", cmd_deliveries_show,
+                            "a delivery (by id, or every endpoint's by --key) with its attempt history")
+    show_delivery.add_argument("id", nargs="?", type=int, help="delivery id")
+    show_delivery.add_argument("--key", help="idempotency key instead of an id")
+    show_delivery.add_argument("--json", action="store_true", help="print JSON")
+
+    def add_filters(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--endpoint", help="name or id")
+        sub.add_argument("--event-type")
+        sub.add_argument("--category", help="failure category, e.g. http_5xx, timeout")
+        sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")
+        sub.add_argument("--until", metavar="TIMESTAMP", help="dead-lettered before")
+
+    dlq = commands.add_parser("dlq", help="the dead letters", description="The dead letters.")
+    dlq_commands = dlq.add_subparsers(title="commands", metavar="COMMAND")
+    dlq_list = command(dlq_commands, "list", cmd_dlq_list, "list dead letters, oldest first")
+    add_filters(dlq_list)
+    dlq_list.add_argument("--limit", type=int, default=100, help="default 100")
+    dlq_list.add_argument("--json", action="store_true", help="print JSON")
+
+    replay = command(commands, "replay", cmd_replay,
+                     "send a delivery again (same webhook-id), or --all dead letters matching filters")
+    replay.add_argument("id", nargs="?", type=int, help="delivery id")
+    replay.add_argument("--all", action="store_true", help="every dead letter matching the filters")
+    add_filters(replay)
+    replay.add_argument("--batch", type=int, default=100, help="rows per step (default 100)")
+    replay.add_argument("--rate", type=float, help="at most this many rows per second")
+    replay.add_argument("--max", type=int, help="stop after this many")
+    replay.add_argument("--json", action="store_true", help="print JSON")
+
+    config_parser = commands.add_parser("config", help="the fleet-wide defaults in webhooks.delivery_config",
+                                        description="The fleet-wide defaults in webhooks.delivery_config.")
+    config_commands = config_parser.add_subparsers(title="commands", metavar="COMMAND")
+    config_show = command(config_commands, "show", cmd_config_show, "print the defaults")
+    config_show.add_argument("--json", action="store_true", help="print JSON")
+    config_set = command(config_commands, "set", cmd_config_set, "change one default (workers pick it up)")
+    config_set.add_argument("key", metavar="KEY")
+    config_set.add_argument("value", metavar="VALUE", help="'null' resets a nullable default")
+
+    purge_parser = command(commands, "purge", cmd_purge,
+                           "apply retention now; with --dead-letters-older-than, also drop dead letters")
+    purge_parser.add_argument("--dead-letters-older-than", metavar="INTERVAL",
+                              help="e.g. '30 days'; dead letters are otherwise kept until replayed")
+    purge_parser.add_argument("--endpoint", help="only this endpoint's dead letters")
+    purge_parser.add_argument("--json", action="store_true", help="print JSON")
 
     demo = commands.add_parser(
         "demo", help="deliver sample alerts end to end on a local PostgreSQL and receiver",

@@ -28,6 +28,10 @@ MAX_BACKOFF_SECONDS = 5.0
 # When rows are due but another worker got them first, look again soon, but never spin.
 MIN_IDLE_SECONDS = 0.05
 HOUSEKEEPING_INTERVAL_SECONDS = 30.0
+# After the shutdown grace: at most this long to release what is left, then to write the last
+# outcomes. The termination grace period in k8s/ is checked against the sum.
+RELEASE_SECONDS = 2.0
+FINAL_FLUSH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,8 @@ class Worker:
         """Ready: started, not shutting down, the database reachable with a schema we support."""
         if self._stopping.is_set():
             return False, {"reason": "shutting down"}
-        if not self.started:
-            return False, {"reason": "starting"}
+        if self.effective is None:
+            return False, {"reason": "waiting for the database"}
         try:
             version = await self.queue.schema_version(wait_seconds=2.0)
         except DATABASE_ERRORS as exc:
@@ -132,12 +136,14 @@ class Worker:
                 where = f"{http.host}:{http.port}"
                 raise ConfigError(f"http.port: cannot listen on {where}: {exc.strerror}") from None
             self.log.info("probes and metrics listening", port=port)
+        # Initialised. Waiting for the database is readiness's business: failing the startup probe
+        # would have Kubernetes restart the pod in a loop during a database outage.
+        self.started = True
         try:
             settings = await self._startup_settings()
             if settings is None:
                 return
             self.effective = Effective.resolve(self.config, settings)
-            self.started = True
             self.log.info(
                 "worker started",
                 concurrency=self.config.worker.concurrency,
@@ -234,24 +240,30 @@ class Worker:
         """Sample queue statistics for the metrics; the SQL side lets one worker at a time count."""
         while True:
             try:
-                stats = await self.queue.queue_stats(self.config.http.endpoint_label_limit)
+                interval = self.config.http.stats_interval_seconds
+                # a little under the interval, so that some worker samples in every interval
+                stats = await self.queue.queue_stats(self.config.http.endpoint_label_limit, interval * 0.8)
                 if stats is not None:
                     self.metrics.record_stats(stats)
             except DATABASE_ERRORS as exc:
                 self.metrics.database_errors.labels("stats").inc()
                 self.log.warning("sampling queue statistics failed", error=_brief(exc))
+            except Exception:  # a side task must never die silently
+                self.log.exception("sampling queue statistics failed")
             await asyncio.sleep(self.config.http.stats_interval_seconds)
 
     async def _housekeeping_loop(self) -> None:
         while True:
             try:
-                expired, partitions = await self.queue.housekeeping()
-                if expired:
-                    self.log.warning("dead-lettered rows of disabled endpoints", rows=expired)
-                if partitions:
-                    self.log.info("created audit log partitions", partitions=partitions)
+                done = await self.queue.housekeeping()
+                if done.get("expired_rows"):
+                    self.log.warning("dead-lettered rows of disabled endpoints", rows=done["expired_rows"])
+                if any(done.values()):
+                    self.log.info("housekeeping", **done)
             except DATABASE_ERRORS as exc:
                 self.log.warning("housekeeping failed", error=_brief(exc))
+            except Exception:  # a side task must never die silently
+                self.log.exception("housekeeping failed")
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
 
     async def _listen_loop(self) -> None:
@@ -262,7 +274,7 @@ class Worker:
                 async for _ in self.queue.notifications():
                     backoff.reset()
                     self._wake.set()
-            except DATABASE_ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever broke it, listen again after a pause
                 delay = backoff.next()
                 self.log.warning("listener disconnected; reconnecting", error=_brief(exc), retry_in=delay)
                 await asyncio.sleep(delay)
@@ -393,7 +405,10 @@ class Worker:
                     closing = True
                     break
                 batch.append(item)
-            await self._write(batch)
+            try:
+                await self._write(batch)
+            except Exception:  # the finisher must survive anything: these rows return after their lease
+                self.log.exception("writing outcomes failed", outcomes=len(batch))
 
     async def _write(self, batch: list[Finished]) -> None:
         """Write a batch, retrying while the database is unreachable. A batch the database rejects
@@ -452,13 +467,13 @@ class Worker:
             try:
                 await asyncio.wait_for(
                     self._release([row for row, _ in leftover], "shutdown grace ran out"),
-                    timeout=max(deadline - loop.time(), 2.0),
+                    timeout=max(deadline - loop.time(), RELEASE_SECONDS),
                 )
             except TimeoutError:
                 self.log.error("release timed out; rows return after their lease")
         self._outcomes.put_nowait(None)
         try:
-            await asyncio.wait_for(finisher, timeout=max(deadline - loop.time(), 5.0))
+            await asyncio.wait_for(finisher, timeout=max(deadline - loop.time(), FINAL_FLUSH_SECONDS))
         except TimeoutError:
             self.log.error("outcomes not written before exit; their rows return after the lease")
 

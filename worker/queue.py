@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+import psycopg.sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -174,8 +175,11 @@ class Queue:
             name="webhook-worker",
             kwargs=kwargs,
         )
-        listen_kwargs = {**kwargs, "conninfo": conninfo,
-                         "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63]}
+        listen_kwargs = {
+            **kwargs,
+            "conninfo": conninfo,
+            "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63],
+        }
         return cls(pool, listen_kwargs)
 
     async def open(self) -> None:
@@ -214,10 +218,13 @@ class Queue:
             row = await cur.fetchone()
         return None if row is None else row[0]
 
-    async def queue_stats(self, endpoint_limit: int) -> dict[str, Any] | None:
-        """Queue statistics, or None when another worker is sampling them right now."""
+    async def queue_stats(self, endpoint_limit: int, interval_seconds: float) -> dict[str, Any] | None:
+        """Queue statistics, or None when another worker sampled them within the interval."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT webhooks.queue_stats(%s)", (endpoint_limit,))
+            cur = await conn.execute(
+                "SELECT webhooks.queue_stats(%s, make_interval(secs => %s))",
+                (endpoint_limit, interval_seconds),
+            )
             row = await cur.fetchone()
         return None if row is None else row[0]
 
@@ -242,20 +249,27 @@ class Queue:
             cur = await conn.execute("SELECT * FROM webhooks.finish(%s, %s)", (worker_id, payload))
             return [FinishResult(*row) for row in await cur.fetchall()]
 
-    async def housekeeping(self) -> tuple[int, int]:
-        """Dead-letter disabled endpoints' rows past their retry window; keep log partitions ahead."""
+    async def housekeeping(self) -> dict[str, int]:
+        """Dead-letter disabled endpoints' rows past their retry window, keep log partitions ahead,
+        and apply retention (one bounded batch, by one worker at a time)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT webhooks.expire_disabled_endpoint_rows(), webhooks.ensure_log_partitions()"
+                "SELECT webhooks.expire_disabled_endpoint_rows(), webhooks.ensure_log_partitions(),"
+                " p.* FROM webhooks.purge() p"
             )
             row = await cur.fetchone()
-        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+        names = (
+            "expired_rows",
+            "partitions_created",
+            "purged_delivered",
+            "dropped_partitions",
+            "purged_log_rows",
+        )
+        return dict(zip(names, (int(v or 0) for v in row or ()), strict=False))
 
     async def release(self, worker_id: str, rows: Sequence[Claimed]) -> int:
         """Give back rows claimed but not delivered (shutdown): their attempt is not counted."""
-        leases = json.dumps(
-            [{"delivery_id": r.delivery_id, "lease_token": str(r.lease_token)} for r in rows]
-        )
+        leases = json.dumps([{"delivery_id": r.delivery_id, "lease_token": str(r.lease_token)} for r in rows])
         async with self.pool.connection() as conn:
             cur = await conn.execute("SELECT webhooks.release(%s, %s)", (worker_id, leases))
             row = await cur.fetchone()
@@ -331,3 +345,171 @@ def list_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:
     cur = conn.cursor(row_factory=dict_row)
     cur.execute("SELECT * FROM webhooks.endpoint_summary ORDER BY id")
     return cur.fetchall()
+
+
+# --- Operator queries (the CLI) ---------------------------------------------------------------
+
+
+def fetch_dicts(
+    conn: psycopg.Connection, sql: str, params: Sequence[Any] | None = None
+) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    cur.execute(sql, params)  # every caller passes a literal statement
+    return cur.fetchall()
+
+
+def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
+    [summary] = fetch_dicts(conn, "SELECT * FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,))
+    summary["events"] = fetch_dicts(
+        conn,
+        "SELECT change, reason, decided_by, delivery_id, at FROM webhooks.endpoint_events"
+        " WHERE webhook_id = %s ORDER BY at DESC LIMIT 10",
+        (endpoint_id,),
+    )
+    summary["queued"] = dict(
+        conn.execute(
+            "SELECT status, count(*) FROM webhooks.alert_delivery_queue WHERE webhook_id = %s GROUP BY 1",
+            (endpoint_id,),
+        ).fetchall()
+    )
+    return summary
+
+
+def update_endpoint(conn: psycopg.Connection, endpoint_id: int, changes: dict[str, Any]) -> None:
+    conn.execute("SELECT webhooks.update_endpoint(%s, %s)", (endpoint_id, json.dumps(changes)))
+
+
+def rotate_secret(
+    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None
+) -> int:
+    row = conn.execute(
+        "SELECT webhooks.rotate_secret(%s, %s, %s)", (endpoint_id, secret, old_expire_at)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def enqueue_one(
+    conn: psycopg.Connection, endpoint_id: int, event_type: str, payload: str, key: str | None
+) -> int:
+    row = conn.execute(
+        "SELECT webhooks.enqueue(%s, %s, %s::jsonb, %s)", (endpoint_id, event_type, payload, key)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def queue_status(conn: psycopg.Connection) -> dict[str, Any]:
+    return {
+        "queue": fetch_dicts(conn, "SELECT * FROM webhooks.queue_statistics ORDER BY status"),
+        "held_back": fetch_dicts(
+            conn,
+            "SELECT reason, sum(rows)::bigint AS rows FROM webhooks.held_back"
+            " WHERE reason IS NOT NULL GROUP BY reason ORDER BY reason",
+        ),
+        "endpoints": fetch_dicts(
+            conn,
+            "SELECT id, name, active, health_status, circuit_state,"
+            " consecutive_failures, last_success_at, last_failure_at"
+            " FROM webhooks.endpoint_summary ORDER BY id",
+        ),
+    }
+
+
+def find_deliveries(
+    conn: psycopg.Connection, delivery_id: int | None, key: str | None
+) -> list[dict[str, Any]]:
+    if delivery_id is not None:
+        rows = fetch_dicts(conn, "SELECT * FROM webhooks.delivery(%s)", (delivery_id,))
+    else:
+        rows = fetch_dicts(conn, "SELECT * FROM webhooks.delivery_by_key(%s)", (key,))
+    for row in rows:
+        row["history"] = fetch_dicts(
+            conn,
+            "SELECT attempt, outcome, failure_category, http_status, latency_ms, error, worker_id,"
+            " stale, logged_at FROM webhooks.delivery_history(%s)",
+            (row["delivery_id"],),
+        )
+    return rows
+
+
+def dead_letters(conn: psycopg.Connection, filters: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    return fetch_dicts(
+        conn,
+        "SELECT delivery_id, endpoint_name, event_type, attempts, failure_category, last_http_status,"
+        " dead_letter_reason, dead_lettered_at FROM webhooks.delivery_overview"
+        " WHERE status = 'dead_letter'"
+        " AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+        " AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        " AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
+        " AND (%(since)s::timestamptz IS NULL OR dead_lettered_at >= %(since)s)"
+        " AND (%(until)s::timestamptz IS NULL OR dead_lettered_at < %(until)s)"
+        " ORDER BY dead_lettered_at, delivery_id LIMIT %(limit)s",
+        {**filters, "limit": limit},  # type: ignore[arg-type]
+    )
+
+
+def replay_one(conn: psycopg.Connection, delivery_id: int) -> bool:
+    row = conn.execute("SELECT webhooks.replay(%s)", (delivery_id,)).fetchone()
+    return bool(row and row[0])
+
+
+def replay_batch(conn: psycopg.Connection, filters: dict[str, Any], limit: int) -> int:
+    row = conn.execute(
+        "SELECT webhooks.replay_dead_letters(%(webhook_id)s, %(event_type)s, %(category)s, %(since)s,"
+        " %(until)s, %(limit)s)",
+        {**filters, "limit": limit},
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+# The global defaults an operator may change with `config set`, and their SQL types.
+SETTABLE = {
+    "max_attempts": "integer",
+    "retry_schedule": "jsonb",
+    "retry_jitter": "real",
+    "max_deferrals": "integer",
+    "timeout_ms": "integer",
+    "lease_seconds": "integer",
+    "claim_batch_size": "integer",
+    "finish_batch_size": "integer",
+    "notify_enabled": "boolean",
+    "delivered_retention": "interval",
+    "log_retention": "interval",
+    "rate_limit_per_second": "numeric",
+    "rate_limit_burst": "integer",
+    "max_in_flight": "integer",
+    "circuit_failure_ratio": "real",
+    "circuit_window_seconds": "integer",
+    "circuit_min_attempts": "integer",
+    "circuit_sleep_seconds": "integer",
+    "circuit_max_sleep_seconds": "integer",
+    "circuit_probes": "integer",
+    "circuit_probe_success_ratio": "real",
+    "disable_after": "interval",
+}
+
+
+def show_config(conn: psycopg.Connection) -> dict[str, Any]:
+    [row] = fetch_dicts(conn, "SELECT * FROM webhooks.delivery_config")
+    row.pop("singleton", None)
+    return row
+
+
+def set_config(conn: psycopg.Connection, key: str, value: str | None) -> None:
+    sql_type = SETTABLE[key]
+    statement = psycopg.sql.SQL(
+        "UPDATE webhooks.delivery_config SET {key} = %s::{type}, updated_at = now()"
+    ).format(key=psycopg.sql.Identifier(key), type=psycopg.sql.SQL(sql_type))
+    conn.execute(statement, (value,))
+
+
+def purge(
+    conn: psycopg.Connection, dead_letters_older_than: str | None, webhook_id: int | None
+) -> dict[str, int]:
+    [row] = fetch_dicts(conn, "SELECT * FROM webhooks.purge(10000)")
+    if dead_letters_older_than is not None:
+        dead = conn.execute(
+            "SELECT webhooks.purge_dead_letters(%s::interval, %s)", (dead_letters_older_than, webhook_id)
+        ).fetchone()
+        row["dead_letters"] = 0 if dead is None else int(dead[0])
+    return row

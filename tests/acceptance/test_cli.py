@@ -12,7 +12,10 @@ import pytest
 from tests.support import ROOT, query
 
 COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["endpoints", "list"],
-            ["endpoints", "enable"], ["endpoints", "disable"], ["endpoints", "circuit"], ["demo"]]
+            ["endpoints", "enable"], ["endpoints", "disable"], ["endpoints", "circuit"],
+            ["endpoints", "show"], ["endpoints", "update"], ["endpoints", "rotate-secret"], ["enqueue"],
+            ["status"], ["deliveries", "show"], ["dlq", "list"], ["replay"], ["config", "show"],
+            ["config", "set"], ["purge"], ["demo"]]
 
 
 def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker")):

@@ -75,19 +75,20 @@ def test_probes_follow_the_database(own_pg, receiver, spawn):
     assert worker.process.poll() is None
 
 
-def test_startup_waits_for_the_database_while_liveness_holds(unstarted_pg, spawn):
+def test_without_a_database_a_worker_is_started_and_alive_but_not_ready(unstarted_pg, spawn):
     worker = spawn(unstarted_pg.url)
     eventually(lambda: worker.logged("probes and metrics listening"), message="probes up")
+    # started and alive: a restart would not bring the database back; only readiness waits for it
     assert worker.get("/health")[0] == 200
-    assert worker.get("/startup")[0] == 503
-    assert worker.get("/ready")[0] == 503
+    assert worker.get("/startup")[0] == 200
+    status, body = worker.get("/ready")
+    assert (status, json.loads(body)["reason"]) == (503, "waiting for the database")
 
     from worker import schema
 
     unstarted_pg.start()
     schema.migrate(unstarted_pg.url)
-    eventually(lambda: worker.get("/startup")[0] == 200, timeout=30, message="started")
-    eventually(lambda: worker.get("/ready")[0] == 200, message="ready")
+    eventually(lambda: worker.get("/ready")[0] == 200, timeout=30, message="ready")
 
 
 def test_sigterm_makes_the_worker_unready_at_once(db, receiver, spawn):
