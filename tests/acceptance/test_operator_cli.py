@@ -123,3 +123,27 @@ def test_retention_removes_exactly_what_it_should_in_batches(db):
     assert as_json(db, "purge", "--dead-letters-older-than", "0 seconds")["dead_letters"] == 2
     assert {r[0] for r in query(db, "SELECT delivery_id FROM webhooks.alert_delivery_queue")} == set(
         recent + waiting)
+
+
+def test_endpoints_disable_enable_and_circuit_control(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", name="paging")
+    assert "disabled" in run(db, "endpoints", "disable", "paging", "--reason", "maintenance window")
+    assert "already disabled" in run(db, "endpoints", "disable", "paging")
+    disabled = query(db, "SELECT active, disabled_reason FROM webhooks.endpoints")
+    assert disabled == [(False, "maintenance window")]
+    assert "enabled" in run(db, "endpoints", "enable", str(endpoint))
+
+    run(db, "endpoints", "circuit", "paging", "open", "--until", "2999-01-01T00:00:00Z")
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("open",)]
+    run(db, "endpoints", "circuit", "paging", "open")
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("forced_open",)]
+    run(db, "endpoints", "circuit", "paging", "close")
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("forced_closed",)]
+    run(db, "endpoints", "circuit", "paging", "reset")
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("closed",)]
+    changes = [r[0] for r in query(db, "SELECT change FROM webhooks.endpoint_events ORDER BY id")]
+    assert changes == ["disabled", "enabled", "circuit_forced_open", "circuit_forced_open",
+                       "circuit_forced_closed", "circuit_reset"]
+    assert [e["name"] for e in as_json(db, "endpoints", "list")] == ["paging"]
+    unknown = cli("endpoints", "circuit", "nobody", "reset", env={"DATABASE_URL": db})
+    assert unknown.returncode == 2 and "no endpoint" in unknown.stderr
