@@ -33,7 +33,7 @@ $$;
 CREATE TABLE webhooks.endpoints (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name             text        NOT NULL UNIQUE CHECK (name <> ''),
-    url              text        NOT NULL,
+    url              text        NOT NULL CHECK (char_length(url) <= 8192),
     url_display      text        NOT NULL,
     -- [{"secret": "whsec_...", "expires_at": null | timestamptz}], newest first
     signing_secrets  jsonb       NOT NULL DEFAULT '[]' CHECK (jsonb_typeof(signing_secrets) = 'array'),
@@ -43,7 +43,10 @@ CREATE TABLE webhooks.endpoints (
     -- '{*}' subscribes to every event type
     event_types      text[]      NOT NULL DEFAULT '{*}',
     headers          jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(headers) = 'object'),
-    body_format      text        NOT NULL DEFAULT 'raw',
+    body_format      text        NOT NULL DEFAULT 'raw'
+        CHECK (body_format IN ('raw', 'envelope', 'slack', 'mattermost', 'pagerduty')),
+    -- Credentials a format needs besides the URL, e.g. {"routing_key": "..."} for PagerDuty.
+    secret_settings  jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(secret_settings) = 'object'),
     -- Overrides of webhooks.delivery_config; NULL means "use the global default".
     max_attempts     integer     CHECK (max_attempts BETWEEN 1 AND 100),
     retry_schedule   jsonb       CHECK (webhooks.valid_retry_schedule(retry_schedule)),
@@ -55,7 +58,9 @@ CREATE TABLE webhooks.endpoints (
     -- {"failure_ratio", "window_seconds", "min_attempts", "sleep_seconds", "max_sleep_seconds",
     --  "probes", "probe_success_ratio"}
     circuit_policy   jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(circuit_policy) = 'object'),
+    -- Deliveries not delivered within this long of being queued become dead letters ('expired').
     delivery_ttl     interval,
+    retry_policy     jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(retry_policy) = 'object'),
     metadata         jsonb       NOT NULL DEFAULT '{}',
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now()

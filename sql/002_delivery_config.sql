@@ -32,6 +32,13 @@ CREATE TABLE webhooks.delivery_config (
         CHECK (circuit_probe_success_ratio > 0 AND circuit_probe_success_ratio <= 1),
     -- An endpoint with no success for this long is disabled.
     disable_after      interval    NOT NULL DEFAULT '5 days',
+    -- Finer retry control (each key can be overridden per endpoint, see endpoints.retry_policy):
+    -- {"connect_timeout_ms": n, "timeout_growth": f, "timeout_cap_ms": n,
+    --  "category_min_delays": {"rate_limited": 60, "dns": 5, ...}}
+    retry_policy       jsonb       NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(retry_policy) = 'object'),
+    -- An operational event (webhook.endpoint.dead_letters) each time an endpoint gathers this many
+    -- new dead letters.
+    dead_letter_alert_threshold integer NOT NULL DEFAULT 100 CHECK (dead_letter_alert_threshold >= 1),
     delivered_retention interval   NOT NULL DEFAULT '7 days',
     log_retention      interval    NOT NULL DEFAULT '30 days',
     updated_at         timestamptz NOT NULL DEFAULT now(),

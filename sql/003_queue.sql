@@ -83,11 +83,20 @@ CREATE INDEX alert_delivery_queue_dead_letters
     ON webhooks.alert_delivery_queue (webhook_id, dead_lettered_at)
     WHERE status = 'dead_letter';
 
+-- Rows that must not be sent late: found and dead-lettered by webhooks.expire_deliveries().
+CREATE INDEX alert_delivery_queue_expiry
+    ON webhooks.alert_delivery_queue (expires_at)
+    WHERE expires_at IS NOT NULL AND status IN ('pending', 'retrying');
+
 CREATE FUNCTION webhooks.fill_idempotency_key() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.idempotency_key IS NULL THEN
         NEW.idempotency_key := NEW.event_id;
+    END IF;
+    IF NEW.expires_at IS NULL THEN
+        -- the endpoint's default time to live, if it has one
+        SELECT now() + e.delivery_ttl INTO NEW.expires_at FROM webhooks.endpoints e WHERE e.id = NEW.webhook_id;
     END IF;
     RETURN NEW;
 END;

@@ -41,6 +41,7 @@ CREATE TABLE webhooks.webhook_health_metrics (
     rate_tokens          double precision,
     rate_refilled_at     timestamptz,
     failing_since        timestamptz,
+    dead_letters_since_notice integer NOT NULL DEFAULT 0,
     -- the claim serves the least recently served endpoints first
     last_claimed_at      timestamptz,
     updated_at           timestamptz NOT NULL DEFAULT now()

@@ -53,14 +53,72 @@ LANGUAGE sql STABLE AS $$
     WHERE e.id = p_webhook_id;
 $$;
 
+-- Operational events: an endpoint's state changes, sent through the same queue to the endpoints
+-- that subscribe to their type explicitly ('*' does not include them), never to the endpoint the
+-- event is about, so an event cannot loop back to its cause.
+CREATE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_change
+        WHEN 'disabled' THEN 'webhook.endpoint.disabled'
+        WHEN 'enabled' THEN 'webhook.endpoint.enabled'
+        WHEN 'circuit_opened' THEN 'webhook.circuit.opened'
+        WHEN 'circuit_closed' THEN 'webhook.circuit.closed'
+        WHEN 'dead_letters' THEN 'webhook.endpoint.dead_letters'
+    END;
+$$;
+
+CREATE FUNCTION webhooks.publish_operational(p_event_row bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    ev record;
+    v_type text;
+    v_queued integer;
+BEGIN
+    SELECT x.*, e.name AS endpoint_name INTO ev
+    FROM webhooks.endpoint_events x JOIN webhooks.endpoints e ON e.id = x.webhook_id
+    WHERE x.id = p_event_row;
+    v_type := webhooks.operational_event_type(ev.change);
+    IF v_type IS NULL THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO webhooks.alert_delivery_queue
+        (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, priority)
+    SELECT e.id, 'evt_endpoint_event_' || ev.id, 'evt_endpoint_event_' || ev.id, v_type,
+           jsonb_build_object(
+               'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
+               'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
+               'source', 'webhook-worker',
+               'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'change', ev.change,
+               'reason', ev.reason, 'decided_by', ev.decided_by, 'delivery_id', ev.delivery_id,
+               'at', ev.at),
+           'endpoint_events:' || ev.id, 10
+    FROM webhooks.endpoints e
+    WHERE e.active AND e.id <> ev.webhook_id
+      AND webhooks.subscribes(array_remove(e.event_types, '*'), v_type)
+    ORDER BY e.id
+    ON CONFLICT (webhook_id, idempotency_key) DO NOTHING;
+    GET DIAGNOSTICS v_queued = ROW_COUNT;
+    RETURN v_queued;
+END;
+$$;
+
 CREATE FUNCTION webhooks.record_endpoint_event(
     p_webhook_id bigint, p_change text, p_reason text, p_decided_by text,
     p_delivery_id bigint DEFAULT NULL, p_attempt integer DEFAULT NULL
 ) RETURNS text
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
     INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by, delivery_id, attempt)
     VALUES (p_webhook_id, p_change, p_reason, p_decided_by, p_delivery_id, p_attempt)
-    RETURNING change || coalesce(': ' || reason, '');
+    RETURNING id INTO v_id;
+    PERFORM webhooks.publish_operational(v_id);
+    -- for listeners inside the database (documented channel)
+    PERFORM pg_notify('webhooks_endpoint_events', json_build_object(
+        'endpoint_id', p_webhook_id, 'change', p_change, 'reason', p_reason)::text);
+    RETURN p_change || coalesce(': ' || p_reason, '');
+END;
 $$;
 
 CREATE FUNCTION webhooks.disable_endpoint(
@@ -79,7 +137,6 @@ BEGIN
     END IF;
     UPDATE webhooks.webhook_health_metrics SET health_status = 'disabled', updated_at = now()
     WHERE webhook_id = p_webhook_id;
-    PERFORM pg_notify('webhooks_endpoint_events', p_webhook_id || ' disabled');
     RETURN webhooks.record_endpoint_event(p_webhook_id, 'disabled', p_reason, p_decided_by,
                                           p_delivery_id, p_attempt);
 END;
@@ -105,7 +162,6 @@ BEGIN
         previous_failures = 0, updated_at = now()
     WHERE webhook_id = p_webhook_id;
     PERFORM pg_notify('webhooks_queue', '');
-    PERFORM pg_notify('webhooks_endpoint_events', p_webhook_id || ' enabled');
     RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', NULL, p_decided_by);
 END;
 $$;
@@ -173,7 +229,8 @@ CREATE FUNCTION webhooks.record_endpoint_outcomes(
     p_pause_seconds         double precision,
     p_gone_delivery_id      bigint,
     p_last_delivery_id      bigint,
-    p_last_attempt          integer
+    p_last_attempt          integer,
+    p_dead_letters          integer DEFAULT 0
 ) RETURNS text
 LANGUAGE plpgsql
 SET jit = off
@@ -302,8 +359,17 @@ BEGIN
         v_change := webhooks.record_endpoint_event(
             p_webhook_id, split_part(v_change, ': ', 1), split_part(v_change, ': ', 2),
             'circuit breaker', p_last_delivery_id, p_last_attempt);
-        PERFORM pg_notify('webhooks_endpoint_events', p_webhook_id || ' ' || split_part(v_change, ':', 1));
     END IF;
+
+    h.dead_letters_since_notice := h.dead_letters_since_notice + coalesce(p_dead_letters, 0);
+    IF h.dead_letters_since_notice >= (SELECT dead_letter_alert_threshold FROM webhooks.delivery_config) THEN
+        v_change := concat_ws('; ', v_change, webhooks.record_endpoint_event(
+            p_webhook_id, 'dead_letters', h.dead_letters_since_notice || ' new dead letters',
+            p_decided_by, p_last_delivery_id, p_last_attempt));
+        h.dead_letters_since_notice := 0;
+    END IF;
+    UPDATE webhooks.webhook_health_metrics SET dead_letters_since_notice = h.dead_letters_since_notice
+    WHERE webhook_id = p_webhook_id;
 
     SELECT c.disable_after INTO v_disable_after FROM webhooks.delivery_config c;
     IF p_gone_delivery_id IS NOT NULL THEN

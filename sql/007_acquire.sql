@@ -59,6 +59,32 @@ AS $$
     SELECT count(*)::integer FROM logged;
 $$;
 
+-- Rows past their expires_at are never sent late: they become dead letters, category 'expired'.
+CREATE FUNCTION webhooks.expire_deliveries(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE sql
+SET jit = off
+AS $$
+    WITH expired AS (
+        SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+        WHERE q.expires_at < now() AND q.expires_at IS NOT NULL AND q.status IN ('pending', 'retrying')
+        ORDER BY q.expires_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), dead AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'dead_letter', failure_category = 'expired',
+            dead_letter_reason = 'expired before delivery', last_error = 'expired before delivery',
+            dead_lettered_at = now(), updated_at = now()
+        FROM expired x WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, failure_category, error)
+        SELECT delivery_id, webhook_id, attempts, 'dead_letter', 'expired', 'expired before delivery' FROM dead
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM logged;
+$$;
+
 -- A row that may be sent as far as ordering goes: no ordering key, or no earlier unfinished row
 -- with the same key on the same endpoint.
 CREATE FUNCTION webhooks.is_head_of_key(p_webhook_id bigint, p_ordering_key text, p_delivery_id bigint)
@@ -90,10 +116,12 @@ RETURNS TABLE (
     signing_secrets  jsonb,
     headers          jsonb,
     body_format      text,
+    secret_settings  jsonb,
     timeout_ms       integer,     -- the endpoint's own timeout; NULL means the worker's default
     retry_schedule   jsonb,
     retry_jitter     real,
-    created_at       timestamptz
+    created_at       timestamptz,
+    retry_policy     jsonb        -- delivery_config.retry_policy with the endpoint's keys on top
 )
 LANGUAGE plpgsql
 SET jit = off
@@ -103,6 +131,7 @@ DECLARE
     v_endpoints bigint[];
 BEGIN
     PERFORM webhooks.reap_expired_leases();
+    PERFORM webhooks.expire_deliveries();
 
     SELECT array_agg(x.webhook_id ORDER BY x.webhook_id) INTO v_endpoints
     FROM (
@@ -228,8 +257,9 @@ BEGIN
            q.payload::text, q.attempts,
            coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
            q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
-           e.url, e.signing_secrets, e.headers, e.body_format, e.timeout_ms,
-           coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at
+           e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
+           coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
+           cfg.retry_policy || e.retry_policy
     FROM claimed q
     JOIN webhooks.endpoints e ON e.id = q.webhook_id
     CROSS JOIN cfg

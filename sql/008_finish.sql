@@ -103,7 +103,7 @@ BEGIN
         LEFT JOIN applied a ON a.delivery_id = o.delivery_id
         RETURNING 1
     ), per_outcome AS (
-        SELECT o.*, t.webhook_id,
+        SELECT o.*, t.webhook_id, t.decision,
                o.outcome <> 'delivered'
                    AND webhooks.availability_failure(o.failure_category, o.http_status) AS unavailable,
                o.ord > coalesce(max(o.ord) FILTER (WHERE o.outcome = 'delivered')
@@ -123,7 +123,8 @@ BEGIN
                max(p.retry_after_s) FILTER (WHERE p.outcome = 'deferred') AS pause_seconds,
                min(p.delivery_id) FILTER (WHERE p.disable_endpoint) AS gone_delivery_id,
                (array_agg(p.delivery_id ORDER BY p.ord DESC))[1] AS last_delivery_id,
-               (array_agg(p.attempt ORDER BY p.ord DESC))[1] AS last_attempt
+               (array_agg(p.attempt ORDER BY p.ord DESC))[1] AS last_attempt,
+               count(*) FILTER (WHERE p.decision IN ('dead_letter', 'exhausted'))::integer AS dead_letters
         FROM per_outcome p
         GROUP BY p.webhook_id
     )
@@ -140,14 +141,14 @@ BEGIN
             webhook_id bigint, attempts integer, successes integer, availability_failures integer,
             trailing_failures integer, latency_ms bigint, last_http_status integer,
             last_failure_category text, pause_seconds double precision, gone_delivery_id bigint,
-            last_delivery_id bigint, last_attempt integer)
+            last_delivery_id bigint, last_attempt integer, dead_letters integer)
         ORDER BY x.webhook_id
     LOOP
         v_change := webhooks.record_endpoint_outcomes(
             s.webhook_id, 'worker ' || p_worker_id, s.attempts, s.successes,
             s.availability_failures, s.trailing_failures, s.latency_ms, s.last_http_status,
             s.last_failure_category, s.pause_seconds, s.gone_delivery_id, s.last_delivery_id,
-            s.last_attempt);
+            s.last_attempt, s.dead_letters);
         IF v_change IS NOT NULL THEN
             v_changes := v_changes || jsonb_build_object(
                 coalesce(s.gone_delivery_id, s.last_delivery_id)::text, v_change);

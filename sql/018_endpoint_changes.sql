@@ -5,7 +5,8 @@
 
 -- Applies the keys present in p_changes (url, url_display, event_types, headers, max_attempts,
 -- timeout_ms, retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight,
--- circuit_policy, body_format); a key with a JSON null resets that override.
+-- circuit_policy, body_format, secret_settings, delivery_ttl, retry_policy); a key with a JSON null
+-- resets that override.
 CREATE FUNCTION webhooks.update_endpoint(p_webhook_id bigint, p_changes jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -14,7 +15,7 @@ BEGIN
     SELECT k INTO v_unknown FROM jsonb_object_keys(p_changes) k
     WHERE k NOT IN ('url', 'url_display', 'event_types', 'headers', 'max_attempts', 'timeout_ms',
                     'retry_schedule', 'rate_limit_per_second', 'rate_limit_burst', 'max_in_flight',
-                    'circuit_policy', 'body_format')
+                    'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy')
     LIMIT 1;
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'update_endpoint: unknown field %', v_unknown;
@@ -42,6 +43,12 @@ BEGIN
         circuit_policy = CASE WHEN p_changes ? 'circuit_policy' THEN p_changes -> 'circuit_policy'
                               ELSE e.circuit_policy END,
         body_format = CASE WHEN p_changes ? 'body_format' THEN p_changes ->> 'body_format' ELSE e.body_format END,
+        secret_settings = CASE WHEN p_changes ? 'secret_settings' THEN p_changes -> 'secret_settings'
+                               ELSE e.secret_settings END,
+        delivery_ttl = CASE WHEN p_changes ? 'delivery_ttl' THEN (p_changes ->> 'delivery_ttl')::interval
+                            ELSE e.delivery_ttl END,
+        retry_policy = CASE WHEN p_changes ? 'retry_policy' THEN p_changes -> 'retry_policy'
+                            ELSE e.retry_policy END,
         updated_at = now()
     WHERE e.id = p_webhook_id;
     RETURN FOUND;

@@ -18,6 +18,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b"ok"
     hold: bool = False  # wait until Receiver.release() before answering
+    echo: bool = False  # answer with the request's own body
 
 
 @dataclass(frozen=True)
@@ -125,4 +126,5 @@ class Receiver:
         finally:
             with self._lock:
                 self._open[request.path] -= 1
-        return web.Response(status=reply.status, body=reply.body, headers=reply.headers)
+        answer = body if reply.echo else reply.body
+        return web.Response(status=reply.status, body=answer, headers=reply.headers)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -74,6 +76,38 @@ def _parse_headers(values: Sequence[str]) -> dict[str, str]:
     return headers
 
 
+def verify_endpoint(url: str, secret: str, timeout: float) -> str | None:
+    """POST a signed challenge; None if the receiver echoed it in a 2xx answer, else the problem."""
+    import urllib.error
+    import urllib.request
+
+    challenge = secrets.token_urlsafe(24)
+    body = json.dumps({"type": "webhook.endpoint.verification", "challenge": challenge}).encode()
+    msg_id = "msg_verify_" + secrets.token_hex(8)
+    timestamp = int(time.time())
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "User-Agent": f"webhook-worker/{__version__}",
+        "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
+        "webhook-signature": signing.sign(secret, msg_id, timestamp, body),
+        "webhook-event-type": "webhook.endpoint.verification",
+    })
+    opener = urllib.request.build_opener(_NoRedirects)
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            answer = response.read(65536).decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"no answer ({type(reason).__name__})"
+    return None if challenge in answer else "the answer did not contain the challenge"
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 def _check_secret(secret: str) -> None:
     try:
         signing.sign(secret, "check", 0, b"")
@@ -91,9 +125,18 @@ def _schedule(delays: str) -> dict[str, Any]:
     return schedule
 
 
+MAX_URL_LENGTH = 2048
+
+
 def _check_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if len(url) > MAX_URL_LENGTH:
+        raise UsageError(f"--url: longer than {MAX_URL_LENGTH} characters")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        raise UsageError("--url: not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not host:
         raise UsageError("--url: expected an http:// or https:// URL with a host")
 
 
@@ -137,7 +180,12 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         rate_limit_per_second=args.rate_limit,
         rate_limit_burst=args.burst,
         max_in_flight=args.max_in_flight,
+        body_format=args.format,
+        secret_settings={"routing_key": args.routing_key} if args.routing_key else {},
+        active=not args.verify,
     )
+    if args.format == "pagerduty" and not args.routing_key:
+        raise UsageError("--routing-key: required with --format pagerduty")
     with psycopg.connect(config.database.url, autocommit=True) as conn:
         try:
             endpoint_id = register_endpoint(conn, spec)
@@ -145,6 +193,15 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
             raise UsageError(f"--name {args.name!r}: an endpoint with this name exists") from None
         except psycopg.errors.CheckViolation as exc:
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
+        if args.ttl_seconds:
+            db.update_endpoint(conn, endpoint_id, {"delivery_ttl": f"{args.ttl_seconds} seconds"})
+        if args.verify:
+            problem = verify_endpoint(args.url, secret, timeout=10.0)
+            if problem:
+                print(f"endpoint {endpoint_id} registered but left disabled: verification failed: {problem}",
+                      file=sys.stderr)
+                return EXIT_FAILURE
+            set_endpoint_active(conn, endpoint_id, True, "")
     if args.json:
         print(json.dumps({"id": endpoint_id, "name": spec.name, "signing_secret": secret}))
     else:
@@ -481,6 +538,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="at most this many requests per second, fleet-wide")
     add.add_argument("--burst", type=int, help="requests allowed at once above the rate")
     add.add_argument("--max-in-flight", type=int, help="at most this many requests open at once, fleet-wide")
+    add.add_argument("--format", choices=["raw", "envelope", "slack", "mattermost", "pagerduty"],
+                     default="raw", help="request body: the payload as queued (raw, the default), the "
+                     "Standard Webhooks envelope, or a Slack, Mattermost or PagerDuty Events v2 message")
+    add.add_argument("--routing-key", help="PagerDuty integration key (with --format pagerduty)")
+    add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
+    add.add_argument("--verify", action="store_true",
+                     help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
     add.add_argument("--json", action="store_true", help="print JSON")
     enable = command(endpoint_commands, "enable", cmd_endpoints_enable,
                      "enable an endpoint (and reset its circuit); its waiting rows are sent")

@@ -7,16 +7,17 @@ import contextlib
 import signal
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from worker import schema
+from worker import formats, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
 from worker.delivery import Sender, Sent, display_url
-from worker.observability import Metrics, ProbeServer, get_logger
+from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome, classify, retry_delay
 from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue
 
@@ -315,16 +316,34 @@ class Worker:
             endpoint_id=row.webhook_id,
             attempt=row.attempt,
             event_type=row.event_type,
+            **({"traceparent": row.traceparent} if row.traceparent else {}),
         )
         try:
             if row.problem is not None:
                 raise PoisonRow(row.problem)
-            timeout = row.timeout_seconds or self.effective.timeout_seconds
             # A request may never outlive its lease, whatever the endpoint asks for.
-            timeout = min(timeout, self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
-            sent = await self.sender.send(row, timeout)
-            self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
-            finished = self._outcome(row, sent)
+            timeout = row.retry_policy.timeout(
+                row.timeout_seconds or self.effective.timeout_seconds, row.attempt,
+                self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+            try:
+                body = formats.render(row.body_format, row.body, formats.Event(
+                    row.event_id, row.event_type, row.created_at or datetime.now(UTC), row.secret_settings))
+            except (formats.FormatError, ValueError) as exc:
+                # The payload cannot take this endpoint's format: retrying would not change that.
+                finished = _cannot_render(row, str(exc))
+                log.error("payload cannot be rendered", body_format=row.body_format, error=str(exc))
+            else:
+                with attempt_span(row.traceparent, {
+                    "webhook.delivery_id": row.delivery_id, "webhook.endpoint_id": row.webhook_id,
+                    "webhook.attempt": row.attempt, "webhook.event_type": row.event_type,
+                }) as span:
+                    sent = await self.sender.send(row, body, timeout)
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", sent.result.status or 0)
+                self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
+                finished = self._outcome(row, sent)
+                with contextlib.suppress(Exception):  # a log line must never cost an outcome
+                    _log_attempt(log, row, sent, finished)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one bad delivery must never stop the worker
@@ -342,9 +361,6 @@ class Worker:
                 error=(str(exc) if isinstance(exc, PoisonRow)
                        else f"internal error: {type(exc).__name__}: {exc}")[:500],
             )
-        else:
-            with contextlib.suppress(Exception):  # a log line must never cost an outcome
-                _log_attempt(log, row, sent, finished)
         finally:
             self._in_flight.pop(row.lease_token, None)
             self.metrics.in_flight.set(len(self._in_flight))
@@ -355,7 +371,8 @@ class Worker:
         decision = classify(sent.result)
         delay = None
         if decision.outcome in (Outcome.RETRY, Outcome.DEFERRED):
-            delay = retry_delay(decision, row.attempt, row.schedule)
+            delay = row.retry_policy.min_delay(
+                decision.category, retry_delay(decision, row.attempt, row.schedule))
         status = sent.result.status
         error = sent.result.error or (
             f"HTTP {status}" if status is not None and not 200 <= status < 300 else None
@@ -502,6 +519,18 @@ class Worker:
             self.log.info("released claimed rows", released=released, reason=why)
         except DATABASE_ERRORS as exc:
             self.log.error("release failed; rows return after the lease", error=_brief(exc))
+
+
+def _cannot_render(row: Claimed, reason: str) -> Finished:
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=Outcome.DEAD_LETTER,
+        failure_category="internal",
+        error=f"cannot render as {row.body_format}: {reason}"[:500],
+        reason=f"cannot render as {row.body_format}: {reason}"[:500],
+    )
 
 
 def _log_attempt(log: Any, row: Claimed, sent: Sent, finished: Finished) -> None:

@@ -48,7 +48,7 @@ def display_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}"
 
 
-def request_headers(row: Claimed, timestamp: int) -> dict[str, str]:
+def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]:
     headers = {k: v for k, v in row.headers.items() if k.lower() not in RESERVED_HEADERS}
     headers.update(
         {
@@ -64,7 +64,7 @@ def request_headers(row: Claimed, timestamp: int) -> dict[str, str]:
     )
     if row.signing_secrets:
         headers["webhook-signature"] = signing.signature_header(
-            row.signing_secrets, row.idempotency_key, timestamp, row.body
+            row.signing_secrets, row.idempotency_key, timestamp, body
         )
     if row.traceparent:
         headers["traceparent"] = row.traceparent
@@ -112,15 +112,17 @@ class Sender:
         if self._session is not None:
             await self._session.close()
 
-    async def send(self, row: Claimed, timeout_seconds: float) -> Sent:
+    async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
         assert self._session is not None, "Sender.start() first"
         started = time.monotonic()
-        timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_seconds, sock_connect=row.retry_policy.connect_timeout_seconds
+        )
         try:
             async with self._session.post(
                 row.url,
-                data=row.body,
-                headers=request_headers(row, int(time.time())),
+                data=body,
+                headers=request_headers(row, int(time.time()), body),
                 timeout=timeout,
                 allow_redirects=False,
             ) as response:

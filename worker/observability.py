@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import structlog
@@ -40,6 +41,24 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
 
 def get_logger(**context: Any) -> Any:
     return structlog.get_logger("webhook-worker").bind(**context)
+
+
+@contextlib.contextmanager
+def attempt_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterator[Any]:
+    """An OpenTelemetry span for one attempt, child of the row's W3C trace context, when the
+    OpenTelemetry API is installed (the `otel` extra; run under `opentelemetry-instrument`, or
+    configure a TracerProvider, to export). Without it, nothing happens."""
+    try:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        yield None
+        return
+    parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent} if traceparent else {})
+    tracer = trace.get_tracer("webhook-worker")
+    with tracer.start_as_current_span("webhook.deliver", context=parent, kind=trace.SpanKind.CLIENT,
+                                      attributes=attributes) as span:
+        yield span
 
 
 class Metrics:

@@ -30,6 +30,7 @@ class Category(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     BLOCKED = "blocked"
     INTERNAL = "internal"
+    EXPIRED = "expired"  # set in SQL when a row's expires_at passes before delivery
 
 
 class Outcome(enum.StrEnum):
@@ -159,3 +160,50 @@ def retry_delay(
     if decision.retry_after_seconds is not None:
         return max(scheduled, decision.retry_after_seconds)
     return scheduled
+
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Finer control, from delivery_config.retry_policy with the endpoint's keys on top."""
+
+    connect_timeout_seconds: float | None = None
+    timeout_growth: float = 1.0
+    timeout_cap_seconds: float | None = None
+    category_min_delays: Mapping[str, float] | None = None
+
+    @classmethod
+    def from_json(cls, spec: Mapping[str, Any] | None) -> RetryPolicy:
+        spec = spec or {}
+        known = {"connect_timeout_ms", "timeout_growth", "timeout_cap_ms", "category_min_delays"}
+        unknown = set(spec) - known
+        if unknown:
+            raise ValueError(f"retry policy: unknown key {sorted(unknown)[0]}")
+        minimums = {str(k): float(v) for k, v in (spec.get("category_min_delays") or {}).items()}
+        if any(v < 0 or v > MAX_DELAY_SECONDS for v in minimums.values()):
+            raise ValueError("retry policy: category_min_delays are 0 to 604800 seconds")
+        growth = float(spec.get("timeout_growth", 1.0))
+        if not 1.0 <= growth <= 10.0:
+            raise ValueError("retry policy: timeout_growth is 1 to 10")
+        connect = spec.get("connect_timeout_ms")
+        cap = spec.get("timeout_cap_ms")
+        return cls(
+            connect_timeout_seconds=None if connect is None else float(connect) / 1000.0,
+            timeout_growth=growth,
+            timeout_cap_seconds=None if cap is None else float(cap) / 1000.0,
+            category_min_delays=minimums,
+        )
+
+    def timeout(self, base_seconds: float, attempt: int, ceiling_seconds: float) -> float:
+        """The request timeout for this attempt: base * growth**(attempt-1), capped (and never past
+        the ceiling the lease allows)."""
+        grown = base_seconds * self.timeout_growth ** min(max(attempt, 1) - 1, 100)
+        if self.timeout_cap_seconds is not None:
+            grown = min(grown, max(self.timeout_cap_seconds, base_seconds))
+        return min(grown, ceiling_seconds)
+
+    def min_delay(self, category: Category | None, delay: float) -> float:
+        """At least the category's minimum delay (e.g. 60 s after rate_limited, 5 s after dns)."""
+        if category is None or not self.category_min_delays:
+            return delay
+        return max(delay, self.category_min_delays.get(category.value, 0.0))

@@ -14,7 +14,7 @@ import psycopg.sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from worker.policy import RetrySchedule
+from worker.policy import RetryPolicy, RetrySchedule
 
 APPLICATION_NAME = "webhook-worker"
 NOTIFY_CHANNEL = "webhooks_queue"
@@ -57,6 +57,10 @@ class Claimed:
     # Set when the row's endpoint settings could not be read: the attempt fails as `internal`
     # without a request, and the rest of the batch is unaffected.
     problem: str | None = None
+    body_format: str = "raw"
+    secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
+    created_at: datetime | None = None
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,10 @@ def _parse_claimed(row: dict[str, Any]) -> Claimed:
         timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
         schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
         traceparent=row["traceparent"],
+        body_format=row["body_format"],
+        secret_settings=dict(row["secret_settings"] or {}),
+        created_at=row["created_at"],
+        retry_policy=RetryPolicy.from_json(row["retry_policy"]),
     )
 
 
@@ -294,11 +302,14 @@ class EndpointSpec:
     rate_limit_burst: int | None = None
     max_in_flight: int | None = None
     circuit_policy: dict[str, Any] = field(default_factory=dict)
+    body_format: str = "raw"
+    secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
+    active: bool = True
 
 
 def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
     row = conn.execute(
-        "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             spec.name,
             spec.url,
@@ -313,6 +324,9 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
             spec.rate_limit_burst,
             spec.max_in_flight,
             json.dumps(spec.circuit_policy),
+            spec.body_format,
+            json.dumps(spec.secret_settings),
+            spec.active,
         ),
     ).fetchone()
     assert row is not None

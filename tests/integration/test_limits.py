@@ -211,6 +211,7 @@ def test_many_endpoints_and_workers_never_deadlock(db, receiver, spawn, pg_serve
     problems = defaultdict(list)
     for worker in workers:
         for line in worker.log_lines():
-            if line.get("level") in ("warning", "error") and line.get("event") != "attempt failed":
+            # database trouble (deadlocks, serialization failures) shows as failed claims or finishes
+            if line.get("level") == "error" or "failed; retrying" in str(line.get("event")):
                 problems[worker.name].append(line)
     assert not problems, dict(problems)

@@ -238,3 +238,20 @@ def test_lookups_by_id_by_key_and_history(db):
         ("alert-7", "http://127.0.0.1:9")]
     assert query(db, "SELECT attempt, outcome, http_status FROM webhooks.delivery_history(%s)",
                  (claimed[0],)) == [(1, "delivered", 200)]
+
+
+def test_dead_letters_past_the_threshold_become_an_operational_event(db):
+    failing = add_endpoint(db, "http://127.0.0.1:9/a", name="failing")
+    ops = add_endpoint(db, "http://127.0.0.1:9/ops", name="ops", event_types=("webhook.endpoint.*",))
+    everything = add_endpoint(db, "http://127.0.0.1:9/all", name="everything")  # '*' is not enough
+    query(db, "UPDATE webhooks.delivery_config SET dead_letter_alert_threshold = 3")
+    enqueue(db, failing, count=4)
+    for claimed in acquire(db, "w", batch=4):
+        finish(db, "w", outcome(claimed, outcome="dead_letter", http_status=400, failure_category="http_4xx"))
+    events = query(db, "SELECT change, reason FROM webhooks.endpoint_events WHERE webhook_id = %s",
+                   (failing,))
+    assert events == [("dead_letters", "3 new dead letters")]  # one finish per row: it trips at 3
+    queued = query(db, "SELECT webhook_id, event_type, payload ->> 'endpoint_name'"
+                       " FROM webhooks.alert_delivery_queue WHERE event_type LIKE 'webhook.%%'")
+    assert queued == [(ops, "webhook.endpoint.dead_letters", "failing")]
+    assert everything not in [q[0] for q in queued]

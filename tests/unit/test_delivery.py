@@ -60,7 +60,7 @@ def test_request_headers_are_signed_and_custom_headers_cannot_replace_ours():
         headers={"X-Team": "ops", "webhook-id": "forged"}, timeout_seconds=None,
         schedule=RetrySchedule(), traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
-    headers = request_headers(row, 1_700_000_000)
+    headers = request_headers(row, 1_700_000_000, row.body)
     assert headers["webhook-id"] == "evt_1" and headers["X-Team"] == "ops"
     assert headers["webhook-attempt"] == "2" and headers["webhook-delivery-id"] == "7"
     assert headers["traceparent"] == row.traceparent
