@@ -2,9 +2,9 @@
 --
 -- 1. Rows whose lease expired (a crashed or stalled worker) become claimable again or, if the lost
 --    attempt was their last, dead letters with reason 'lease expired'.
--- 2. The endpoints that may send now are locked, in id order, with SKIP LOCKED: active, not
---    paused by Retry-After, circuit not open (an open circuit whose sleep is over turns half-open
---    here), with due rows. Locking the endpoint's state row is what makes its limits hold across
+-- 2. The endpoints that may send now are locked with SKIP LOCKED, at most p_batch_size of them,
+--    least recently looked at first: active, not paused by Retry-After, circuit not open (an open
+--    circuit whose sleep is over turns half-open here), with due rows. Locking the endpoint's state row is what makes its limits hold across
 --    the fleet: no two claims for one endpoint run at once, and none ever waits for another.
 -- 3. In a new statement (so it sees every claim committed before the lock), each endpoint gets a
 --    quota: the least of its free concurrency (max_in_flight minus rows in flight), its rate
@@ -239,7 +239,6 @@ BEGIN
                                                ELSE h.probes_sent END,
             probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
             probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
-            last_claimed_at = clock.now_exact,
             updated_at = now()
         FROM (SELECT c.webhook_id, count(*)::integer AS claimed FROM claimed c GROUP BY c.webhook_id) n
         JOIN quota qt ON qt.webhook_id = n.webhook_id
@@ -264,5 +263,10 @@ BEGIN
     JOIN webhooks.endpoints e ON e.id = q.webhook_id
     CROSS JOIN cfg
     ORDER BY q.priority DESC, q.delivery_id;
+
+    -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its
+    -- cap: otherwise endpoints that can take nothing would keep the front and crowd out the rest.
+    UPDATE webhooks.webhook_health_metrics SET last_claimed_at = clock_timestamp()
+    WHERE webhook_id = ANY(v_endpoints);
 END;
 $$;

@@ -255,3 +255,18 @@ def test_dead_letters_past_the_threshold_become_an_operational_event(db):
                        " FROM webhooks.alert_delivery_queue WHERE event_type LIKE 'webhook.%%'")
     assert queued == [(ops, "webhook.endpoint.dead_letters", "failing")]
     assert everything not in [q[0] for q in queued]
+
+
+def test_endpoints_at_their_cap_do_not_crowd_out_one_with_room(db):
+    capped = [add_endpoint(db, f"http://127.0.0.1:9/{n}", max_in_flight=1) for n in range(2)]
+    roomy = add_endpoint(db, "http://127.0.0.1:9/roomy", max_in_flight=1)
+    for endpoint in (*capped, roomy):
+        enqueue(db, endpoint, count=2)
+    first = acquire(db, "w", batch=3)  # one row each; every endpoint is now at its cap
+    assert len(first) == 3
+    [roomy_row] = [c for c in first if row(db, c[0], "webhook_id")[0] == roomy]
+    finish(db, "w", outcome(roomy_row, **OK))  # only the last endpoint has room again
+    # Two claims of at most two endpoints each: the capped ones are looked at first, then must
+    # make way, so the endpoint with room is served by the second claim at the latest.
+    claimed = acquire(db, "w", batch=2) + acquire(db, "w", batch=2)
+    assert [row(db, c[0], "webhook_id")[0] for c in claimed] == [roomy]
