@@ -135,6 +135,7 @@ def test_outcomes_are_written_in_batches(db, receiver, spawn):
     # Each webhooks.finish() call is one transaction, so its log rows share one xmin.
     [(finish_calls, logged)] = query(
         db, "SELECT count(DISTINCT xmin::text), count(*) FROM webhooks.alert_delivery_log")
+    print(f"batching: 1000 rows written by {finish_calls} finish calls")
     assert logged == 1000
     assert finish_calls <= 30, finish_calls
     assert len(receiver.to("/fast")) == 1000
@@ -157,6 +158,7 @@ def test_two_workers_deliver_each_row_exactly_once_and_share_the_work(db, receiv
     assert set(received.values()) == {1}
     shares = dict(query(db, "SELECT worker_id, count(*) FROM webhooks.alert_delivery_log"
                             " WHERE delivery_id = ANY(%s) GROUP BY worker_id", (ids,)))
+    print(f"two workers: shares {shares}, duplicates at the receiver {sum(received.values()) - len(ids)}")
     assert set(shares) == {"worker-1", "worker-2"}
     assert min(shares.values()) >= 2000 * 0.15, shares
     for worker in workers:
