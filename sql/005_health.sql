@@ -25,8 +25,7 @@ CREATE TABLE webhooks.webhook_health_metrics (
     circuit_opened_at    timestamptz,
     circuit_open_until   timestamptz,
     circuit_sleep_seconds integer,
-    -- half-open: probes claimed, and the outcomes of probes so far
-    probes_sent          integer     NOT NULL DEFAULT 0,
+    -- half-open: the outcomes of probes so far (probes not yet answered are the rows in flight)
     probe_successes      integer     NOT NULL DEFAULT 0,
     probe_failures       integer     NOT NULL DEFAULT 0,
     -- The circuit's sliding window, as two fixed windows weighted by overlap: cheap to keep per

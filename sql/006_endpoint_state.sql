@@ -53,7 +53,7 @@ LANGUAGE sql STABLE AS $$
     WHERE e.id = p_webhook_id;
 $$;
 
--- Operational events: an endpoint's state changes, sent through the same queue to the endpoints
+-- Operational events: an endpoint's state changes, published (webhooks.publish) to the endpoints
 -- that subscribe to their type explicitly ('*' does not include them), never to the endpoint the
 -- event is about, so an event cannot loop back to its cause.
 CREATE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
@@ -72,7 +72,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ev record;
     v_type text;
-    v_queued integer;
 BEGIN
     SELECT x.*, e.name AS endpoint_name INTO ev
     FROM webhooks.endpoint_events x JOIN webhooks.endpoints e ON e.id = x.webhook_id
@@ -81,24 +80,20 @@ BEGIN
     IF v_type IS NULL THEN
         RETURN 0;
     END IF;
-    INSERT INTO webhooks.alert_delivery_queue
-        (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, priority)
-    SELECT e.id, 'evt_endpoint_event_' || ev.id, 'evt_endpoint_event_' || ev.id, v_type,
-           jsonb_build_object(
-               'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
-               'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
-               'source', 'webhook-worker',
-               'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'change', ev.change,
-               'reason', ev.reason, 'decided_by', ev.decided_by, 'delivery_id', ev.delivery_id,
-               'at', ev.at),
-           'endpoint_events:' || ev.id, 10
-    FROM webhooks.endpoints e
-    WHERE e.active AND e.id <> ev.webhook_id
-      AND webhooks.subscribes(array_remove(e.event_types, '*'), v_type)
-    ORDER BY e.id
-    ON CONFLICT (webhook_id, idempotency_key) DO NOTHING;
-    GET DIAGNOSTICS v_queued = ROW_COUNT;
-    RETURN v_queued;
+    RETURN webhooks.publish(
+        v_type,
+        jsonb_build_object(
+            'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
+            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
+            'source', 'webhook-worker',
+            'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'change', ev.change,
+            'reason', ev.reason, 'decided_by', ev.decided_by, 'delivery_id', ev.delivery_id,
+            'at', ev.at),
+        p_event_key => 'endpoint_events:' || ev.id,
+        p_source_ref => 'endpoint_events:' || ev.id,
+        p_priority => 10,
+        p_exclude_webhook_id => ev.webhook_id,
+        p_explicit_only => true);
 END;
 $$;
 
@@ -245,17 +240,16 @@ DECLARE
     v_est_failures double precision;
     v_sleep   integer;
     v_change  text;
-    v_disable_after interval;
+    v_dead_letter_notice integer;
+    setting   record;
 BEGIN
     SELECT * INTO policy FROM webhooks.circuit_policy(p_webhook_id);
     v_window := make_interval(secs => policy.window_seconds);
+    SELECT e.active, c.disable_after, c.dead_letter_alert_threshold INTO setting
+    FROM webhooks.endpoints e CROSS JOIN webhooks.delivery_config c WHERE e.id = p_webhook_id;
 
+    -- every endpoint has this row from its registration on (trigger create_health_row)
     SELECT * INTO h FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO webhooks.webhook_health_metrics (webhook_id) VALUES (p_webhook_id)
-        ON CONFLICT (webhook_id) DO NOTHING;
-        SELECT * INTO h FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
-    END IF;
 
     h.total_attempts := h.total_attempts + p_attempts;
     h.successes := h.successes + p_successes;
@@ -329,7 +323,6 @@ BEGIN
         h.circuit_opened_at := now();
         h.circuit_open_until := now() + make_interval(secs => v_sleep);
         h.circuit_sleep_seconds := v_sleep;
-        h.probes_sent := 0;
         h.probe_successes := 0;
         h.probe_failures := 0;
     END IF;
@@ -337,8 +330,13 @@ BEGIN
     IF p_pause_seconds IS NOT NULL AND p_pause_seconds > 0 THEN
         h.paused_until := greatest(h.paused_until, now() + make_interval(secs => p_pause_seconds));
     END IF;
-    h.health_status := CASE WHEN (SELECT active FROM webhooks.endpoints WHERE id = p_webhook_id)
+    h.health_status := CASE WHEN setting.active
                             THEN webhooks.health_status(h.consecutive_failures) ELSE 'disabled' END;
+    h.dead_letters_since_notice := h.dead_letters_since_notice + coalesce(p_dead_letters, 0);
+    IF h.dead_letters_since_notice >= setting.dead_letter_alert_threshold THEN
+        v_dead_letter_notice := h.dead_letters_since_notice;
+        h.dead_letters_since_notice := 0;
+    END IF;
 
     UPDATE webhooks.webhook_health_metrics SET
         total_attempts = h.total_attempts, successes = h.successes, failures = h.failures,
@@ -347,12 +345,12 @@ BEGIN
         last_http_status = h.last_http_status, last_failure_category = h.last_failure_category,
         health_status = h.health_status, circuit_state = h.circuit_state,
         circuit_opened_at = h.circuit_opened_at, circuit_open_until = h.circuit_open_until,
-        circuit_sleep_seconds = h.circuit_sleep_seconds, probes_sent = h.probes_sent,
-        probe_successes = h.probe_successes, probe_failures = h.probe_failures,
+        circuit_sleep_seconds = h.circuit_sleep_seconds, probe_successes = h.probe_successes, probe_failures = h.probe_failures,
         window_started_at = h.window_started_at, window_attempts = h.window_attempts,
         window_failures = h.window_failures, previous_attempts = h.previous_attempts,
         previous_failures = h.previous_failures, paused_until = h.paused_until,
-        failing_since = h.failing_since, updated_at = now()
+        failing_since = h.failing_since, dead_letters_since_notice = h.dead_letters_since_notice,
+        updated_at = now()
     WHERE webhook_id = p_webhook_id;
 
     IF v_change IS NOT NULL THEN
@@ -361,22 +359,16 @@ BEGIN
             'circuit breaker', p_last_delivery_id, p_last_attempt);
     END IF;
 
-    h.dead_letters_since_notice := h.dead_letters_since_notice + coalesce(p_dead_letters, 0);
-    IF h.dead_letters_since_notice >= (SELECT dead_letter_alert_threshold FROM webhooks.delivery_config) THEN
+    IF v_dead_letter_notice IS NOT NULL THEN
         v_change := concat_ws('; ', v_change, webhooks.record_endpoint_event(
-            p_webhook_id, 'dead_letters', h.dead_letters_since_notice || ' new dead letters',
+            p_webhook_id, 'dead_letters', v_dead_letter_notice || ' new dead letters',
             p_decided_by, p_last_delivery_id, p_last_attempt));
-        h.dead_letters_since_notice := 0;
     END IF;
-    UPDATE webhooks.webhook_health_metrics SET dead_letters_since_notice = h.dead_letters_since_notice
-    WHERE webhook_id = p_webhook_id;
-
-    SELECT c.disable_after INTO v_disable_after FROM webhooks.delivery_config c;
     IF p_gone_delivery_id IS NOT NULL THEN
         v_change := concat_ws('; ', v_change, webhooks.disable_endpoint(
             p_webhook_id, 'HTTP 410 Gone on delivery ' || p_gone_delivery_id, p_decided_by,
             p_gone_delivery_id, NULL));
-    ELSIF h.failing_since IS NOT NULL AND h.failing_since < now() - v_disable_after THEN
+    ELSIF h.failing_since IS NOT NULL AND h.failing_since < now() - setting.disable_after THEN
         v_change := concat_ws('; ', v_change, webhooks.disable_endpoint(
             p_webhook_id, 'no successful delivery since ' || h.failing_since, p_decided_by,
             p_last_delivery_id, p_last_attempt));

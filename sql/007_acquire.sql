@@ -15,7 +15,7 @@
 --    limited endpoint are not touched: they wait in the table.
 -- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
 --    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
---    rate tokens and probe counts are debited.
+--    rate tokens are debited, and an open circuit whose sleep is over becomes half-open.
 
 CREATE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE sql
@@ -160,7 +160,7 @@ BEGIN
     ), clock AS (
         SELECT clock_timestamp() AS now_exact
     ), limits AS (
-        SELECT h.webhook_id, h.circuit_state, h.probes_sent,
+        SELECT h.webhook_id, h.circuit_state,
                h.probe_successes + h.probe_failures AS probe_results,
                coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
                coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
@@ -234,9 +234,6 @@ BEGIN
         SET rate_tokens = CASE WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
             rate_refilled_at = CASE WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
             circuit_state = CASE WHEN h.circuit_state = 'open' THEN 'half_open' ELSE h.circuit_state END,
-            probes_sent = CASE h.circuit_state WHEN 'open' THEN n.claimed
-                                               WHEN 'half_open' THEN h.probes_sent + n.claimed
-                                               ELSE h.probes_sent END,
             probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
             probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
             updated_at = now()

@@ -24,7 +24,10 @@ CREATE FUNCTION webhooks.publish(
     p_payload    jsonb,
     p_event_key  text DEFAULT NULL,
     p_source_ref text DEFAULT NULL,
-    p_priority   integer DEFAULT 0
+    p_priority   integer DEFAULT 0,
+    -- for operational events: never to this endpoint, and only to explicit subscribers ('*' is not)
+    p_exclude_webhook_id bigint  DEFAULT NULL,
+    p_explicit_only      boolean DEFAULT false
 ) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
@@ -39,7 +42,9 @@ BEGIN
         (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, priority)
     SELECT e.id, v_event_id, v_event_id, p_event_type, p_payload, p_source_ref, p_priority
     FROM webhooks.endpoints e
-    WHERE e.active AND webhooks.subscribes(e.event_types, p_event_type)
+    WHERE e.active AND e.id IS DISTINCT FROM p_exclude_webhook_id
+      AND webhooks.subscribes(CASE WHEN p_explicit_only THEN array_remove(e.event_types, '*')
+                                   ELSE e.event_types END, p_event_type)
     ORDER BY e.id
     ON CONFLICT (webhook_id, idempotency_key) DO NOTHING;
     GET DIAGNOSTICS v_queued = ROW_COUNT;

@@ -109,20 +109,32 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
 
 
 def _claimed(row: dict[str, Any]) -> Claimed:
+    """A claimed row; if its endpoint's settings cannot be read, a row carrying the problem instead
+    (it then fails alone as `internal`, without a request)."""
+    identity = {
+        name: row[name]
+        for name in ("delivery_id", "webhook_id", "event_id", "idempotency_key", "event_type", "attempt",
+                     "max_attempts", "lease_token", "locked_until")
+    }
     try:
-        return _parse_claimed(row)
+        return Claimed(
+            **identity,
+            body=row["payload"].encode(),
+            url=row["endpoint_url"],
+            signing_secrets=active_secrets(row["signing_secrets"]),
+            headers={str(k): str(v) for k, v in row["headers"].items()},
+            timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
+            schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
+            traceparent=row["traceparent"],
+            body_format=row["body_format"],
+            secret_settings=dict(row["secret_settings"] or {}),
+            created_at=row["created_at"],
+            retry_policy=RetryPolicy.from_json(row["retry_policy"]),
+        )
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return Claimed(
-            delivery_id=row["delivery_id"],
-            webhook_id=row["webhook_id"],
-            event_id=row["event_id"],
-            idempotency_key=row["idempotency_key"],
-            event_type=row["event_type"],
+            **identity,
             body=b"",
-            attempt=row["attempt"],
-            max_attempts=row["max_attempts"],
-            lease_token=row["lease_token"],
-            locked_until=row["locked_until"],
             url="",
             signing_secrets=(),
             headers={},
@@ -130,31 +142,6 @@ def _claimed(row: dict[str, Any]) -> Claimed:
             schedule=RetrySchedule(),
             problem=f"unusable endpoint settings: {type(exc).__name__}: {exc}"[:300],
         )
-
-
-def _parse_claimed(row: dict[str, Any]) -> Claimed:
-    return Claimed(
-        delivery_id=row["delivery_id"],
-        webhook_id=row["webhook_id"],
-        event_id=row["event_id"],
-        idempotency_key=row["idempotency_key"],
-        event_type=row["event_type"],
-        body=row["payload"].encode(),
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        lease_token=row["lease_token"],
-        locked_until=row["locked_until"],
-        url=row["endpoint_url"],
-        signing_secrets=active_secrets(row["signing_secrets"]),
-        headers={str(k): str(v) for k, v in row["headers"].items()},
-        timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
-        schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
-        traceparent=row["traceparent"],
-        body_format=row["body_format"],
-        secret_settings=dict(row["secret_settings"] or {}),
-        created_at=row["created_at"],
-        retry_policy=RetryPolicy.from_json(row["retry_policy"]),
-    )
 
 
 class Queue:
