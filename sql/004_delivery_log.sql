@@ -31,6 +31,10 @@ CREATE INDEX alert_delivery_log_delivery ON webhooks.alert_delivery_log (deliver
 
 -- Creates the daily partitions from today up to `days_ahead` days ahead; idempotent. A day whose
 -- rows already landed in the default partition is skipped (they stay readable there).
+-- One creator at a time: every worker calls this, and when the day rolls over they all try to add
+-- the same partition. Two creators would each read the default partition, then want it (and the
+-- parent) exclusively: a lock-upgrade deadlock. A caller that finds another one busy returns 0;
+-- its next round checks again.
 CREATE FUNCTION webhooks.ensure_log_partitions(days_ahead integer DEFAULT 7) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -38,6 +42,9 @@ DECLARE
     part text;
     created integer := 0;
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.ensure_log_partitions')) THEN
+        RETURN 0;
+    END IF;
     FOR day IN
         SELECT d::date FROM generate_series(current_date, current_date + days_ahead, '1 day') d
     LOOP

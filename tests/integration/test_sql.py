@@ -270,3 +270,16 @@ def test_endpoints_at_their_cap_do_not_crowd_out_one_with_room(db):
     # make way, so the endpoint with room is served by the second claim at the latest.
     claimed = acquire(db, "w", batch=2) + acquire(db, "w", batch=2)
     assert [row(db, c[0], "webhook_id")[0] for c in claimed] == [roomy]
+
+
+def test_concurrent_partition_makers_never_wait_on_each_other(db):
+    # Every worker's housekeeping keeps log partitions ahead; when the day rolls over they all
+    # try to create the new one. A second creator used to take a lock on the default partition
+    # and then wait for the parent: a lock-upgrade deadlock with the first. Now it steps aside.
+    with psycopg.connect(db) as first:
+        assert first.execute("SELECT webhooks.ensure_log_partitions(20)").fetchone()[0] > 0  # uncommitted
+        with psycopg.connect(db, autocommit=True) as second:
+            second.execute("SET lock_timeout = '2s'")
+            assert second.execute("SELECT webhooks.ensure_log_partitions(21)").fetchone() == (0,)
+        first.commit()
+    assert query(db, "SELECT webhooks.ensure_log_partitions(21)") == [(1,)]
