@@ -86,8 +86,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start `webhook-worker` processes; any still running at the end are killed."""
     started: list[WorkerProcess] = []
 
-    def start(dsn: str, name: str | None = None, **sections: dict[str, Any]) -> WorkerProcess:
-        process = WorkerProcess(dsn, tmp_path, name or f"worker-{len(started) + 1}", **sections)
+    def start(dsn: str, name: str | None = None, **options: Any) -> WorkerProcess:
+        process = WorkerProcess(dsn, tmp_path, name or f"worker-{len(started) + 1}", **options)
         started.append(process)
         return process
 

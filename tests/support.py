@@ -14,13 +14,49 @@ from typing import Any, TypeVar
 
 import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worker import signing
 from worker.delivery import display_url
+from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.queue import EndpointSpec, register_endpoint
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
+# The suite's encryption key: every endpoint it registers is sealed with it, every worker holds it.
+TEST_KEYS = generate_key()
+TEST_KEYRING = Keyring.parse(TEST_KEYS, KEYS_ENV)
+# Test receivers listen on loopback, which workers refuse unless it is allowed explicitly.
+LOOPBACK = ["127.0.0.1/32", "::1/128"]
+WORKER_LOGIN = "webhooks_test_worker"
+PRODUCER_LOGIN = "webhooks_test_producer"
+READER_LOGIN = "webhooks_test_reader"
+LOGIN_PASSWORD = "test-only-password"
+
+
+def login_dsn(dsn: str, login: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params.update(user=login, password=LOGIN_PASSWORD)
+    return make_conninfo(**params)
+
+
+def login_as(dsn: str, login: str, group: str) -> str:
+    """The DSN of a login role that is a member of `group` only (created in the cluster if missing)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "DO $$ BEGIN"
+            f" IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{login}') THEN"
+            f"   CREATE ROLE {login} LOGIN PASSWORD '{LOGIN_PASSWORD}';"
+            " END IF;"
+            " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;"
+            " END $$"
+        )
+        conn.execute(f"GRANT {group} TO {login}")
+    return login_dsn(dsn, login)
+
+
+def worker_dsn(dsn: str) -> str:
+    return login_as(dsn, WORKER_LOGIN, "webhooks_worker")
 
 
 def eventually(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05,
@@ -42,7 +78,7 @@ def add_endpoint(dsn: str, url: str, name: str | None = None, **overrides: Any) 
             name=name or f"ep-{time.monotonic_ns()}", url=url, url_display=display_url(url),
             signing_secrets=(overrides.pop("secret", None) or signing.generate_secret(),),
             **overrides,
-        ))
+        ), TEST_KEYRING)
 
 
 def enqueue(dsn: str, webhook_id: int, payload: dict[str, Any] | None = None,
@@ -78,12 +114,15 @@ def all_final(dsn: str, ids: list[int]) -> bool:
 class WorkerProcess:
     """`python -m worker --config FILE` as a subprocess, as it runs in production."""
 
-    def __init__(self, dsn: str, workdir: Path, name: str, **sections: dict[str, Any]) -> None:
+    def __init__(self, dsn: str, workdir: Path, name: str, as_role: bool = True, keys: str = TEST_KEYS,
+                 **sections: dict[str, Any]) -> None:
+        """With as_role, the worker logs in as a member of webhooks_worker only, as in production."""
         config: dict[str, Any] = {
-            "database": {"url": dsn},
+            "database": {"url": worker_dsn(dsn) if as_role else dsn},
             "worker": {"id": name, "poll_interval_seconds": 0.1},
             "logging": {"level": "info", "format": "json"},
             "http": {"host": "127.0.0.1", "port": 0, "stats_interval_seconds": 0.2},
+            "security": {"allow_networks": LOOPBACK},
         }
         for section, values in sections.items():
             config.setdefault(section, {}).update(values)
@@ -93,6 +132,8 @@ class WorkerProcess:
         self.name = name
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
         env.pop("DATABASE_URL", None)
+        if keys:
+            env[KEYS_ENV] = keys
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "worker", "--config", str(self.config_path)],

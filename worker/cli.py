@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import signal
+import socket
 import sys
 import time
 import urllib.request
@@ -21,6 +23,8 @@ from worker import __version__, schema, signing
 from worker import queue as db
 from worker.config import Config, ConfigError, load_config
 from worker.delivery import RESERVED_HEADERS, display_url
+from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
+from worker.encryption import Keyring, generate_key, load_keyring
 from worker.observability import configure_logging
 from worker.policy import RetrySchedule
 from worker.queue import (
@@ -125,19 +129,37 @@ def _schedule(delays: str) -> dict[str, Any]:
     return schedule
 
 
-MAX_URL_LENGTH = 2048
+def _keyring(config: Config) -> Keyring:
+    return load_keyring(config.security.encryption_keys_file, os.environ)
 
 
-def _check_url(url: str) -> None:
-    if len(url) > MAX_URL_LENGTH:
-        raise UsageError(f"--url: longer than {MAX_URL_LENGTH} characters")
+def destination_policy(config: Config) -> DestinationPolicy:
+    security = config.security
+    return DestinationPolicy.from_settings(
+        security.block_private_networks, security.allow_networks, security.require_https
+    )
+
+
+def _check_url(url: str, config: Config) -> None:
+    """Refuse a URL the workers would refuse: its form, an IP literal, or a name that resolves only
+    to refused addresses now. Workers check again at every connection (the name may change)."""
+    policy = destination_policy(config)
+    problem = url_problem(url, policy)
+    if problem is not None:
+        raise UsageError(f"--url: {problem}")
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ip_literal(host) is not None:
+        return
     try:
-        parts = urlsplit(url)
-        host = parts.hostname
-    except ValueError:
-        raise UsageError("--url: not a valid URL") from None
-    if parts.scheme not in ("http", "https") or not host:
-        raise UsageError("--url: expected an http:// or https:// URL with a host")
+        infos = socket.getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
+    except OSError:
+        print(f"warning: {host} does not resolve now; deliveries fail as `dns` until it does",
+              file=sys.stderr)
+        return
+    reasons = [address_blocked(str(info[4][0]), policy) for info in infos]
+    if all(reasons):
+        raise UsageError(f"--url: {host} resolves to a refused address: {reasons[0]}")
 
 
 def _check_endpoint_options(args: argparse.Namespace, require_name: bool = True) -> None:
@@ -162,7 +184,8 @@ def _check_endpoint_options(args: argparse.Namespace, require_name: bool = True)
 
 def cmd_endpoints_add(args: argparse.Namespace) -> int:
     config = _config(args)
-    _check_url(args.url)
+    keyring = _keyring(config)
+    _check_url(args.url, config)
     _check_endpoint_options(args)
     secret = args.secret or signing.generate_secret()
     _check_secret(secret)
@@ -188,13 +211,13 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         raise UsageError("--routing-key: required with --format pagerduty")
     with psycopg.connect(config.database.url, autocommit=True) as conn:
         try:
-            endpoint_id = register_endpoint(conn, spec)
+            endpoint_id = register_endpoint(conn, spec, keyring)
         except psycopg.errors.UniqueViolation:
             raise UsageError(f"--name {args.name!r}: an endpoint with this name exists") from None
         except psycopg.errors.CheckViolation as exc:
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
         if args.ttl_seconds:
-            db.update_endpoint(conn, endpoint_id, {"delivery_ttl": f"{args.ttl_seconds} seconds"})
+            db.update_endpoint(conn, endpoint_id, {"delivery_ttl": f"{args.ttl_seconds} seconds"}, keyring)
         if args.verify:
             problem = verify_endpoint(args.url, secret, timeout=10.0)
             if problem:
@@ -292,9 +315,11 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints_update(args: argparse.Namespace) -> int:
+    config = _config(args)
+    keyring = _keyring(config)
     changes: dict[str, Any] = {}
     if args.url is not None:
-        _check_url(args.url)
+        _check_url(args.url, config)
         changes["url"] = args.url
         changes["url_display"] = display_url(args.url)
     _check_endpoint_options(args, require_name=False)
@@ -314,12 +339,13 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
         raise UsageError("nothing to change: give at least one option")
     with _connect(args) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
-        db.update_endpoint(conn, endpoint_id, changes)
+        db.update_endpoint(conn, endpoint_id, changes, keyring)
     print(f"endpoint {endpoint_id} updated: {', '.join(sorted(k for k in changes if k != 'url_display'))}")
     return 0
 
 
 def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
+    keyring = _keyring(_config(args))
     secret = args.secret or signing.generate_secret()
     _check_secret(secret)
     expire_at = None
@@ -327,7 +353,7 @@ def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
         expire_at = datetime.now(UTC) + timedelta(hours=args.expire_old_after)
     with _connect(args) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
-        active = db.rotate_secret(conn, endpoint_id, secret, expire_at)
+        active = db.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
     if args.json:
         print(json.dumps({"id": endpoint_id, "signing_secret": secret, "secrets": active,
                           "old_expire_at": expire_at}, default=str))
@@ -468,6 +494,47 @@ def cmd_purge(args: argparse.Namespace) -> int:
         webhook_id = _endpoint_id(conn, args.endpoint) if args.endpoint else None
         done = db.purge(conn, args.dead_letters_older_than, webhook_id)
     _emit(args, done)
+    return 0
+
+
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    print(generate_key())
+    return 0
+
+
+def cmd_keys_status(args: argparse.Namespace) -> int:
+    config = _config(args)
+    keyring = _keyring(config)
+    with _connect(args) as conn:
+        in_use = db.credential_keys(conn)
+    missing = sorted(k for k in in_use if k != "plaintext" and k not in keyring.key_ids)
+    report = {"primary_key": keyring.primary_id, "held_keys": list(keyring.key_ids),
+              "credentials_by_key": in_use, "missing_keys": missing}
+    _emit(args, report)
+    if missing:
+        print(f"webhook-worker: credentials sealed with {', '.join(missing)} cannot be opened with "
+              "these keys", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    config = _config(args)
+    keyring = _keyring(config)
+    with _connect(args) as conn:
+        missing = sorted(k for k in db.credential_keys(conn) if k != "plaintext" and k not in keyring.key_ids)
+        if missing:
+            raise UsageError(
+                f"credentials are sealed with {', '.join(missing)}, which these keys do not include: "
+                "list the new key first and every old key after it")
+        changed = db.reseal_credentials(conn, keyring)
+        in_use = db.credential_keys(conn)
+    if args.json:
+        print(json.dumps({"primary_key": keyring.primary_id, "endpoints_changed": changed,
+                          "credentials_by_key": in_use}))
+    else:
+        print(f"{changed} endpoints re-sealed; every credential is now sealed with key {keyring.primary_id}")
+        print("once every worker runs with the new key first, the old keys can be removed")
     return 0
 
 
@@ -645,6 +712,25 @@ def build_parser() -> argparse.ArgumentParser:
                               help="e.g. '30 days'; dead letters are otherwise kept until replayed")
     purge_parser.add_argument("--endpoint", help="only this endpoint's dead letters")
     purge_parser.add_argument("--json", action="store_true", help="print JSON")
+
+    keys = commands.add_parser(
+        "keys", help="the encryption keys that seal endpoint credentials",
+        description="The encryption keys that seal endpoint URLs and secrets in the database. Keys come "
+        "from WEBHOOK_WORKER_ENCRYPTION_KEYS or security.encryption_keys_file: the first seals, all open.")
+
+    def keys_help(_args: argparse.Namespace) -> int:
+        keys.print_help()
+        return EXIT_USAGE
+
+    keys.set_defaults(handler=keys_help)
+    key_commands = keys.add_subparsers(title="commands", metavar="COMMAND")
+    command(key_commands, "generate", cmd_keys_generate, "print a new random key (32 bytes, base64)")
+    key_status = command(key_commands, "status", cmd_keys_status,
+                         "which keys sealed the stored credentials, and whether these keys open them all")
+    key_status.add_argument("--json", action="store_true", help="print JSON")
+    key_rotate = command(key_commands, "rotate", cmd_keys_rotate,
+                         "re-seal every stored credential with the first key (workers keep running)")
+    key_rotate.add_argument("--json", action="store_true", help="print JSON")
 
     demo = commands.add_parser(
         "demo", help="deliver sample alerts end to end on a local PostgreSQL and receiver",

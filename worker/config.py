@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -72,6 +73,30 @@ class HttpConfig(_Section):
     stats_interval_seconds: float = Field(default=15.0, gt=0)
 
 
+class SecurityConfig(_Section):
+    """Credentials at rest, where deliveries may go, and how much a receiver may send back."""
+
+    # A mounted file (a Kubernetes Secret) of keys, one per line, the first sealing new values.
+    # WEBHOOK_WORKER_ENCRYPTION_KEYS, when set, takes precedence.
+    encryption_keys_file: str | None = None
+    # Destinations resolving to loopback, private, link-local, CGNAT, multicast or reserved addresses
+    # are refused unless listed here (CIDRs, e.g. "10.20.0.0/16" for an internal receiver).
+    allow_networks: list[str] = Field(default_factory=list)
+    block_private_networks: bool = True
+    require_https: bool = False
+    max_response_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_response_header_bytes: int = Field(default=8 * 1024, ge=1024, le=64 * 1024)
+
+    @model_validator(mode="after")
+    def _networks_parse(self) -> SecurityConfig:
+        for entry in self.allow_networks:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"allow_networks: {entry!r} is not a CIDR such as 10.0.0.0/8") from None
+        return self
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -82,6 +107,7 @@ class Config(_Section):
     worker: WorkerConfig = WorkerConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     http: HttpConfig = HttpConfig()
+    security: SecurityConfig = SecurityConfig()
     logging: LoggingConfig = LoggingConfig()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from psycopg_pool import PoolTimeout
 from worker import formats, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
 from worker.delivery import Sender, Sent, display_url
+from worker.destinations import DestinationPolicy
+from worker.encryption import KEYS_ENV, load_keyring
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome, classify, retry_delay
 from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue
@@ -145,6 +148,7 @@ class Worker:
             if settings is None:
                 return
             self.effective = Effective.resolve(self.config, settings)
+            await self._check_keys()
             self.log.info(
                 "worker started",
                 concurrency=self.config.worker.concurrency,
@@ -170,6 +174,25 @@ class Worker:
             await self.queue.close()
             await self._probes.stop()
             self.log.info("worker stopped")
+
+    async def _check_keys(self) -> None:
+        """Refuse to start without the keys that opened the stored credentials: one clear line,
+        rather than every delivery failing."""
+        try:
+            in_use = await self.queue.credential_keys()
+        except DATABASE_ERRORS as exc:
+            self.log.warning("could not check the encryption keys", error=_brief(exc))
+            return
+        held = self.queue.keyring.key_ids
+        missing = sorted(k for k in in_use if k != "plaintext" and k not in held)
+        if missing:
+            raise ConfigError(
+                f"{KEYS_ENV}: stored credentials are sealed with key(s) {', '.join(missing)}, which this "
+                f"worker does not hold (it holds {', '.join(held)}); check the key it was given"
+            )
+        if in_use.get("plaintext"):
+            self.log.warning("credentials stored unsealed; run `webhook-worker keys rotate`",
+                             credentials=in_use["plaintext"])
 
     async def _startup_settings(self) -> DeliverySettings | None:
         """Read webhooks.delivery_config, waiting for the database as long as it takes."""
@@ -558,16 +581,27 @@ def _brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
+def sender_for(config: Config) -> Sender:
+    security = config.security
+    policy = DestinationPolicy.from_settings(
+        security.block_private_networks, security.allow_networks, security.require_https
+    )
+    return Sender(config.worker.concurrency, policy, security.max_response_bytes,
+                  security.max_response_header_bytes)
+
+
 async def serve(config: Config) -> None:
     """Run one worker process until SIGTERM or SIGINT."""
+    keyring = load_keyring(config.security.encryption_keys_file, os.environ)
     queue = Queue.create(
         config.database.url,
         config.database.pool_min_size,
         config.database.pool_max_size,
         config.database.connect_timeout_seconds,
         config.worker.id,
+        keyring,
     )
-    worker = Worker(config, queue, Sender(config.worker.concurrency))
+    worker = Worker(config, queue, sender_for(config))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.stop)

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohappyeyeballs import AddrInfoType
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from worker import __version__, signing
+from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
 from worker.policy import AttemptResult, Category
 from worker.queue import Claimed
 
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
-# Read at most this much of a response so a keep-alive connection can be reused; a larger body
-# is cut off and its connection closed instead.
-DRAIN_BYTES = 64 * 1024
+MAX_RESPONSE_HEADERS = 100
 # Headers the product sets; an endpoint's custom headers cannot replace them.
 RESERVED_HEADERS = frozenset(
     {
@@ -73,6 +76,9 @@ def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]
 
 def transport_failure(exc: BaseException) -> tuple[Category, str]:
     """Which failure category a transport exception belongs to, and a message safe to log."""
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    if isinstance(cause, BlockedDestination):
+        return Category.BLOCKED, str(cause)
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return Category.TIMEOUT, "request timed out"
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
@@ -95,17 +101,71 @@ def transport_failure(exc: BaseException) -> tuple[Category, str]:
     return Category.INTERNAL, type(exc).__name__
 
 
+class CheckedResolver(AbstractResolver):
+    """Resolves through another resolver and drops the addresses the policy refuses, so a name that
+    only leads to refused addresses fails with the reason instead of a connection."""
+
+    def __init__(self, inner: AbstractResolver, policy: DestinationPolicy) -> None:
+        self._inner = inner
+        self._policy = policy
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        allowed = [r for r in results if address_blocked(r["host"], self._policy) is None]
+        if not allowed and results:
+            raise BlockedDestination(address_blocked(results[0]["host"], self._policy))
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def checked_socket_factory(policy: DestinationPolicy) -> Callable[[AddrInfoType], socket.socket]:
+    """A socket factory that checks the exact address about to be connected to. aiohttp skips the
+    resolver for IP literals, so this is the check no URL form can go around."""
+
+    def make(addr_info: AddrInfoType) -> socket.socket:
+        family, type_, proto, _, sockaddr = addr_info
+        reason = address_blocked(str(sockaddr[0]), policy)
+        if reason is not None:
+            raise BlockedDestination(reason)
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return make
+
+
 class Sender:
     """Owns the HTTP session; every attempt goes through send()."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        policy: DestinationPolicy | None = None,
+        max_response_bytes: int = 64 * 1024,
+        max_header_bytes: int = 8 * 1024,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
         self._concurrency = concurrency
+        self._policy = policy or DestinationPolicy()
+        # Read at most this much of a response; a larger body is cut off and its connection closed.
+        self._max_response_bytes = max_response_bytes
+        self._max_header_bytes = max_header_bytes
+        self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60)
+        resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), self._policy)
+        connector = aiohttp.TCPConnector(
+            limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60, resolver=resolver,
+            socket_factory=checked_socket_factory(self._policy),
+        )
         self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False
+            connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False,
+            # A receiver's status line and each header line; and no more headers than this many.
+            max_line_size=self._max_header_bytes, max_field_size=self._max_header_bytes,
+            max_headers=MAX_RESPONSE_HEADERS,
         )
 
     async def close(self) -> None:
@@ -115,18 +175,23 @@ class Sender:
     async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
         assert self._session is not None, "Sender.start() first"
         started = time.monotonic()
+        problem = url_problem(row.url, self._policy)
+        if problem is not None:
+            return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
         timeout = aiohttp.ClientTimeout(
             total=timeout_seconds, sock_connect=row.retry_policy.connect_timeout_seconds
         )
         try:
-            async with self._session.post(
+            # The whole attempt, body included, within the timeout: a receiver that trickles its
+            # answer a byte at a time cannot hold a request open past it.
+            async with asyncio.timeout(timeout_seconds), self._session.post(
                 row.url,
                 data=body,
                 headers=request_headers(row, int(time.time()), body),
                 timeout=timeout,
                 allow_redirects=False,
             ) as response:
-                excerpt = await _read_excerpt(response)
+                excerpt = await _read_excerpt(response, self._max_response_bytes)
                 result = AttemptResult(
                     status=response.status, retry_after=response.headers.get("Retry-After")
                 )
@@ -136,11 +201,11 @@ class Sender:
         return Sent(result, int((time.monotonic() - started) * 1000), excerpt)
 
 
-async def _read_excerpt(response: aiohttp.ClientResponse) -> str:
+async def _read_excerpt(response: aiohttp.ClientResponse, limit: int) -> str:
     head = await response.content.read(EXCERPT_BYTES)
     drained = len(head)
-    while drained < DRAIN_BYTES:
-        chunk = await response.content.read(DRAIN_BYTES - drained)
+    while drained < limit:
+        chunk = await response.content.read(limit - drained)
         if not chunk:
             break
         drained += len(chunk)

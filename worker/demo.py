@@ -11,9 +11,9 @@ import psycopg
 from aiohttp import web
 
 from worker import schema, signing
-from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, WorkerConfig
-from worker.daemon import Worker
-from worker.delivery import Sender
+from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, SecurityConfig, WorkerConfig
+from worker.daemon import Worker, sender_for
+from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres
 from worker.observability import configure_logging
 from worker.queue import EndpointSpec, Queue, register_endpoint
@@ -66,11 +66,14 @@ async def _demo(url: str, alerts: int) -> int:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     receiver_url = f"http://127.0.0.1:{port}/hooks/demo"
 
+    # The demo's own key unless one is set: the URL and secret are stored sealed with it.
+    keyring = Keyring.parse(os.environ.get(KEYS_ENV) or generate_key(), KEYS_ENV)
     with psycopg.connect(url, autocommit=True) as conn:
         name = f"demo-receiver-{int(time.time())}"
         endpoint_id = register_endpoint(
             conn, EndpointSpec(name=name, url=receiver_url, url_display=f"http://127.0.0.1:{port}",
-                               signing_secrets=(secret,))
+                               signing_secrets=(secret,)),
+            keyring,
         )
         print(f"registered endpoint {endpoint_id} ({name}) → {receiver_url}")
         ids = [
@@ -92,8 +95,10 @@ async def _demo(url: str, alerts: int) -> int:
         worker=WorkerConfig(id="demo-worker", poll_interval_seconds=0.2),
         logging=LoggingConfig(level="warning", format="console"),
         http=HttpConfig(enabled=False),
+        # the receiver is on loopback, which workers refuse unless it is allowed explicitly
+        security=SecurityConfig(allow_networks=["127.0.0.1/32"]),
     )
-    worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker"), Sender(10))
+    worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker", keyring), sender_for(config))
     task = asyncio.create_task(worker.run())
     deadline = time.monotonic() + 60
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as aconn:

@@ -61,6 +61,9 @@ class Decision:
 
 def classify(result: AttemptResult, now: datetime | None = None) -> Decision:
     """Map an attempt to delivered, retry, deferred or dead letter (../shared/DESIGN.md, pinned)."""
+    if result.failure is Category.BLOCKED:
+        # A refused destination stays refused: retrying cannot help, and the receiver never saw it.
+        return Decision(Outcome.DEAD_LETTER, Category.BLOCKED, reason=result.error or "destination refused")
     if result.status is None:
         return Decision(Outcome.RETRY, result.failure or Category.INTERNAL)
     status = result.status

@@ -14,10 +14,13 @@ import psycopg.sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from worker import encryption
+from worker.encryption import DecryptionError, Keyring
 from worker.policy import RetryPolicy, RetrySchedule
 
 APPLICATION_NAME = "webhook-worker"
 NOTIFY_CHANNEL = "webhooks_queue"
+RECONNECT_GIVE_UP_SECONDS = 8.0
 # Detect a silently dropped connection (no RST) within about a minute.
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
@@ -108,7 +111,7 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
     return tuple(result)
 
 
-def _claimed(row: dict[str, Any]) -> Claimed:
+def _claimed(row: dict[str, Any], keyring: Keyring) -> Claimed:
     """A claimed row; if its endpoint's settings cannot be read, a row carrying the problem instead
     (it then fails alone as `internal`, without a request)."""
     identity = {
@@ -120,40 +123,44 @@ def _claimed(row: dict[str, Any]) -> Claimed:
         return Claimed(
             **identity,
             body=row["payload"].encode(),
-            url=row["endpoint_url"],
-            signing_secrets=active_secrets(row["signing_secrets"]),
+            url=keyring.open(row["endpoint_url"], encryption.URL),
+            signing_secrets=tuple(
+                keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(row["signing_secrets"])
+            ),
             headers={str(k): str(v) for k, v in row["headers"].items()},
             timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
             schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
             traceparent=row["traceparent"],
             body_format=row["body_format"],
-            secret_settings=dict(row["secret_settings"] or {}),
+            secret_settings=keyring.open_settings(row["secret_settings"] or {}),
             created_at=row["created_at"],
             retry_policy=RetryPolicy.from_json(row["retry_policy"]),
         )
+    except DecryptionError as exc:
+        return _unusable(identity, f"endpoint credentials cannot be decrypted: {exc}")
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        return Claimed(
-            **identity,
-            body=b"",
-            url="",
-            signing_secrets=(),
-            headers={},
-            timeout_seconds=None,
-            schedule=RetrySchedule(),
-            problem=f"unusable endpoint settings: {type(exc).__name__}: {exc}"[:300],
-        )
+        return _unusable(identity, f"unusable endpoint settings: {type(exc).__name__}: {exc}")
+
+
+def _unusable(identity: dict[str, Any], problem: str) -> Claimed:
+    return Claimed(
+        **identity, body=b"", url="", signing_secrets=(), headers={}, timeout_seconds=None,
+        schedule=RetrySchedule(), problem=problem[:300],
+    )
 
 
 class Queue:
     """The worker's handle on the queue: a small pool, and one method per SQL function it calls."""
 
-    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any]) -> None:
+    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any], keyring: Keyring) -> None:
         self.pool = pool
         self._listen_kwargs = listen_kwargs
+        self.keyring = keyring
 
     @classmethod
     def create(
-        cls, conninfo: str, min_size: int, max_size: int, connect_timeout: float, worker_id: str
+        cls, conninfo: str, min_size: int, max_size: int, connect_timeout: float, worker_id: str,
+        keyring: Keyring,
     ) -> Queue:
         kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -167,6 +174,10 @@ class Queue:
             max_size=max_size,
             open=False,
             timeout=connect_timeout,
+            # psycopg-pool doubles its wait between reconnection attempts without a cap; giving up
+            # after a few seconds starts a fresh attempt (1 s apart again) on the next request, so a
+            # database that comes back after a long outage is found within seconds, not minutes.
+            reconnect_timeout=RECONNECT_GIVE_UP_SECONDS,
             name="webhook-worker",
             kwargs=kwargs,
         )
@@ -175,7 +186,7 @@ class Queue:
             "conninfo": conninfo,
             "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63],
         }
-        return cls(pool, listen_kwargs)
+        return cls(pool, listen_kwargs, keyring)
 
     async def open(self) -> None:
         # wait=False: the pool keeps trying in the background while the database is unreachable.
@@ -186,10 +197,7 @@ class Queue:
 
     async def settings(self) -> DeliverySettings:
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT max_attempts, timeout_ms, lease_seconds, claim_batch_size,"
-                " finish_batch_size, notify_enabled FROM webhooks.delivery_config"
-            )
+            cur = await conn.execute("SELECT * FROM webhooks.worker_settings()")
             row = await cur.fetchone()
         if row is None:
             raise RuntimeError("webhooks.delivery_config has no row: run `webhook-worker migrate`")
@@ -209,9 +217,15 @@ class Queue:
 
     async def schema_version(self, wait_seconds: float) -> int | None:
         async with self.pool.connection(timeout=wait_seconds) as conn:
-            cur = await conn.execute("SELECT max(version) FROM webhooks.schema_migrations")
+            cur = await conn.execute("SELECT webhooks.schema_version()")
             row = await cur.fetchone()
         return None if row is None else row[0]
+
+    async def credential_keys(self) -> dict[str, int]:
+        """How many stored credentials each key id sealed ('plaintext': not sealed yet)."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT key_id, credentials FROM webhooks.credential_keys()")
+            return {str(k): int(n) for k, n in await cur.fetchall()}
 
     async def queue_stats(self, endpoint_limit: int, interval_seconds: float) -> dict[str, Any] | None:
         """Queue statistics, or None when another worker sampled them within the interval."""
@@ -236,7 +250,7 @@ class Queue:
             await cur.execute(
                 "SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker_id, batch_size, lease_seconds)
             )
-            return [_claimed(row) for row in await cur.fetchall()]
+            return [_claimed(row, self.keyring) for row in await cur.fetchall()]
 
     async def finish(self, worker_id: str, outcomes: Sequence[Finished]) -> list[FinishResult]:
         payload = json.dumps([o.as_json() for o in outcomes])
@@ -294,14 +308,18 @@ class EndpointSpec:
     active: bool = True
 
 
-def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
+def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Keyring) -> int:
+    """Store an endpoint; its URL, signing secrets and secret settings are sealed before they leave."""
     row = conn.execute(
         "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             spec.name,
-            spec.url,
+            keyring.seal(spec.url, encryption.URL),
             spec.url_display,
-            json.dumps([{"secret": s, "expires_at": None} for s in spec.signing_secrets]),
+            json.dumps([
+                {"secret": keyring.seal(s, encryption.SIGNING_SECRET), "expires_at": None}
+                for s in spec.signing_secrets
+            ]),
             list(spec.event_types),
             json.dumps(spec.headers),
             spec.max_attempts,
@@ -312,7 +330,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec) -> int:
             spec.max_in_flight,
             json.dumps(spec.circuit_policy),
             spec.body_format,
-            json.dumps(spec.secret_settings),
+            json.dumps(keyring.seal_settings(spec.secret_settings)),
             spec.active,
         ),
     ).fetchone()
@@ -376,17 +394,59 @@ def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
     return summary
 
 
-def update_endpoint(conn: psycopg.Connection, endpoint_id: int, changes: dict[str, Any]) -> None:
+def update_endpoint(
+    conn: psycopg.Connection, endpoint_id: int, changes: dict[str, Any], keyring: Keyring
+) -> None:
+    changes = dict(changes)
+    if changes.get("url") is not None:
+        changes["url"] = keyring.seal(changes["url"], encryption.URL)
+    if changes.get("secret_settings") is not None:
+        changes["secret_settings"] = keyring.seal_settings(changes["secret_settings"])
     conn.execute("SELECT webhooks.update_endpoint(%s, %s)", (endpoint_id, json.dumps(changes)))
 
 
 def rotate_secret(
-    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None
+    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None, keyring: Keyring
 ) -> int:
     row = conn.execute(
-        "SELECT webhooks.rotate_secret(%s, %s, %s)", (endpoint_id, secret, old_expire_at)
+        "SELECT webhooks.rotate_secret(%s, %s, %s)",
+        (endpoint_id, keyring.seal(secret, encryption.SIGNING_SECRET), old_expire_at),
     ).fetchone()
     return 0 if row is None else int(row[0])
+
+
+def credential_keys(conn: psycopg.Connection) -> dict[str, int]:
+    return {str(k): int(n) for k, n in conn.execute("SELECT * FROM webhooks.credential_keys()").fetchall()}
+
+
+def reseal_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 100) -> int:
+    """Re-seal every endpoint's credentials under the keyring's primary key (and seal any stored in
+    plaintext), one committed batch of endpoints at a time; returns how many endpoints changed."""
+    changed, after = 0, 0
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT * FROM webhooks.endpoint_credentials(%s, %s)", (after, batch_size)
+            ).fetchall()
+            for endpoint_id, url, stored_secrets, settings in rows:
+                new_url = keyring.reseal(url, encryption.URL)
+                new_secrets = [
+                    {**entry, "secret": keyring.reseal(entry["secret"], encryption.SIGNING_SECRET)}
+                    for entry in stored_secrets
+                ]
+                new_settings = {
+                    name: keyring.reseal(str(value), encryption.setting(name))
+                    for name, value in settings.items()
+                }
+                if (new_url, new_secrets, new_settings) != (url, stored_secrets, settings):
+                    conn.execute(
+                        "SELECT webhooks.store_endpoint_credentials(%s, %s, %s, %s)",
+                        (endpoint_id, new_url, json.dumps(new_secrets), json.dumps(new_settings)),
+                    )
+                    changed += 1
+        if len(rows) < batch_size:
+            return changed
+        after = rows[-1][0]
 
 
 def enqueue_one(

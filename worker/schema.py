@@ -14,7 +14,7 @@ import psycopg
 MIGRATION_LOCK_KEY = 0x5745_4248_4F4F_4B53 & 0x7FFF_FFFF_FFFF_FFFF  # "WEBHOOKS"
 # The schema versions this code works with. Migrations are additive, so a worker keeps working (and
 # stays ready) while a newer release migrates ahead of it; a breaking migration raises the minimum.
-MIN_SUPPORTED_VERSION = 16
+MIN_SUPPORTED_VERSION = 22
 MAX_SUPPORTED_VERSION = 199
 _FILENAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 

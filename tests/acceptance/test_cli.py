@@ -9,20 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, query
+from tests.support import ROOT, TEST_KEYS, query
+from worker.encryption import KEYS_ENV
 
 COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["endpoints", "list"],
             ["endpoints", "enable"], ["endpoints", "disable"], ["endpoints", "circuit"],
             ["endpoints", "show"], ["endpoints", "update"], ["endpoints", "rotate-secret"], ["enqueue"],
             ["status"], ["deliveries", "show"], ["dlq", "list"], ["replay"], ["config", "show"],
-            ["config", "set"], ["purge"], ["demo"]]
+            ["config", "set"], ["purge"], ["keys"], ["keys", "generate"], ["keys", "status"],
+            ["keys", "rotate"], ["demo"]]
 
 
 def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker")):
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("WEBHOOK_WORKER_") and k != "DATABASE_URL"}
     return subprocess.run([*executable, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**clean, **(env or {})}, cwd=cwd, check=False)
+                          env={**clean, KEYS_ENV: TEST_KEYS, **(env or {})}, cwd=cwd, check=False)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")

@@ -3,7 +3,8 @@
 import json
 
 from tests.acceptance.test_cli import cli
-from tests.support import add_endpoint, enqueue, query
+from tests.support import TEST_KEYRING, add_endpoint, enqueue, query
+from worker.encryption import SIGNING_SECRET
 
 
 def run(db, *args):
@@ -35,7 +36,8 @@ def test_endpoints_show_update_and_rotate_secret(db):
     rotated = as_json(db, "endpoints", "rotate-secret", "ops", "--expire-old-after", "24")
     assert rotated["secrets"] == 2 and rotated["signing_secret"].startswith("whsec_")
     secrets = query(db, "SELECT signing_secrets FROM webhooks.endpoints")[0][0]
-    assert secrets[0] == {"secret": rotated["signing_secret"], "expires_at": None}
+    assert TEST_KEYRING.open(secrets[0]["secret"], SIGNING_SECRET) == rotated["signing_secret"]
+    assert secrets[0]["expires_at"] is None
     assert secrets[1]["expires_at"] is not None
     text = run(db, "endpoints", "show", "ops")
     assert "SECRETPATH" not in text and "whsec_" not in text

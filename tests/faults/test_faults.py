@@ -15,7 +15,17 @@ import pytest
 from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import (
+    WORKER_LOGIN,
+    add_endpoint,
+    all_final,
+    enqueue,
+    eventually,
+    login_dsn,
+    query,
+    statuses,
+    worker_dsn,
+)
 
 QUICK_LEASE = {"timeout_seconds": 1, "lease_seconds": 6}
 FAST_RETRY = {"delays": [0.1]}
@@ -92,7 +102,8 @@ def test_a_database_restart_mid_run_loses_nothing_and_no_worker_exits(own_pg, re
 
 
 def test_a_worker_started_before_its_database_waits_and_then_delivers(unstarted_pg, receiver, spawn):
-    worker = spawn(unstarted_pg.url, delivery=QUICK_LEASE)
+    # the worker's login role can only be created once the cluster runs
+    worker = spawn(login_dsn(unstarted_pg.url, WORKER_LOGIN), as_role=False, delivery=QUICK_LEASE)
     eventually(lambda: worker.logged("database not reachable; retrying"), message="a clear log line")
     eventually(lambda: sum(1 for line in worker.log_lines()
                            if line.get("event") == "database not reachable; retrying") >= 3,
@@ -106,6 +117,7 @@ def test_a_worker_started_before_its_database_waits_and_then_delivers(unstarted_
 
     unstarted_pg.start()
     schema.migrate(unstarted_pg.url)
+    worker_dsn(unstarted_pg.url)
     endpoint = add_endpoint(unstarted_pg.url, receiver.url("/late"))
     [delivery] = enqueue(unstarted_pg.url, endpoint)
     eventually(lambda: statuses(unstarted_pg.url, [delivery])[delivery] == "delivered", timeout=30,

@@ -121,7 +121,7 @@ def test_category_minimum_delays_hold_at_the_receiver(db, receiver, spawn):
 def test_registration_with_verify_enables_only_an_endpoint_that_echoes_the_challenge(db, receiver):
     receiver.script("/echo", Reply(200, echo=True))
     receiver.script("/deaf", Reply(200, body=b"ok"))
-    env = {"DATABASE_URL": db}
+    env = {"DATABASE_URL": db, "WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": "[127.0.0.1/32]"}
     good = cli("endpoints", "add", "--name", "echoes", "--url", receiver.url("/echo"), "--verify", env=env)
     assert good.returncode == 0, good.stderr
     bad = cli("endpoints", "add", "--name", "deaf", "--url", receiver.url("/deaf"), "--verify", env=env)
@@ -130,5 +130,5 @@ def test_registration_with_verify_enables_only_an_endpoint_that_echoes_the_chall
         ("echoes", True, None), ("deaf", False, "awaiting verification")]
     challenge = json.loads(receiver.to("/echo")[0].body)
     assert challenge["type"] == "webhook.endpoint.verification" and len(challenge["challenge"]) >= 24
-    long_url = cli("endpoints", "add", "--name", "long", "--url", "https://x.test/" + "a" * 2100, env=env)
-    assert long_url.returncode == 2 and "2048" in long_url.stderr
+    long_url = cli("endpoints", "add", "--name", "long", "--url", "https://x.test/" + "a" * 8200, env=env)
+    assert long_url.returncode == 2 and "8192" in long_url.stderr

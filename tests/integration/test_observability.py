@@ -5,7 +5,16 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query
+from tests.support import (
+    WORKER_LOGIN,
+    add_endpoint,
+    all_final,
+    enqueue,
+    eventually,
+    login_dsn,
+    query,
+    worker_dsn,
+)
 
 FAST_RETRY = {"delays": [0.1]}
 
@@ -76,7 +85,7 @@ def test_probes_follow_the_database(own_pg, receiver, spawn):
 
 
 def test_without_a_database_a_worker_is_started_and_alive_but_not_ready(unstarted_pg, spawn):
-    worker = spawn(unstarted_pg.url)
+    worker = spawn(login_dsn(unstarted_pg.url, WORKER_LOGIN), as_role=False)
     eventually(lambda: worker.logged("probes and metrics listening"), message="probes up")
     # started and alive: a restart would not bring the database back; only readiness waits for it
     assert worker.get("/health")[0] == 200
@@ -88,6 +97,7 @@ def test_without_a_database_a_worker_is_started_and_alive_but_not_ready(unstarte
 
     unstarted_pg.start()
     schema.migrate(unstarted_pg.url)
+    worker_dsn(unstarted_pg.url)
     eventually(lambda: worker.get("/ready")[0] == 200, timeout=30, message="ready")
 
 

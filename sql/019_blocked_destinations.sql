@@ -1,0 +1,145 @@
+-- 019_blocked_destinations: an attempt refused by the worker's destination rules (SSRF protection,
+-- failure category 'blocked') is a dead letter at once and leaves the endpoint's health, circuit and
+-- counters alone: the receiver never saw a request, so its state must not change.
+--
+-- webhooks.finish() as in 008_finish, except that 'blocked' outcomes are left out of the per-endpoint
+-- aggregation. (Migrations are append-only once released, so the whole function is restated here.)
+
+CREATE OR REPLACE FUNCTION webhooks.finish(p_worker_id text, p_outcomes jsonb)
+RETURNS TABLE (delivery_id bigint, applied boolean, status text, endpoint_change text)
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_results jsonb;
+    v_endpoints jsonb;
+    v_changes jsonb := '{}';
+    s record;
+    v_change text;
+BEGIN
+    WITH o AS (
+        SELECT r.*, item.ord
+        FROM jsonb_array_elements(p_outcomes) WITH ORDINALITY AS item(value, ord),
+             jsonb_populate_record(NULL::webhooks.attempt_outcome, item.value) AS r
+    ), cfg AS (
+        SELECT max_attempts, max_deferrals FROM webhooks.delivery_config
+    ), target AS (
+        -- the rows as they were, with the decision each outcome leads to
+        SELECT o.delivery_id, q.webhook_id,
+               CASE
+                   WHEN o.outcome = 'delivered' THEN 'delivered'
+                   WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
+                   WHEN o.outcome = 'deferred' AND q.deferrals < cfg.max_deferrals THEN 'deferred'
+                   WHEN q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts)
+                       THEN 'exhausted'
+                   ELSE 'retry'
+               END AS decision
+        FROM o
+        JOIN webhooks.alert_delivery_queue q ON q.delivery_id = o.delivery_id
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        CROSS JOIN cfg
+    ), applied AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE t.decision
+                         WHEN 'delivered' THEN 'delivered'
+                         WHEN 'dead_letter' THEN 'dead_letter'
+                         WHEN 'exhausted' THEN 'dead_letter'
+                         ELSE 'retrying'
+                     END,
+            attempts = CASE WHEN t.decision = 'deferred' THEN q.attempts - 1 ELSE q.attempts END,
+            deferrals = CASE WHEN o.outcome = 'deferred' THEN q.deferrals + 1 ELSE q.deferrals END,
+            next_retry_at = CASE WHEN t.decision IN ('retry', 'deferred')
+                                 THEN now() + make_interval(secs => coalesce(o.retry_after_s, 0))
+                                 ELSE q.next_retry_at END,
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            last_http_status = o.http_status,
+            last_error = o.error,
+            failure_category = o.failure_category,
+            dead_letter_reason = CASE t.decision
+                                     WHEN 'dead_letter' THEN coalesce(o.reason, o.error)
+                                     WHEN 'exhausted' THEN concat_ws(': ', 'attempts exhausted', o.error)
+                                 END,
+            delivered_at = CASE WHEN t.decision = 'delivered' THEN now() END,
+            dead_lettered_at = CASE WHEN t.decision IN ('dead_letter', 'exhausted') THEN now() END,
+            updated_at = now()
+        FROM o, target t
+        WHERE q.delivery_id = o.delivery_id AND t.delivery_id = o.delivery_id
+          AND q.status = 'delivering' AND q.lease_token = o.lease_token
+        RETURNING q.delivery_id, q.status
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, failure_category, http_status, latency_ms,
+             error, response_excerpt, worker_id, lease_token, stale)
+        SELECT o.delivery_id, t.webhook_id, o.attempt,
+               CASE t.decision WHEN 'exhausted' THEN 'dead_letter' ELSE t.decision END,
+               o.failure_category, o.http_status, o.latency_ms,
+               CASE WHEN t.decision = 'exhausted'
+                    THEN concat_ws(': ', 'attempts exhausted', o.error) ELSE o.error END,
+               left(o.response_excerpt, 1024), p_worker_id, o.lease_token, a.delivery_id IS NULL
+        FROM o
+        JOIN target t ON t.delivery_id = o.delivery_id
+        LEFT JOIN applied a ON a.delivery_id = o.delivery_id
+        RETURNING 1
+    ), per_outcome AS (
+        SELECT o.*, t.webhook_id, t.decision,
+               o.outcome <> 'delivered'
+                   AND webhooks.availability_failure(o.failure_category, o.http_status) AS unavailable,
+               o.ord > coalesce(max(o.ord) FILTER (WHERE o.outcome = 'delivered')
+                                OVER (PARTITION BY t.webhook_id), 0) AS after_last_success
+        FROM o JOIN target t ON t.delivery_id = o.delivery_id
+        -- a refused destination says nothing about the receiver: keep it out of the endpoint's state
+        WHERE o.failure_category IS DISTINCT FROM 'blocked'
+    ), per_endpoint AS (
+        SELECT p.webhook_id,
+               count(*)::integer AS attempts,
+               count(*) FILTER (WHERE p.outcome = 'delivered')::integer AS successes,
+               count(*) FILTER (WHERE p.unavailable)::integer AS availability_failures,
+               count(*) FILTER (WHERE p.outcome <> 'delivered' AND p.after_last_success)::integer
+                   AS trailing_failures,
+               coalesce(sum(p.latency_ms), 0)::bigint AS latency_ms,
+               (array_agg(p.http_status ORDER BY p.ord DESC))[1] AS last_http_status,
+               (array_agg(p.failure_category ORDER BY p.ord DESC)
+                   FILTER (WHERE p.outcome <> 'delivered'))[1] AS last_failure_category,
+               max(p.retry_after_s) FILTER (WHERE p.outcome = 'deferred') AS pause_seconds,
+               min(p.delivery_id) FILTER (WHERE p.disable_endpoint) AS gone_delivery_id,
+               (array_agg(p.delivery_id ORDER BY p.ord DESC))[1] AS last_delivery_id,
+               (array_agg(p.attempt ORDER BY p.ord DESC))[1] AS last_attempt,
+               count(*) FILTER (WHERE p.decision IN ('dead_letter', 'exhausted'))::integer AS dead_letters
+        FROM per_outcome p
+        GROUP BY p.webhook_id
+    )
+    -- (`logged` runs to completion although nothing reads it: data-modifying CTEs always do.)
+    SELECT (SELECT jsonb_agg(jsonb_build_object(
+                'delivery_id', o.delivery_id, 'applied', a.delivery_id IS NOT NULL,
+                'status', coalesce(a.status, 'stale')) ORDER BY o.ord)
+            FROM o LEFT JOIN applied a ON a.delivery_id = o.delivery_id),
+           (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.webhook_id) FROM per_endpoint p)
+    INTO v_results, v_endpoints;
+
+    FOR s IN
+        SELECT * FROM jsonb_to_recordset(coalesce(v_endpoints, '[]')) AS x(
+            webhook_id bigint, attempts integer, successes integer, availability_failures integer,
+            trailing_failures integer, latency_ms bigint, last_http_status integer,
+            last_failure_category text, pause_seconds double precision, gone_delivery_id bigint,
+            last_delivery_id bigint, last_attempt integer, dead_letters integer)
+        ORDER BY x.webhook_id
+    LOOP
+        v_change := webhooks.record_endpoint_outcomes(
+            s.webhook_id, 'worker ' || p_worker_id, s.attempts, s.successes,
+            s.availability_failures, s.trailing_failures, s.latency_ms, s.last_http_status,
+            s.last_failure_category, s.pause_seconds, s.gone_delivery_id, s.last_delivery_id,
+            s.last_attempt, s.dead_letters);
+        IF v_change IS NOT NULL THEN
+            v_changes := v_changes || jsonb_build_object(
+                coalesce(s.gone_delivery_id, s.last_delivery_id)::text, v_change);
+        END IF;
+    END LOOP;
+
+    RETURN QUERY
+    SELECT (r.value ->> 'delivery_id')::bigint, (r.value ->> 'applied')::boolean, r.value ->> 'status',
+           v_changes ->> (r.value ->> 'delivery_id')
+    FROM jsonb_array_elements(coalesce(v_results, '[]')) WITH ORDINALITY AS r(value, ord)
+    ORDER BY r.ord;
+END;
+$$;

@@ -1,0 +1,161 @@
+"""Credentials at rest: AES-256-GCM envelopes under a keyring, so the database only holds ciphertext.
+
+An envelope is `enc:v1:<key id>:<base64url(nonce || ciphertext || tag)>`. The key id is derived from
+the key itself, so a worker tells at once whether it holds the key a value was sealed with. Each
+value is bound to what it is (its "purpose": the URL, a signing secret, a named setting) as the
+associated data, so ciphertext copied from one column to another does not decrypt. The first key of
+a keyring seals; every key opens, which is what lets a fleet switch keys while it keeps running.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from worker.config import ConfigError
+
+PREFIX = "enc:v1:"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+KEYS_ENV = "WEBHOOK_WORKER_ENCRYPTION_KEYS"
+URL = "url"
+SIGNING_SECRET = "signing_secret"
+
+
+def setting(name: str) -> str:
+    """The purpose of a named credential in an endpoint's secret_settings."""
+    return f"secret_settings.{name}"
+
+
+class KeyringError(ConfigError):
+    """A keyring problem, worded as one line that never contains key material."""
+
+
+class DecryptionError(Exception):
+    """A stored value cannot be opened with this keyring (unknown key, or tampered)."""
+
+
+def generate_key() -> str:
+    """A new key: 32 random bytes, base64 (the same form as `openssl rand -base64 32`)."""
+    return base64.b64encode(os.urandom(KEY_BYTES)).decode()
+
+
+def key_id(key: bytes) -> str:
+    """Eight hex digits naming a key; a hash of it, so the id reveals nothing usable."""
+    return hashlib.sha256(b"webhook-worker key id\x00" + key).hexdigest()[:8]
+
+
+def is_sealed(value: str) -> bool:
+    return value.startswith(PREFIX)
+
+
+def sealed_key_id(value: str) -> str | None:
+    """The key id of an envelope, or None for a value stored in plaintext."""
+    if not is_sealed(value):
+        return None
+    return value[len(PREFIX) :].partition(":")[0]
+
+
+class Keyring:
+    """Keys in order of preference: the first seals new values, all of them open stored ones."""
+
+    def __init__(self, keys: Iterable[bytes]) -> None:
+        self._keys = {key_id(k): AESGCM(k) for k in keys}
+        if not self._keys:
+            raise KeyringError("no encryption key")
+        self.primary_id = next(iter(self._keys))
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(self._keys)
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Keyring:
+        """Keys separated by commas, spaces or lines (`#` starts a comment); the first is primary."""
+        keys = []
+        for number, token in enumerate(_tokens(text), start=1):
+            try:
+                key = base64.b64decode(token, validate=True)
+            except (binascii.Error, ValueError):
+                raise KeyringError(f"{source}: key {number} is not base64") from None
+            if len(key) != KEY_BYTES:
+                raise KeyringError(
+                    f"{source}: key {number} is {len(key)} bytes; a key is {KEY_BYTES} random bytes in "
+                    "base64 (`webhook-worker keys generate`)"
+                )
+            keys.append(key)
+        if not keys:
+            raise KeyringError(f"{source}: no key found")
+        return cls(keys)
+
+    def seal(self, plaintext: str, purpose: str) -> str:
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = self._keys[self.primary_id].encrypt(nonce, plaintext.encode(), purpose.encode())
+        return f"{PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + sealed).decode()}"
+
+    def open(self, value: str, purpose: str) -> str:
+        """The plaintext of an envelope. A value stored before encryption existed is returned as it
+        is, so an upgraded fleet keeps delivering until `webhook-worker keys rotate` seals it."""
+        if not is_sealed(value):
+            return value
+        return self._open(value, purpose)
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one keyring per process; bounded by maxsize
+    def _open(self, value: str, purpose: str) -> str:
+        kid, _, blob = value[len(PREFIX) :].partition(":")
+        aead = self._keys.get(kid)
+        if aead is None:
+            raise DecryptionError(f"sealed with key {kid}, which this keyring does not hold")
+        try:
+            raw = base64.urlsafe_b64decode(blob)
+            return aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], purpose.encode()).decode()
+        except (InvalidTag, binascii.Error, ValueError):
+            raise DecryptionError(f"a value sealed with key {kid} does not open (tampered or moved)") \
+                from None
+
+    def reseal(self, value: str, purpose: str) -> str:
+        """The value sealed with the primary key (unchanged if it already is)."""
+        if sealed_key_id(value) == self.primary_id:
+            return value
+        return self.seal(self.open(value, purpose), purpose)
+
+    def seal_settings(self, settings: Mapping[str, str]) -> dict[str, str]:
+        return {name: self.seal(str(value), setting(name)) for name, value in settings.items()}
+
+    def open_settings(self, settings: Mapping[str, str]) -> dict[str, str]:
+        return {name: self.open(str(value), setting(name)) for name, value in settings.items()}
+
+
+def _tokens(text: str) -> list[str]:
+    tokens: list[str] = []
+    for line in text.splitlines():
+        line = line.partition("#")[0]
+        tokens.extend(t for t in line.replace(",", " ").split() if t)
+    return tokens
+
+
+def load_keyring(keys_file: str | None, environ: Mapping[str, str]) -> Keyring:
+    """The keyring from WEBHOOK_WORKER_ENCRYPTION_KEYS, else from the file (a mounted Secret)."""
+    text = environ.get(KEYS_ENV, "").strip()
+    if text:
+        return Keyring.parse(text, KEYS_ENV)
+    if keys_file:
+        try:
+            content = Path(keys_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise KeyringError(
+                f"security.encryption_keys_file: cannot read {keys_file}: {exc.strerror}"
+            ) from None
+        return Keyring.parse(content, f"security.encryption_keys_file ({keys_file})")
+    raise KeyringError(
+        f"encryption key missing: set {KEYS_ENV} or security.encryption_keys_file "
+        "(make one with `webhook-worker keys generate`)"
+    )
