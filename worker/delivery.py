@@ -7,7 +7,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from aiohappyeyeballs import AddrInfoType
@@ -51,23 +51,36 @@ def display_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}"
 
 
+def header_value(text: str) -> str:
+    """Text as a header value: printable ASCII as it is, anything else percent-encoded (UTF-8), so
+    no value from a producer can end a header line or carry bytes a receiver may reject."""
+    if text.isascii() and text.isprintable():
+        return text
+    return quote(text, safe=_HEADER_SAFE)
+
+
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
 def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]:
     headers = {k: v for k, v in row.headers.items() if k.lower() not in RESERVED_HEADERS}
+    # The id as sent is the id signed: a receiver verifies with the header it got.
+    message_id = header_value(row.idempotency_key)
     headers.update(
         {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
-            "webhook-id": row.idempotency_key,
+            "webhook-id": message_id,
             "webhook-timestamp": str(timestamp),
-            "Idempotency-Key": row.idempotency_key,
+            "Idempotency-Key": message_id,
             "webhook-delivery-id": str(row.delivery_id),
             "webhook-attempt": str(row.attempt),
-            "webhook-event-type": row.event_type,
+            "webhook-event-type": header_value(row.event_type),
         }
     )
     if row.signing_secrets:
         headers["webhook-signature"] = signing.signature_header(
-            row.signing_secrets, row.idempotency_key, timestamp, body
+            row.signing_secrets, message_id, timestamp, body
         )
     if row.traceparent:
         headers["traceparent"] = row.traceparent

@@ -83,7 +83,9 @@ def address_blocked(address: Address | str, policy: DestinationPolicy) -> str | 
         return None
     if inner is not None:
         # Judge the IPv4 address it stands for (a NAT64 form of a public address is public).
-        return f"destination {address} (stands for {inner}) is not public" if _special(inner) else None
+        if _special(inner):
+            return f"destination {address} (stands for {inner}) is not a public address"
+        return None
     if _special(address):
         return f"destination {address} is not a public address"
     return None

@@ -57,6 +57,45 @@ def answers_late(delay: float) -> Handler:
     return handler
 
 
+async def trickles(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers one byte a second, forever: every read succeeds, the response never ends."""
+    await _read_request(reader)
+    for byte in OK * 1000:
+        writer.write(bytes([byte]))
+        await writer.drain()
+        await asyncio.sleep(1.0)
+
+
+async def huge_header(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\nX-Filler: " + b"a" * 100_000 + b"\r\nContent-Length: 2\r\n\r\nok")
+    await writer.drain()
+    writer.close()
+
+
+async def endless_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\n")
+    for n in range(100_000):
+        writer.write(b"X-H%d: v\r\n" % n)
+        if n % 1000 == 0:
+            await writer.drain()
+    writer.close()
+
+
+def sends_megabytes(megabytes: int) -> Handler:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await _read_request(reader):
+            size = megabytes * 1024 * 1024
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+            chunk = b"x" * 65536
+            for _ in range(size // len(chunk)):
+                writer.write(chunk)
+                await writer.drain()
+        writer.close()
+    return handler
+
+
 def closes_keepalive_at_random(probability: float, seed: int = 1) -> Handler:
     rng = random.Random(seed)
 

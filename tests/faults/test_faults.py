@@ -209,7 +209,10 @@ def test_a_paused_worker_s_late_outcomes_are_fenced_off(db, receiver, spawn):
     [("never answers", misbehaving.never_answers, "timeout"),
      ("resets the connection", misbehaving.resets, "connect"),
      ("answers garbage", misbehaving.garbage, "connect"),
-     ("answers 200 after the timeout", misbehaving.answers_late(3.0), "timeout")],
+     ("answers 200 after the timeout", misbehaving.answers_late(3.0), "timeout"),
+     ("answers one byte a second", misbehaving.trickles, "timeout"),
+     ("sends a 100 KB header line", misbehaving.huge_header, "connect"),
+     ("sends headers without end", misbehaving.endless_headers, "connect")],
 )
 def test_misbehaving_receivers_are_classified_and_others_keep_flowing(db, receiver, spawn, behaviour,
                                                                       handler, category):
@@ -228,6 +231,26 @@ def test_misbehaving_receivers_are_classified_and_others_keep_flowing(db, receiv
         assert categories == {(category,): 10}
         assert set(statuses(db, bad_ids).values()) == {"dead_letter"}
         assert set(statuses(db, good_ids).values()) == {"delivered"}
+        assert worker.process.poll() is None
+    finally:
+        server.stop()
+
+
+def test_a_receiver_sending_5_mb_is_read_only_up_to_the_limit(db, spawn):
+    server = TcpServer(misbehaving.sends_megabytes(5)).start()
+    try:
+        # one request at a time, so a connection would be reused if the worker had read a whole body
+        endpoint = add_endpoint(db, server.url(), max_in_flight=1)
+        ids = enqueue(db, endpoint, count=3)
+        worker = spawn(db)
+        eventually(lambda: all_final(db, ids), timeout=30, message="every row final")
+        excerpts = query(db, "SELECT octet_length(response_excerpt) FROM webhooks.alert_delivery_log"
+                             " WHERE webhook_id = %s", (endpoint,))
+        report("5 MB answers", connections=server.connections, excerpt_bytes=sorted(excerpts))
+        assert set(statuses(db, ids).values()) == {"delivered"}
+        assert all(size <= 1024 for (size,) in excerpts)
+        # each body was cut off at the read limit and its connection closed, never drained for reuse
+        assert server.connections == 3
         assert worker.process.poll() is None
     finally:
         server.stop()
