@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "WEBHOOK_WORKER_"
+# What PyYAML raises, besides YAMLError, for a malformed tagged scalar such as `!!int x`.
+YAML_VALUE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
 # Seconds a lease must outlast the request timeout, so a slow request is not reclaimed mid-flight.
 LEASE_MARGIN_SECONDS = 5.0
 
@@ -29,7 +31,7 @@ class DatabaseConfig(_Section):
     url: str = Field(min_length=1)
     pool_min_size: int = Field(default=1, ge=1)
     pool_max_size: int = Field(default=4, ge=1, le=100)
-    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
 
     @model_validator(mode="after")
     def _pool_bounds(self) -> DatabaseConfig:
@@ -43,7 +45,7 @@ class WorkerConfig(_Section):
     concurrency: int = Field(default=100, ge=1, le=10_000)
     poll_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     finish_max_delay_seconds: float = Field(default=0.05, ge=0, le=10)
-    shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+    shutdown_grace_seconds: float = Field(default=25.0, ge=0, le=3600)
 
 
 class DeliveryConfig(_Section):
@@ -70,7 +72,7 @@ class HttpConfig(_Section):
     # Per-endpoint metric labels (circuit state) for at most this many endpoints, so the number of
     # series stays bounded however many endpoints are registered.
     endpoint_label_limit: int = Field(default=100, ge=0, le=10_000)
-    stats_interval_seconds: float = Field(default=15.0, gt=0)
+    stats_interval_seconds: float = Field(default=15.0, gt=0, le=3600)
 
 
 class SecurityConfig(_Section):
@@ -129,12 +131,16 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not UTF-8 text") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark is not None else ""
             raise ConfigError(f"{path}: not valid YAML{where}") from None
+        except YAML_VALUE_ERRORS:
+            raise ConfigError(f"{path}: a tagged value (such as !!int) cannot be read") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -163,7 +169,12 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
         section, sep, key = name[len(ENV_PREFIX) :].lower().partition("__")
         if not sep or not key:
             continue
-        _section(raw, section)[key] = yaml.safe_load(value) if value else value
+        try:
+            parsed = yaml.safe_load(value) if value else value
+        except (yaml.YAMLError, *YAML_VALUE_ERRORS):
+            # never echo the value: it may be a credential
+            raise ConfigError(f"{name}: not a valid YAML value") from None
+        _section(raw, section)[key] = parsed
 
 
 def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -178,6 +189,8 @@ def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    # one line, whatever characters a key holds
+    key = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key"
     if error["type"] == "missing":

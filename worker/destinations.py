@@ -26,6 +26,9 @@ _EXTRA_BLOCKED: tuple[Network, ...] = (
     ipaddress.ip_network("2001::/32"),  # Teredo: the IPv4 client inside cannot be checked
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# The only IPv6 space assigned for global unicast; everything else (site-local, IPv4-compatible and
+# -translated forms, unassigned space) is refused outright.
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
 _SIX_TO_FOUR = ipaddress.ip_network("2002::/16")
 
 
@@ -61,8 +64,11 @@ def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
 
 
 def _special(address: Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address not in _GLOBAL_UNICAST:
+        return True
     return (
         not address.is_global
+        or address.is_reserved
         or address.is_multicast
         or address.is_unspecified
         or address.is_loopback

@@ -154,6 +154,11 @@ def load_keyring(keys_file: str | None, environ: Mapping[str, str]) -> Keyring:
             raise KeyringError(
                 f"security.encryption_keys_file: cannot read {keys_file}: {exc.strerror}"
             ) from None
+        except UnicodeDecodeError:
+            raise KeyringError(
+                f"security.encryption_keys_file: {keys_file} is not text; keys are base64 "
+                "(`openssl rand -base64 32`)"
+            ) from None
         return Keyring.parse(content, f"security.encryption_keys_file ({keys_file})")
     raise KeyringError(
         f"encryption key missing: set {KEYS_ENV} or security.encryption_keys_file "

@@ -1,0 +1,277 @@
+"""Credentials at rest: AES-256-GCM envelopes, purposes bound as associated data, keyrings and rotation."""
+
+import base64
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker import encryption
+from worker.config import ConfigError
+from worker.encryption import DecryptionError, Keyring, KeyringError, load_keyring
+
+PURPOSES = [encryption.URL, encryption.SIGNING_SECRET, encryption.setting("api_token")]
+
+
+def new_key() -> str:
+    return encryption.generate_key()
+
+
+def keyring(*keys: str) -> Keyring:
+    return Keyring.parse(",".join(keys), "test")
+
+
+def key_bytes(key: str) -> bytes:
+    return base64.b64decode(key)
+
+
+def flip(text: str, index: int) -> str:
+    replacement = "A" if text[index] != "A" else "B"
+    return text[:index] + replacement + text[index + 1 :]
+
+
+def test_seal_then_open_returns_the_plaintext():
+    ring = keyring(new_key())
+    sealed = ring.seal("https://user:pw@hooks.example.com/x", encryption.URL)
+    assert sealed.startswith(encryption.PREFIX)
+    assert "hooks.example.com" not in sealed
+    assert ring.open(sealed, encryption.URL) == "https://user:pw@hooks.example.com/x"
+
+
+def test_envelope_names_the_primary_key_id():
+    ring = keyring(new_key())
+    sealed = ring.seal("x", encryption.URL)
+    assert encryption.sealed_key_id(sealed) == ring.primary_id
+    assert len(ring.primary_id) == 8
+
+
+def test_every_seal_of_the_same_value_differs():
+    ring = keyring(new_key())
+    seals = {ring.seal("same value", encryption.SIGNING_SECRET) for _ in range(20)}
+    assert len(seals) == 20
+    assert all(ring.open(s, encryption.SIGNING_SECRET) == "same value" for s in seals)
+
+
+def test_a_value_sealed_for_one_purpose_does_not_open_as_another():
+    ring = keyring(new_key())
+    sealed = ring.seal("whsec_abc", encryption.URL)
+    with pytest.raises(DecryptionError, match="tampered or moved"):
+        ring.open(sealed, encryption.SIGNING_SECRET)
+
+
+def test_settings_are_bound_to_their_name():
+    ring = keyring(new_key())
+    sealed = ring.seal_settings({"token": "t0ken", "password": "pw"})
+    assert ring.open_settings(sealed) == {"token": "t0ken", "password": "pw"}
+    with pytest.raises(DecryptionError):
+        ring.open_settings({"password": sealed["token"]})
+
+
+@pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag"])
+def test_a_tampered_envelope_does_not_open(where):
+    ring = keyring(new_key())
+    sealed = ring.seal("some secret value", encryption.URL)
+    header_length = len(encryption.PREFIX) + len(ring.primary_id) + 1
+    blob_length = len(sealed) - header_length
+    # Positions well inside the base64, never the last character (whose low bits may be padding).
+    index = header_length + {"nonce": 2, "ciphertext": 20, "tag": blob_length - 6}[where]
+    tampered = flip(sealed, index)
+    assert tampered != sealed
+    with pytest.raises(DecryptionError, match=ring.primary_id):
+        ring.open(tampered, encryption.URL)
+
+
+def test_a_truncated_envelope_does_not_open():
+    ring = keyring(new_key())
+    sealed = ring.seal("some secret value", encryption.URL)
+    for cut in (len(sealed) - 4, len(encryption.PREFIX) + len(ring.primary_id) + 5):
+        with pytest.raises(DecryptionError):
+            ring.open(sealed[:cut], encryption.URL)
+
+
+def test_an_envelope_with_garbage_instead_of_base64_does_not_open():
+    ring = keyring(new_key())
+    with pytest.raises(DecryptionError):
+        ring.open(f"{encryption.PREFIX}{ring.primary_id}:é€not-base64", encryption.URL)
+
+
+def test_a_value_sealed_with_a_key_the_keyring_lacks_names_the_key_id():
+    other = keyring(new_key())
+    sealed = other.seal("secret", encryption.URL)
+    ring = keyring(new_key())
+    with pytest.raises(DecryptionError, match=other.primary_id) as excinfo:
+        ring.open(sealed, encryption.URL)
+    assert "does not hold" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "plaintext", ["https://hooks.example.com/x", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "", "enc:v2:x"]
+)
+def test_open_returns_a_plaintext_value_unchanged(plaintext):
+    ring = keyring(new_key())
+    assert ring.open(plaintext, encryption.URL) == plaintext
+    assert encryption.sealed_key_id(plaintext) is None
+
+
+@pytest.mark.parametrize("separator", [",", " ", "\n", ", ", " ,\n\t", "\r\n"])
+def test_keyring_parse_accepts_commas_spaces_and_lines(separator):
+    first, second, third = new_key(), new_key(), new_key()
+    ring = Keyring.parse(separator.join([first, second, third]), "test")
+    expected = tuple(encryption.key_id(key_bytes(k)) for k in (first, second, third))
+    assert ring.key_ids == expected
+
+
+def test_keyring_parse_ignores_comments_and_blank_lines():
+    first, second = new_key(), new_key()
+    text = f"# keys for production\n\n{first}  # current, added 2024-05\n# {new_key()} retired\n{second}\n"
+    ring = Keyring.parse(text, "test")
+    assert ring.key_ids == (encryption.key_id(key_bytes(first)), encryption.key_id(key_bytes(second)))
+
+
+def test_the_first_key_seals_and_every_key_opens():
+    old, new = new_key(), new_key()
+    old_ring = keyring(old)
+    sealed_by_old = old_ring.seal("value", encryption.URL)
+    ring = keyring(new, old)
+    assert ring.primary_id == encryption.key_id(key_bytes(new))
+    assert encryption.sealed_key_id(ring.seal("value", encryption.URL)) == ring.primary_id
+    assert ring.open(sealed_by_old, encryption.URL) == "value"
+
+
+def test_generated_keys_are_32_random_bytes_in_base64():
+    key = new_key()
+    assert len(key_bytes(key)) == encryption.KEY_BYTES
+    assert new_key() != key
+
+
+BAD_TOKENS = [
+    pytest.param("not*base64*at*all!!", "not base64", id="not-base64"),
+    pytest.param(base64.b64encode(b"sixteen-byte-key").decode(), "16 bytes", id="too-short"),
+    pytest.param(base64.b64encode(os.urandom(33)).decode(), "33 bytes", id="too-long"),
+    pytest.param(base64.urlsafe_b64encode(b"\xfb\xff" * 16).decode(), "not base64", id="urlsafe-alphabet"),
+]
+
+
+@pytest.mark.parametrize(("token", "reason"), BAD_TOKENS)
+def test_keyring_parse_errors_never_contain_the_key_text(token, reason):
+    good = new_key()
+    with pytest.raises(KeyringError) as excinfo:
+        Keyring.parse(f"{good}\n{token}", "keys.txt")
+    message = str(excinfo.value)
+    assert reason in message
+    assert "keys.txt: key 2" in message
+    assert token not in message
+    assert good not in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\n", "# only a comment\n", " , , "])
+def test_keyring_parse_of_no_keys_is_an_error(text):
+    with pytest.raises(KeyringError, match="no key found"):
+        Keyring.parse(text, "keys.txt")
+
+
+def test_a_keyring_needs_at_least_one_key():
+    with pytest.raises(KeyringError):
+        Keyring([])
+
+
+@given(st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_", min_size=12))
+@settings(max_examples=200, deadline=None)
+def test_keyring_parse_never_echoes_a_bad_key(token):
+    try:
+        Keyring.parse(token, "src")
+    except KeyringError as exc:
+        assert token not in str(exc)
+
+
+def test_reseal_moves_a_value_to_the_new_primary():
+    old, new = new_key(), new_key()
+    sealed = keyring(old).seal("whsec_x", encryption.SIGNING_SECRET)
+    ring = keyring(new, old)
+    resealed = ring.reseal(sealed, encryption.SIGNING_SECRET)
+    assert encryption.sealed_key_id(resealed) == ring.primary_id
+    assert keyring(new).open(resealed, encryption.SIGNING_SECRET) == "whsec_x"
+
+
+def test_reseal_leaves_a_value_under_the_primary_unchanged():
+    ring = keyring(new_key(), new_key())
+    sealed = ring.seal("whsec_x", encryption.SIGNING_SECRET)
+    assert ring.reseal(sealed, encryption.SIGNING_SECRET) is sealed
+
+
+def test_reseal_seals_a_plaintext_value():
+    ring = keyring(new_key())
+    resealed = ring.reseal("https://example.com/hook", encryption.URL)
+    assert encryption.sealed_key_id(resealed) == ring.primary_id
+    assert ring.open(resealed, encryption.URL) == "https://example.com/hook"
+
+
+def test_load_keyring_prefers_the_environment_over_the_file(tmp_path):
+    env_key, file_key = new_key(), new_key()
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(file_key + "\n")
+    ring = load_keyring(str(keys_file), {encryption.KEYS_ENV: env_key})
+    assert ring.key_ids == (encryption.key_id(key_bytes(env_key)),)
+
+
+def test_load_keyring_reads_the_file_when_the_environment_is_empty(tmp_path):
+    first, second = new_key(), new_key()
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"# mounted Secret\n{first}\n{second}\n")
+    for environ in ({}, {encryption.KEYS_ENV: "  \n"}):
+        ring = load_keyring(str(keys_file), environ)
+        assert ring.primary_id == encryption.key_id(key_bytes(first))
+        assert len(ring.key_ids) == 2
+
+
+def test_load_keyring_without_env_or_file_names_the_variable():
+    with pytest.raises(KeyringError, match=encryption.KEYS_ENV):
+        load_keyring(None, {})
+
+
+def test_load_keyring_of_an_unreadable_file_names_the_setting(tmp_path):
+    missing = tmp_path / "no-such-file"
+    with pytest.raises(KeyringError, match=r"security\.encryption_keys_file") as excinfo:
+        load_keyring(str(missing), {})
+    assert "\n" not in str(excinfo.value)
+
+
+def test_load_keyring_of_a_bad_file_names_the_setting_but_not_the_key(tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("c2hvcnQta2V5LXRleHQ=\n")
+    with pytest.raises(KeyringError, match=r"security\.encryption_keys_file") as excinfo:
+        load_keyring(str(keys_file), {})
+    assert "c2hvcnQta2V5LXRleHQ=" not in str(excinfo.value)
+
+
+def test_load_keyring_of_a_bad_environment_names_the_variable():
+    with pytest.raises(KeyringError, match=encryption.KEYS_ENV) as excinfo:
+        load_keyring(None, {encryption.KEYS_ENV: "bm90LWEta2V5"})
+    assert "bm90LWEta2V5" not in str(excinfo.value)
+
+
+def test_a_keyring_error_is_a_config_error():
+    assert issubclass(KeyringError, ConfigError)
+    with pytest.raises(ConfigError):
+        load_keyring(None, {})
+
+
+SHARED_RING = keyring(new_key(), new_key())
+
+
+@given(st.text(), st.sampled_from(PURPOSES) | st.text(max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_open_of_seal_is_the_identity(plaintext, purpose):
+    sealed = SHARED_RING.seal(plaintext, purpose)
+    assert encryption.is_sealed(sealed)
+    assert SHARED_RING.open(sealed, purpose) == plaintext
+
+
+def test_a_keys_file_of_raw_bytes_is_a_keyring_error(tmp_path):
+    # `openssl rand 32 > keys` (without -base64) is an easy mistake; it must give the one-line error.
+    keys_file = tmp_path / "keys"
+    keys_file.write_bytes(b"\xff\xfe" + bytes(range(128, 158)))
+    with pytest.raises(KeyringError, match=r"security\.encryption_keys_file"):
+        load_keyring(str(keys_file), {})
