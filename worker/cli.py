@@ -11,7 +11,6 @@ import signal
 import socket
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +21,7 @@ import psycopg
 from worker import __version__, schema, signing
 from worker import queue as db
 from worker.config import Config, ConfigError, load_config
-from worker.delivery import RESERVED_HEADERS, display_url
+from worker.delivery import RESERVED_HEADERS, Sent, display_url
 from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
 from worker.encryption import Keyring, generate_key, load_keyring
 from worker.observability import configure_logging
@@ -80,36 +79,36 @@ def _parse_headers(values: Sequence[str]) -> dict[str, str]:
     return headers
 
 
-def verify_endpoint(url: str, secret: str, timeout: float) -> str | None:
-    """POST a signed challenge; None if the receiver echoed it in a 2xx answer, else the problem."""
-    import urllib.error
-    import urllib.request
+def verify_endpoint(url: str, secret: str, timeout: float, config: Config) -> str | None:
+    """POST a signed challenge; None if the receiver echoed it in a 2xx answer, else the problem.
+    Sent by the workers' own HTTP stack, so the same destination rules apply."""
+    from worker.daemon import sender_for
 
     challenge = secrets.token_urlsafe(24)
     body = json.dumps({"type": "webhook.endpoint.verification", "challenge": challenge}).encode()
     msg_id = "msg_verify_" + secrets.token_hex(8)
     timestamp = int(time.time())
-    request = urllib.request.Request(url, data=body, method="POST", headers={
+    headers = {
         "Content-Type": "application/json", "User-Agent": f"webhook-worker/{__version__}",
         "webhook-id": msg_id, "webhook-timestamp": str(timestamp),
         "webhook-signature": signing.sign(secret, msg_id, timestamp, body),
         "webhook-event-type": "webhook.endpoint.verification",
-    })
-    opener = urllib.request.build_opener(_NoRedirects)
-    try:
-        with opener.open(request, timeout=timeout) as response:
-            answer = response.read(65536).decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return f"no answer ({type(reason).__name__})"
-    return None if challenge in answer else "the answer did not contain the challenge"
+    }
 
+    async def post() -> Sent:
+        sender = sender_for(config)
+        await sender.start()
+        try:
+            return await sender.post(url, body, headers, timeout, timeout)
+        finally:
+            await sender.close()
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    sent = asyncio.run(post())
+    if sent.result.status is None:
+        return f"no answer ({sent.result.error or sent.result.failure})"
+    if not 200 <= sent.result.status < 300:
+        return f"HTTP {sent.result.status}"
+    return None if challenge in (sent.excerpt or "") else "the answer did not contain the challenge"
 
 
 def _check_secret(secret: str) -> None:
@@ -219,7 +218,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         if args.ttl_seconds:
             db.update_endpoint(conn, endpoint_id, {"delivery_ttl": f"{args.ttl_seconds} seconds"}, keyring)
         if args.verify:
-            problem = verify_endpoint(args.url, secret, timeout=10.0)
+            problem = verify_endpoint(args.url, secret, timeout=10.0, config=config)
             if problem:
                 print(f"endpoint {endpoint_id} registered but left disabled: verification failed: {problem}",
                       file=sys.stderr)

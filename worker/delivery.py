@@ -186,21 +186,28 @@ class Sender:
             await self._session.close()
 
     async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
+        headers = request_headers(row, int(time.time()), body)
+        connect_timeout = row.retry_policy.connect_timeout_seconds
+        return await self.post(row.url, body, headers, timeout_seconds, connect_timeout)
+
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
+        connect_timeout: float | None,
+    ) -> Sent:
+        """One POST under the destination rules and bounds; every outcome is a Sent, never a raise."""
         assert self._session is not None, "Sender.start() first"
         started = time.monotonic()
-        problem = url_problem(row.url, self._policy)
+        problem = url_problem(url, self._policy)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
-        timeout = aiohttp.ClientTimeout(
-            total=timeout_seconds, sock_connect=row.retry_policy.connect_timeout_seconds
-        )
+        timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=connect_timeout)
         try:
             # The whole attempt, body included, within the timeout: a receiver that trickles its
             # answer a byte at a time cannot hold a request open past it.
             async with asyncio.timeout(timeout_seconds), self._session.post(
-                row.url,
+                url,
                 data=body,
-                headers=request_headers(row, int(time.time()), body),
+                headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
             ) as response:
