@@ -72,7 +72,9 @@ def _parse_headers(values: Sequence[str]) -> dict[str, str]:
     for value in values:
         name, sep, content = value.partition(":")
         if not sep or not name.strip():
-            raise UsageError(f"--header {value!r}: expected 'Name: value'")
+            raise UsageError("--header: expected 'Name: value'")  # never echo it: it may be a credential
+        if not (name + content).isprintable():
+            raise UsageError(f"--header {name.strip()!r}: control characters are not allowed")
         if name.strip().lower() in RESERVED_HEADERS:
             raise UsageError(f"--header {name.strip()}: set by webhook-worker, cannot be overridden")
         headers[name.strip()] = content.strip()

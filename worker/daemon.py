@@ -29,6 +29,9 @@ DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
 # Errors that a retry can cure: the connection, not the statement, failed.
 TRANSIENT_ERRORS = (psycopg.OperationalError, PoolTimeout, OSError)
 MAX_BACKOFF_SECONDS = 5.0
+SCHEMA_MISSING = (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)
+SCHEMA_TOO_OLD = (f"schema older than version {schema.MIN_SUPPORTED_VERSION} (or not migrated): "
+                  "run `webhook-worker migrate`")
 # When rows are due but another worker got them first, look again soon, but never spin.
 MIN_IDLE_SECONDS = 0.05
 HOUSEKEEPING_INTERVAL_SECONDS = 30.0
@@ -116,6 +119,8 @@ class Worker:
             return False, {"reason": "waiting for the database"}
         try:
             version = await self.queue.schema_version(wait_seconds=2.0)
+        except SCHEMA_MISSING:
+            return False, {"reason": SCHEMA_TOO_OLD}
         except DATABASE_ERRORS as exc:
             return False, {"reason": "database unreachable", "error": _brief(exc)}
         supported = version is not None and (
@@ -202,7 +207,10 @@ class Worker:
                 return await self.queue.settings()
             except DATABASE_ERRORS as exc:
                 delay = backoff.next()
-                self.log.warning("database not reachable; retrying", error=_brief(exc), retry_in=delay)
+                if isinstance(exc, SCHEMA_MISSING):
+                    self.log.warning(SCHEMA_TOO_OLD, retry_in=delay)
+                else:
+                    self.log.warning("database not reachable; retrying", error=_brief(exc), retry_in=delay)
                 await self._sleep(delay)
         return None
 

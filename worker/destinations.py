@@ -100,8 +100,8 @@ def address_blocked(address: Address | str, policy: DestinationPolicy) -> str | 
 def url_problem(url: str, policy: DestinationPolicy) -> str | None:
     """Why this URL can never be delivered to, or None. Checks the form and any IP literal; names
     are checked when they resolve, at delivery time."""
-    if len(url) > MAX_URL_LENGTH:
-        return f"URL longer than {MAX_URL_LENGTH} characters"
+    if len(url.encode()) > MAX_URL_LENGTH:
+        return f"URL longer than {MAX_URL_LENGTH} bytes"
     try:
         parts = urlsplit(url)
         host = parts.hostname

@@ -35,6 +35,11 @@ def setting(name: str) -> str:
     return f"secret_settings.{name}"
 
 
+def header(name: str) -> str:
+    """The purpose of a custom header's value (an Authorization header is a credential too)."""
+    return f"headers.{name.lower()}"
+
+
 class KeyringError(ConfigError):
     """A keyring problem, worded as one line that never contains key material."""
 
@@ -132,6 +137,12 @@ class Keyring:
 
     def open_settings(self, settings: Mapping[str, str]) -> dict[str, str]:
         return {name: self.open(str(value), setting(name)) for name, value in settings.items()}
+
+    def seal_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        return {name: self.seal(str(value), header(name)) for name, value in headers.items()}
+
+    def open_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        return {str(name): self.open(str(value), header(name)) for name, value in headers.items()}
 
 
 def _tokens(text: str) -> list[str]:

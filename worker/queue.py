@@ -127,7 +127,7 @@ def _claimed(row: dict[str, Any], keyring: Keyring) -> Claimed:
             signing_secrets=tuple(
                 keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(row["signing_secrets"])
             ),
-            headers={str(k): str(v) for k, v in row["headers"].items()},
+            headers=keyring.open_headers(row["headers"]),
             timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
             schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
             traceparent=row["traceparent"],
@@ -321,7 +321,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
                 for s in spec.signing_secrets
             ]),
             list(spec.event_types),
-            json.dumps(spec.headers),
+            json.dumps(keyring.seal_headers(spec.headers)),
             spec.max_attempts,
             spec.timeout_ms,
             json.dumps(spec.retry_schedule) if spec.retry_schedule is not None else None,
@@ -402,6 +402,8 @@ def update_endpoint(
         changes["url"] = keyring.seal(changes["url"], encryption.URL)
     if changes.get("secret_settings") is not None:
         changes["secret_settings"] = keyring.seal_settings(changes["secret_settings"])
+    if changes.get("headers") is not None:
+        changes["headers"] = keyring.seal_headers(changes["headers"])
     conn.execute("SELECT webhooks.update_endpoint(%s, %s)", (endpoint_id, json.dumps(changes)))
 
 
@@ -428,7 +430,7 @@ def reseal_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: i
             rows = conn.execute(
                 "SELECT * FROM webhooks.endpoint_credentials(%s, %s)", (after, batch_size)
             ).fetchall()
-            for endpoint_id, url, stored_secrets, settings in rows:
+            for endpoint_id, url, stored_secrets, settings, headers in rows:
                 new_url = keyring.reseal(url, encryption.URL)
                 new_secrets = [
                     {**entry, "secret": keyring.reseal(entry["secret"], encryption.SIGNING_SECRET)}
@@ -438,10 +440,16 @@ def reseal_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: i
                     name: keyring.reseal(str(value), encryption.setting(name))
                     for name, value in settings.items()
                 }
-                if (new_url, new_secrets, new_settings) != (url, stored_secrets, settings):
+                new_headers = {
+                    name: keyring.reseal(str(value), encryption.header(name))
+                    for name, value in headers.items()
+                }
+                new = (new_url, new_secrets, new_settings, new_headers)
+                if new != (url, stored_secrets, settings, headers):
                     conn.execute(
-                        "SELECT webhooks.store_endpoint_credentials(%s, %s, %s, %s)",
-                        (endpoint_id, new_url, json.dumps(new_secrets), json.dumps(new_settings)),
+                        "SELECT webhooks.store_endpoint_credentials(%s, %s, %s, %s, %s)",
+                        (endpoint_id, new_url, json.dumps(new_secrets), json.dumps(new_settings),
+                         json.dumps(new_headers)),
                     )
                     changed += 1
         if len(rows) < batch_size:

@@ -56,9 +56,14 @@ def latest_version() -> int:
     return max(m.version for m in load_migrations())
 
 
-def migrate(conninfo: str) -> list[Migration]:
-    """Apply every migration not yet recorded; returns those applied. Safe to run concurrently."""
-    migrations = load_migrations()
+# From this version on, nothing in the schema is executable by PUBLIC (022_roles).
+ROLES_VERSION = 22
+
+
+def migrate(conninfo: str, up_to: int | None = None) -> list[Migration]:
+    """Apply every migration not yet recorded (up to a version, for upgrade tests); returns those
+    applied. Safe to run concurrently."""
+    migrations = [m for m in load_migrations() if up_to is None or m.version <= up_to]
     applied: list[Migration] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
         # A session-level advisory lock serialises concurrent migrators for the whole run.
@@ -87,6 +92,10 @@ def migrate(conninfo: str) -> list[Migration]:
                         (migration.version, migration.name, migration.checksum),
                     )
                 applied.append(migration)
+            if max(m.version for m in migrations) >= ROLES_VERSION:
+                # PostgreSQL grants EXECUTE to PUBLIC on every new function; close what any
+                # migration created, so only the grants of 022_roles and later apply.
+                conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC")
             conn.execute("SELECT webhooks.ensure_log_partitions()")
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

