@@ -111,8 +111,11 @@ def tree_cpu(root_pid: int) -> float:
 class Cluster:
     """A throwaway PostgreSQL for the whole run, with one migrated template database to copy."""
 
-    def __init__(self) -> None:
-        self.local = LocalPostgres(BENCH_PG_SETTINGS)
+    def __init__(self, track_nested: bool = False) -> None:
+        settings = dict(BENCH_PG_SETTINGS)
+        if track_nested:
+            settings["pg_stat_statements.track"] = "all"
+        self.local = LocalPostgres(settings)
         self.url = ""
 
     def start(self) -> None:
@@ -387,13 +390,15 @@ def preload(dsn: str, endpoint_ids: list[int], rows: int) -> float:
     return time.monotonic() - started
 
 
-def statement_counts(dsn: str) -> list[dict[str, Any]]:
-    """pg_stat_statements rows of this database (statements the workers sent since the reset)."""
+def statement_counts(dsn: str, nested: bool = False) -> list[dict[str, Any]]:
+    """pg_stat_statements rows of this database since the reset: the statements clients sent (round
+    trips), or with nested=True those run inside functions (only with --track-nested), by time."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(
             "SELECT query, calls, rows, total_exec_time FROM pg_stat_statements"
             " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " ORDER BY calls DESC"
+            " AND toplevel = %s ORDER BY " + ("total_exec_time" if nested else "calls") + " DESC",
+            (not nested,),
         )
         return [
             {"query": " ".join(q.split())[:120], "calls": c, "rows": r, "ms": round(t, 1)}

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -197,6 +198,7 @@ def section_db(ctx: Context) -> dict[str, Any]:
     out = asyncio.run(_db_ceiling(dsn, rows, batch))
     pg_cpu = ctx.cluster.cpu() - pg0
     statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
+    nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
     calls = sum(s["calls"] for s in statements)
     final = dict(execute(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
     logged = execute(dsn, "SELECT count(*) FROM webhooks.alert_delivery_log")[0][0]
@@ -214,6 +216,7 @@ def section_db(ctx: Context) -> dict[str, Any]:
             "round_trips": calls,
             "round_trips_per_row": round(calls / max(1, out["rows"]), 4),
             "statements": statements[:6],
+            "nested_statements": nested,
             "final_status": final,
             "audit_rows": logged,
             "health_successes": health,
@@ -234,6 +237,7 @@ def drain(
     endpoints: int = 1,
     profile: bool = False,
     on_preloaded: Callable[[str], dict[str, Any]] | None = None,
+    on_analyzed: Callable[[str], dict[str, Any]] | None = None,
     after: Callable[[str], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Preload `rows` rows, start `workers` webhook-worker processes, wait until the sink has them
@@ -252,6 +256,14 @@ def drain(
     }
     if on_preloaded is not None:
         out.update(on_preloaded(dsn))
+    if not ctx.args.no_analyze:
+        # What autovacuum does within a minute of a bulk load (see bench/README.md: without it the
+        # claim walks the whole backlog until then).
+        execute(dsn, "ANALYZE webhooks.alert_delivery_queue")
+        out["analyzed_after_preload"] = True
+    if on_analyzed is not None:
+        out.update(on_analyzed(dsn))
+    updates0 = table_updates(dsn)
     ctx.sink.reset()
     reset_statements(dsn)
     deadlocks0 = deadlocks(dsn)
@@ -278,11 +290,14 @@ def drain(
         pg_cpu, sink_cpu = ctx.cluster.cpu() - pg0, ctx.sink.cpu() - sink0
         stats = ctx.sink.stats((0.1, 0.9))
         statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
+        nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
     finally:
         if profiler is not None:
             out["profile"] = _finish_profiler(profiler)
         codes = [p.stop() for p in procs]
     final = dict(execute(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
+    updates = {k: v - updates0[k] for k, v in table_updates(dsn).items()}
+    out["queue_updates"] = {**updates, "hot_share": round(updates["hot"] / max(1, updates["updates"]), 3)}
     first, last = stats["first"], stats["last"]
     n = stats["count"]
     span = (last - first) if first and last and last > first else float("nan")
@@ -321,6 +336,7 @@ def drain(
             "rows_per_acquire": round(rows_by["acquire"] / max(1, by_name["acquire"]), 1),
             "rows_per_finish": round(rows_by["finish"] / max(1, by_name["finish"]), 1),
             "statements": statements[:8],
+            "nested_statements": nested,
             "deadlocks": deadlocks(dsn) - deadlocks0,
             "worker_exit_codes": codes,
         }
@@ -386,7 +402,8 @@ def summarise_profile(path: Path, top: int = 20) -> dict[str, Any]:
         if not stack:
             continue
         count = int(count_text)
-        frames = stack.split(";")
+        # py-spy frames read "function (path/file.py:LINE)": aggregate per function, not per line
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
         total += count
         leaf = frames[-1]
         self_counts[leaf] = self_counts.get(leaf, 0) + count
@@ -546,6 +563,16 @@ ORDER BY c.relname
 """
 
 
+def table_updates(dsn: str) -> dict[str, int]:
+    """Row updates of the queue table, and how many were HOT (heap-only: no index entries)."""
+    [[upd, hot]] = execute(
+        dsn,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE relid = 'webhooks.alert_delivery_queue'::regclass",
+    )
+    return {"updates": int(upd), "hot": int(hot)}
+
+
 def sizes(dsn: str) -> dict[str, Any]:
     out = {}
     for name, size, leaf, free in execute(dsn, SIZES_SQL):
@@ -564,13 +591,14 @@ def sizes(dsn: str) -> dict[str, Any]:
     return out
 
 
-def claim_plan(ctx: Context, dsn: str) -> dict[str, Any]:
+def claim_plan(ctx: Context, dsn: str, label: str = "claim") -> dict[str, Any]:
     """The claim's plans, as auto_explain logs the statements inside webhooks.acquire() (nested
     statements included), for one real claim that is rolled back."""
     offset = ctx.cluster.log_size()
     with psycopg.connect(dsn) as conn:
         conn.execute("LOAD 'auto_explain'")
-        conn.execute("SET auto_explain.log_min_duration = 0")
+        # 1 ms: the claim's statements, not the thousands of tiny per-row function calls inside them
+        conn.execute("SET auto_explain.log_min_duration = 1")
         conn.execute("SET auto_explain.log_nested_statements = on")
         conn.execute("SET auto_explain.log_analyze = on")
         started = time.monotonic()
@@ -580,22 +608,28 @@ def claim_plan(ctx: Context, dsn: str) -> dict[str, Any]:
     time.sleep(0.5)
     text = ctx.cluster.log_since(offset)
     plan_lines = [line for line in text.splitlines() if "->" in line or "Scan" in line or "duration:" in line]
-    queue_scans = [line.strip() for line in plan_lines if "alert_delivery_queue" in line and "Scan" in line]
+    scans = (line.strip() for line in plan_lines if "alert_delivery_queue" in line and "Scan" in line)
+    queue_scans = list(dict.fromkeys(scans))
     seq = [line for line in queue_scans if "Seq Scan" in line]
-    (ctx.workdir / "claim_plan.txt").write_text(text)
+    seq_run = [line for line in seq if "never executed" not in line]
+    (ctx.workdir / f"claim_plan_{label}.txt").write_text(text)
     return {
         "claimed_rows_in_explain": rows[0] if rows else 0,
         "claim_ms_with_explain": round(took_ms, 1),
         "queue_scans": queue_scans,
         "seq_scans_on_queue": len(seq),
+        "seq_scans_on_queue_executed": len(seq_run),
         "uses_claimable_index": any("alert_delivery_queue_claimable" in line for line in queue_scans),
-        "plan_file": str(ctx.workdir / "claim_plan.txt"),
+        "plan_file": str(ctx.workdir / f"claim_plan_{label}.txt"),
     }
 
 
 def section_backlog(ctx: Context) -> dict[str, Any]:
-    def before(dsn: str) -> dict[str, Any]:
-        return {"sizes_before": sizes(dsn), "claim_plan": claim_plan(ctx, dsn)}
+    def unanalyzed(dsn: str) -> dict[str, Any]:
+        return {"sizes_before": sizes(dsn), "claim_plan_before_analyze": claim_plan(ctx, dsn, "unanalyzed")}
+
+    def analyzed(dsn: str) -> dict[str, Any]:
+        return {"claim_plan": claim_plan(ctx, dsn, "analyzed")}
 
     def after(dsn: str) -> dict[str, Any]:
         result: dict[str, Any] = {"sizes_after_drain": sizes(dsn)}
@@ -626,7 +660,8 @@ def section_backlog(ctx: Context) -> dict[str, Any]:
         ctx.args.backlog_rows,
         ctx.settings,
         endpoints=ctx.args.endpoints,
-        on_preloaded=before,
+        on_preloaded=unanalyzed,
+        on_analyzed=analyzed,
         after=after,
     )
 
@@ -881,9 +916,11 @@ def targets(results: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     if plan is not None:
         add(
             "1M backlog: claim uses the partial index, no seq scan",
-            f"{plan['seq_scans_on_queue']} seq scans; claimable index used: {plan['uses_claimable_index']}",
-            "0 seq scans, index scan",
-            plan["seq_scans_on_queue"] == 0 and plan["uses_claimable_index"],
+            f"{plan['seq_scans_on_queue_executed']} seq scans run ({plan['seq_scans_on_queue']} in plans);"
+            f" claimable index used: {plan['uses_claimable_index']};"
+            f" claim {plan['claim_ms_with_explain']} ms",
+            "0 seq scans run, index scan",
+            plan["seq_scans_on_queue_executed"] == 0 and plan["uses_claimable_index"],
         )
     hot = _get(results, "backlog", "sizes_after_vacuum")
     if hot is not None:
@@ -962,7 +999,8 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                         f"3. end to end, {r['workers']} worker(s), {r['rows']:,} rows",
                         f"{r['per_second']:,.0f} deliveries/s; CPU ms/delivery worker {c['workers']}, "
                         f"PG {c['postgres']}, sink {c['sink']}; {r['round_trips_per_delivery']} round "
-                        f"trips/delivery; complete={r['complete']}",
+                        f"trips/delivery; HOT updates {100 * r['queue_updates']['hot_share']:.0f}%; "
+                        f"complete={r['complete']}",
                     )
                 )
     lat = results.get("latency")
@@ -1001,9 +1039,16 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                     if n.startswith("alert_delivery_queue_")
                 )
                 lines.append((f"   sizes {label}", f"heap {heap:,.1f} MB; {idx}"))
-        p = b.get("claim_plan") or {}
-        for scan in p.get("queue_scans", [])[:6]:
-            lines.append(("   claim plan", scan))
+        for label, key in (("before ANALYZE", "claim_plan_before_analyze"), ("analyzed", "claim_plan")):
+            p = b.get(key) or {}
+            if p:
+                took = f"one claim of 100 rows took {p['claim_ms_with_explain']} ms (EXPLAIN ANALYZE)"
+                lines.append((f"   claim plan {label}", took))
+            for scan in p.get("queue_scans", [])[:8]:
+                lines.append((f"   claim plan {label}", re.sub(r"  \(cost=[^)]*\)", "", scan)))
+        hot = b.get("queue_updates")
+        if hot:
+            lines.append(("   queue row updates", f"{hot['updates']:,}, HOT {100 * hot['hot_share']:.0f}%"))
     pr = results.get("producer")
     if isinstance(pr, dict):
         for k in ("queue_notify_on", "queue_notify_off", "app_table_no_trigger", "app_table_fanout_trigger"):
@@ -1138,14 +1183,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep-rows", type=int, default=30_000)
     p.add_argument("--profile", action="store_true", help="py-spy the 1-worker e2e drain (needs py-spy)")
     p.add_argument("--keep-databases", action="store_true")
+    p.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="do not ANALYZE the queue after a bulk preload (leave it to autovacuum)",
+    )
+    p.add_argument(
+        "--track-nested",
+        action="store_true",
+        help="pg_stat_statements.track=all: also report statements inside the SQL functions (adds overhead)",
+    )
     p.add_argument("--out", type=Path, help="results directory (default bench/results/<timestamp>)")
     args = p.parse_args(argv)
     if args.quick:
-        args.rows, args.backlog_rows, args.http_seconds = 2000, 5000, 2.0
-        args.latency_seconds, args.producer_inserts, args.producer_seconds = 2.0, 300, 2.0
+        args.rows, args.backlog_rows, args.http_seconds = 1000, 3000, 1.0
+        args.latency_seconds, args.producer_inserts, args.producer_seconds = 1.0, 300, 2.0
         args.many_healthy, args.many_slow, args.many_failing = 6, 2, 2
         args.many_rows_per_endpoint, args.many_workers = 20, 2
-        args.naive_max_seconds, args.sweep, args.sweep_rows = 60.0, "50:50:2", 1000
+        args.naive_max_seconds, args.sweep, args.sweep_rows = 30.0, "50:50:2", 1000
         args.drain_timeout = min(args.drain_timeout, 120.0)
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
@@ -1186,7 +1241,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings.describe(),
         "errors": {},
     }
-    cluster = Cluster()
+    cluster = Cluster(track_nested=args.track_nested)
     log(f"starting PostgreSQL and the sink; results in {out_dir}")
     cluster.start()
     results["machine"]["postgres"] = cluster.version()
