@@ -1165,8 +1165,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--many-failing", type=int, default=10)
     p.add_argument("--many-workers", type=int, default=4)
     p.add_argument("--many-rows-per-endpoint", type=int, default=200)
-    p.add_argument("--naive-max-seconds", type=float, default=240.0, help="time cap for the naive drain")
-    p.add_argument("--drain-timeout", type=float, default=900.0, help="time cap for any one drain (900 s)")
+    p.add_argument("--naive-max-seconds", type=float, default=120.0, help="time cap for the naive drain")
+    p.add_argument("--drain-timeout", type=float, default=1200.0, help="time cap for any one drain (1200 s)")
     p.add_argument("--concurrency", type=int, help="worker.concurrency (production default 100)")
     p.add_argument(
         "--claim-batch-size", type=int, help="delivery.claim_batch_size (default from database: 100)"
