@@ -80,6 +80,14 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_busy() -> float:
+    """CPU-seconds the whole machine has been busy (all cores, /proc/stat), to tell how much of a
+    section's CPU went to processes outside the benchmark."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values[:8]) - idle) / CLK_TCK
+
+
 def _children(ppid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

@@ -39,6 +39,7 @@ from bench.common import (
     WorkerSettings,
     deadlocks,
     execute,
+    machine_busy,
     payload_json,
     preload,
     register_endpoints,
@@ -268,6 +269,7 @@ def drain(
     reset_statements(dsn)
     deadlocks0 = deadlocks(dsn)
     pg0, sink0 = ctx.cluster.cpu(), ctx.sink.cpu()
+    busy0, own0 = machine_busy(), time.process_time()
     procs = [spawn_worker(dsn, ctx.workdir, f"{name}-w{i + 1}", settings) for i in range(workers)]
     spawned = time.time()
     profiler = _start_profiler(ctx, procs[0], name) if profile else None
@@ -288,6 +290,7 @@ def drain(
         time.sleep(1.0)
         worker_cpu = sum(max(cpu_seen[p.name], p.cpu()) for p in procs)
         pg_cpu, sink_cpu = ctx.cluster.cpu() - pg0, ctx.sink.cpu() - sink0
+        busy, own = machine_busy() - busy0, time.process_time() - own0
         stats = ctx.sink.stats((0.1, 0.9))
         statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
         nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
@@ -323,6 +326,9 @@ def drain(
                 "workers": round(worker_cpu, 2),
                 "postgres": round(pg_cpu, 2),
                 "sink": round(sink_cpu, 2),
+                "harness": round(own, 2),
+                # busy CPU of the whole machine not accounted above: other work on the machine
+                "other_processes": round(max(0.0, busy - worker_cpu - pg_cpu - sink_cpu - own), 2),
             },
             "cpu_ms_per_delivery": {
                 "workers": round(worker_cpu * 1000 / max(1, n), 4),
@@ -1000,7 +1006,8 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                         f"{r['per_second']:,.0f} deliveries/s; CPU ms/delivery worker {c['workers']}, "
                         f"PG {c['postgres']}, sink {c['sink']}; {r['round_trips_per_delivery']} round "
                         f"trips/delivery; HOT updates {100 * r['queue_updates']['hot_share']:.0f}%; "
-                        f"complete={r['complete']}",
+                        f"complete={r['complete']}; other processes on the machine "
+                        f"{r['cpu_seconds'].get('other_processes', '?')} CPU-s",
                     )
                 )
     lat = results.get("latency")
