@@ -1027,7 +1027,8 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                 f"5. backlog {b['rows']:,} rows, {b['workers']} worker(s)",
                 f"{b['per_second']:,.0f}/s overall; first 10% {b.get('first_10pct_per_second')}/s, "
                 f"last 10% {b.get('last_10pct_per_second')}/s; PG CPU {c['postgres']} ms/delivery; "
-                f"preload {b['preload_seconds']} s",
+                f"preload {b['preload_seconds']} s; other processes on the machine "
+                f"{b['cpu_seconds'].get('other_processes', '?')} CPU-s",
             )
         )
         for label, key in (
