@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -1231,8 +1232,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM, and SIGINT even when a background shell left it ignored, unwind through the finally
+    # blocks: workers stopped, sink stopped, the throwaway cluster removed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     out_dir = args.out or ROOT / "bench" / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = WorkerSettings(
