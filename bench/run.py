@@ -492,6 +492,7 @@ def section_sweep(ctx: Context) -> dict[str, Any]:
                 "rows_per_finish",
                 "round_trips_per_delivery",
                 "complete",
+                "cpu_seconds",
             )
         }
     return out
@@ -1096,7 +1097,8 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                     f"sweep batch:concurrency:pool {spec}",
                     f"{r['per_second']:,.0f}/s; "
                     f"worker CPU {r['cpu_ms_per_delivery']['workers']} ms/delivery; "
-                    f"{r['rows_per_acquire']} rows/acquire, {r['rows_per_finish']} rows/finish",
+                    f"{r['rows_per_acquire']} rows/acquire, {r['rows_per_finish']} rows/finish; "
+                    f"other processes {r['cpu_seconds'].get('other_processes', '?')} CPU-s",
                 )
             )
     return lines
