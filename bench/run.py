@@ -1,0 +1,1310 @@
+"""The webhook-worker benchmark (issue 7): every figure in one run on one machine.
+
+    .venv/bin/python -m bench.run            # full run (about 15-25 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick    # small sizes: checks the harness itself in about a minute
+
+Prints a table with each target next to its figure (PASS/MISS) and writes the JSON next to the
+worker and sink logs under bench/results/<timestamp>/. See bench/README.md for what each section
+measures and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import (
+    BENCH_KEYRING,
+    GENEROUS_LIMITS,
+    LOOPBACK_POLICY,
+    ROOT,
+    Cluster,
+    Sink,
+    WorkerProcess,
+    WorkerSettings,
+    deadlocks,
+    execute,
+    machine_busy,
+    payload_json,
+    preload,
+    register_endpoints,
+    reset_statements,
+    spawn_worker,
+    statement_counts,
+    wait_started,
+    worker_dsn,
+)
+
+SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "sweep")
+DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now().strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def loop_name() -> str:
+    return type(asyncio.get_event_loop_policy()).__module__
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+# --- 1. HTTP ceiling ---------------------------------------------------------------------------------
+
+
+async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    from worker.delivery import Sender
+    from worker.policy import RetrySchedule
+    from worker.queue import Claimed
+
+    sender = Sender(concurrency, LOOPBACK_POLICY)
+    await sender.start()
+    body = payload_json(1).encode()
+    rows = [
+        Claimed(
+            delivery_id=i,
+            webhook_id=1,
+            event_id=f"evt_{i}",
+            idempotency_key=f"evt_{i}",
+            event_type="alert.created",
+            body=body,
+            attempt=1,
+            max_attempts=10,
+            lease_token=uuid.uuid4(),
+            locked_until=datetime.now(UTC) + timedelta(minutes=5),
+            url=url,
+            signing_secrets=("whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",),
+            headers={},
+            timeout_seconds=None,
+            schedule=RetrySchedule(),
+        )
+        for i in range(concurrency)
+    ]
+    counts = {"ok": 0, "failed": 0}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+
+    async def one(row: Claimed) -> None:
+        while loop.time() < deadline:
+            sent = await sender.send(row, body, 10.0)
+            counts["ok" if sent.result.status == 200 else "failed"] += 1
+
+    cpu0, started = time.process_time(), loop.time()
+    await asyncio.gather(*(one(r) for r in rows))
+    elapsed, cpu = loop.time() - started, time.process_time() - cpu0
+    await sender.close()
+    return {
+        "requests": counts["ok"],
+        "failed": counts["failed"],
+        "seconds": round(elapsed, 2),
+        "per_second": round(counts["ok"] / elapsed, 1),
+        "client_cpu_ms_per_request": round(cpu * 1000 / max(1, counts["ok"]), 4),
+    }
+
+
+def section_http(ctx: Context) -> dict[str, Any]:
+    conc = ctx.settings.concurrency or 100
+    out: dict[str, Any] = {"concurrency": conc, "payload_bytes": len(payload_json(1))}
+    ctx.sink.reset()
+    sink_cpu0 = ctx.sink.cpu()
+    out["default_loop"] = asyncio.run(_http_ceiling(ctx.sink.url(), conc, ctx.args.http_seconds))
+    out["default_loop"]["loop"] = "asyncio (default; what `webhook-worker` runs)"
+    out["default_loop"]["sink_cpu_share"] = round(
+        (ctx.sink.cpu() - sink_cpu0) / out["default_loop"]["seconds"], 3
+    )
+    try:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            out["uvloop"] = runner.run(_http_ceiling(ctx.sink.url(), conc, ctx.args.http_seconds))
+        out["uvloop"]["loop"] = "uvloop (not what the worker runs today; for comparison)"
+    except ImportError:
+        out["uvloop"] = None
+    return out
+
+
+# --- 2. database ceiling -----------------------------------------------------------------------------
+
+
+async def _db_ceiling(dsn: str, rows: int, batch: int) -> dict[str, Any]:
+    from worker.queue import Finished, Queue
+
+    queue = Queue.create(worker_dsn(dsn), 1, 2, 10.0, "bench-db", BENCH_KEYRING)
+    await queue.open()
+    await queue.pool.wait()
+    done, claims, finishes = 0, 0, 0
+    started = time.monotonic()
+    while done < rows:
+        claimed = await queue.acquire("bench-db", batch, 60)
+        claims += 1
+        if not claimed:
+            break
+        await queue.finish(
+            "bench-db",
+            [
+                Finished(
+                    delivery_id=r.delivery_id,
+                    lease_token=r.lease_token,
+                    attempt=r.attempt,
+                    outcome="delivered",
+                    http_status=200,
+                    latency_ms=1,
+                    response_excerpt="ok",
+                )
+                for r in claimed
+            ],
+        )
+        finishes += 1
+        done += len(claimed)
+    elapsed = time.monotonic() - started
+    await queue.close()
+    return {
+        "rows": done,
+        "seconds": round(elapsed, 2),
+        "per_second": round(done / elapsed, 1),
+        "acquire_calls": claims,
+        "finish_calls": finishes,
+    }
+
+
+def section_db(ctx: Context) -> dict[str, Any]:
+    dsn = ctx.cluster.new_database("bench_db")
+    [endpoint] = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
+    rows = ctx.args.rows
+    preload_s = preload(dsn, [endpoint], rows)
+    execute(dsn, "VACUUM ANALYZE webhooks.alert_delivery_queue")
+    batch = ctx.settings.claim_batch_size or 100
+    reset_statements(dsn)
+    pg0 = ctx.cluster.cpu()
+    out = asyncio.run(_db_ceiling(dsn, rows, batch))
+    pg_cpu = ctx.cluster.cpu() - pg0
+    statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
+    nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
+    calls = sum(s["calls"] for s in statements)
+    final = dict(execute(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
+    logged = execute(dsn, "SELECT count(*) FROM webhooks.alert_delivery_log")[0][0]
+    health = execute(
+        dsn, "SELECT successes FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", (endpoint,)
+    )[0][0]
+    ctx.cluster.drop_database("bench_db")
+    out.update(
+        {
+            "batch_size": batch,
+            "preload_seconds": round(preload_s, 1),
+            "loop": "asyncio (default)",
+            "pg_cpu_seconds": round(pg_cpu, 2),
+            "pg_cpu_ms_per_row": round(pg_cpu * 1000 / max(1, out["rows"]), 4),
+            "round_trips": calls,
+            "round_trips_per_row": round(calls / max(1, out["rows"]), 4),
+            "statements": statements[:6],
+            "nested_statements": nested,
+            "final_status": final,
+            "audit_rows": logged,
+            "health_successes": health,
+        }
+    )
+    return out
+
+
+# --- 3. end to end (and the sweep, and the 1M backlog) -----------------------------------------------
+
+
+def drain(
+    ctx: Context,
+    name: str,
+    workers: int,
+    rows: int,
+    settings: WorkerSettings,
+    endpoints: int = 1,
+    profile: bool = False,
+    on_preloaded: Callable[[str], dict[str, Any]] | None = None,
+    on_analyzed: Callable[[str], dict[str, Any]] | None = None,
+    after: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Preload `rows` rows, start `workers` webhook-worker processes, wait until the sink has them
+    all and every row is delivered; CPU of workers, PostgreSQL and sink over the drain."""
+    dsn = ctx.cluster.new_database(name)
+    ids = register_endpoints(dsn, [ctx.sink.url(f"/ok/{i}") for i in range(endpoints)], **GENEROUS_LIMITS)
+    log(f"{name}: preloading {rows:,} rows")
+    preload_s = preload(dsn, ids, rows)
+    out: dict[str, Any] = {
+        "workers": workers,
+        "rows": rows,
+        "endpoints": endpoints,
+        "settings": settings.describe(),
+        "preload_seconds": round(preload_s, 1),
+        "worker_loop": "asyncio (default)",
+    }
+    if on_preloaded is not None:
+        out.update(on_preloaded(dsn))
+    if not ctx.args.no_analyze:
+        # What autovacuum does within a minute of a bulk load (see bench/README.md: without it the
+        # claim walks the whole backlog until then).
+        execute(dsn, "ANALYZE webhooks.alert_delivery_queue")
+        out["analyzed_after_preload"] = True
+    if on_analyzed is not None:
+        out.update(on_analyzed(dsn))
+    updates0 = table_updates(dsn)
+    ctx.sink.reset()
+    reset_statements(dsn)
+    deadlocks0 = deadlocks(dsn)
+    pg0, sink0 = ctx.cluster.cpu(), ctx.sink.cpu()
+    busy0, own0 = machine_busy(), time.process_time()
+    procs = [spawn_worker(dsn, ctx.workdir, f"{name}-w{i + 1}", settings) for i in range(workers)]
+    spawned = time.time()
+    profiler = _start_profiler(ctx, procs[0], name) if profile else None
+    deadline = time.monotonic() + ctx.args.drain_timeout
+    cpu_seen = {p.name: 0.0 for p in procs}
+    count = 0
+    try:
+        while True:
+            time.sleep(0.25)
+            for p in procs:
+                cpu_seen[p.name] = max(cpu_seen[p.name], p.cpu())
+                if p.process.poll() is not None:
+                    raise RuntimeError(f"{p.name} exited with {p.process.returncode}; see {p.log_path}")
+            count = ctx.sink.stats()["count"]
+            if count >= rows or time.monotonic() > deadline:
+                break
+        # let the last outcomes be written (finish_max_delay_seconds is 0.05 s)
+        time.sleep(1.0)
+        worker_cpu = sum(max(cpu_seen[p.name], p.cpu()) for p in procs)
+        pg_cpu, sink_cpu = ctx.cluster.cpu() - pg0, ctx.sink.cpu() - sink0
+        busy, own = machine_busy() - busy0, time.process_time() - own0
+        stats = ctx.sink.stats((0.1, 0.9))
+        statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
+        nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
+    finally:
+        if profiler is not None:
+            out["profile"] = _finish_profiler(profiler)
+        codes = [p.stop() for p in procs]
+    final = dict(execute(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
+    updates = {k: v - updates0[k] for k, v in table_updates(dsn).items()}
+    out["queue_updates"] = {**updates, "hot_share": round(updates["hot"] / max(1, updates["updates"]), 3)}
+    first, last = stats["first"], stats["last"]
+    n = stats["count"]
+    span = (last - first) if first and last and last > first else float("nan")
+    calls = sum(s["calls"] for s in statements)
+    by_name = {"acquire": 0, "finish": 0}
+    rows_by = {"acquire": 0, "finish": 0}
+    for s in statements:
+        for key in by_name:
+            if f"webhooks.{key}(" in s["query"]:
+                by_name[key] += s["calls"]
+                rows_by[key] += s["rows"]
+    delivered = final.get("delivered", 0)
+    out.update(
+        {
+            "received": n,
+            "delivered": delivered,
+            "final_status": final,
+            "complete": delivered == rows,
+            "seconds_first_to_last_receipt": round(span, 2),
+            "seconds_spawn_to_last_receipt": round(last - spawned, 2) if last else None,
+            "per_second": round(n / span, 1) if span == span else None,
+            "cpu_seconds": {
+                "workers": round(worker_cpu, 2),
+                "postgres": round(pg_cpu, 2),
+                "sink": round(sink_cpu, 2),
+                "harness": round(own, 2),
+                # busy CPU of the whole machine not accounted above: other work on the machine
+                "other_processes": round(max(0.0, busy - worker_cpu - pg_cpu - sink_cpu - own), 2),
+            },
+            "cpu_ms_per_delivery": {
+                "workers": round(worker_cpu * 1000 / max(1, n), 4),
+                "postgres": round(pg_cpu * 1000 / max(1, n), 4),
+                "sink": round(sink_cpu * 1000 / max(1, n), 4),
+            },
+            "round_trips": calls,
+            "round_trips_per_delivery": round(calls / max(1, n), 4),
+            "acquire_calls": by_name["acquire"],
+            "finish_calls": by_name["finish"],
+            "rows_per_acquire": round(rows_by["acquire"] / max(1, by_name["acquire"]), 1),
+            "rows_per_finish": round(rows_by["finish"] / max(1, by_name["finish"]), 1),
+            "statements": statements[:8],
+            "nested_statements": nested,
+            "deadlocks": deadlocks(dsn) - deadlocks0,
+            "worker_exit_codes": codes,
+        }
+    )
+    if n >= 10 and stats["at_fraction"]:
+        t10, t90 = stats["at_fraction"].get("0.1"), stats["at_fraction"].get("0.9")
+        tenth = n * 0.1
+        out["first_10pct_per_second"] = round(tenth / (t10 - first), 1) if t10 and t10 > first else None
+        out["last_10pct_per_second"] = round(tenth / (last - t90), 1) if t90 and last > t90 else None
+    if after is not None:
+        out.update(after(dsn))
+    if not ctx.args.keep_databases:
+        ctx.cluster.drop_database(name)
+    return out
+
+
+def _start_profiler(
+    ctx: Context, proc: WorkerProcess, name: str
+) -> tuple[subprocess.Popen[bytes], Path] | None:
+    py_spy = Path(sys.executable).parent / "py-spy"
+    if not py_spy.exists():
+        log("py-spy not installed: no profile")
+        return None
+    out = ctx.workdir / f"{name}.pyspy.txt"
+    cmd = [
+        str(py_spy),
+        "record",
+        "--nonblocking",
+        "-r",
+        "100",
+        "-f",
+        "raw",
+        "-o",
+        str(out),
+        "-p",
+        str(proc.pid),
+        "-d",
+        str(int(ctx.args.drain_timeout)),
+    ]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def _finish_profiler(profiler: tuple[subprocess.Popen[bytes], Path] | None) -> dict[str, Any] | None:
+    if profiler is None:
+        return None
+    process, path = profiler
+    process.send_signal(2)  # SIGINT: py-spy writes what it has
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(30)
+    if not path.exists():
+        return {"error": "py-spy wrote nothing"}
+    return summarise_profile(path)
+
+
+def summarise_profile(path: Path, top: int = 20) -> dict[str, Any]:
+    """Self and inclusive sample shares per function, and inclusive shares per package."""
+    self_counts: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    packages: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        # py-spy frames read "function (path/file.py:LINE)": aggregate per function, not per line
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        total += count
+        leaf = frames[-1]
+        self_counts[leaf] = self_counts.get(leaf, 0) + count
+        for frame in set(frames):
+            incl[frame] = incl.get(frame, 0) + count
+        seen = set()
+        for frame in frames:
+            pkg = _package(frame)
+            if pkg not in seen:
+                seen.add(pkg)
+                packages[pkg] = packages.get(pkg, 0) + count
+
+    def share(d: dict[str, int]) -> list[tuple[str, float]]:
+        return [
+            (k, round(100 * v / max(1, total), 1)) for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:top]
+        ]
+
+    return {
+        "samples": total,
+        "file": str(path),
+        "self_pct": share(self_counts),
+        "inclusive_pct": share(incl),
+        "package_inclusive_pct": share(packages),
+    }
+
+
+def _package(frame: str) -> str:
+    # py-spy frames look like "function (path/to/file.py:123)"
+    where = frame.rpartition("(")[2]
+    for name in (
+        "worker/",
+        "aiohttp/",
+        "psycopg_pool/",
+        "psycopg/",
+        "structlog/",
+        "prometheus_client/",
+        "asyncio/",
+        "yarl/",
+        "multidict/",
+        "pydantic",
+    ):
+        if name in where:
+            return name.rstrip("/")
+    return "other"
+
+
+def section_e2e(ctx: Context) -> dict[str, Any]:
+    out = {}
+    for workers in (1, 2):
+        log(f"e2e: {workers} worker(s)")
+        out[f"workers_{workers}"] = drain(
+            ctx,
+            f"bench_e2e{workers}",
+            workers,
+            ctx.args.rows,
+            ctx.settings,
+            endpoints=ctx.args.endpoints,
+            profile=ctx.args.profile and workers == 1,
+        )
+    return out
+
+
+def section_sweep(ctx: Context) -> dict[str, Any]:
+    out = {}
+    for spec in ctx.args.sweep.split(","):
+        batch, conc, pool = (int(x) for x in spec.split(":"))
+        settings = WorkerSettings(
+            concurrency=conc, claim_batch_size=batch, finish_batch_size=batch, pool_max_size=pool
+        )
+        log(f"sweep: batch {batch}, concurrency {conc}, pool {pool}")
+        result = drain(ctx, "bench_sweep", 1, ctx.args.sweep_rows, settings, endpoints=ctx.args.endpoints)
+        out[spec] = {
+            k: result[k]
+            for k in (
+                "settings",
+                "per_second",
+                "cpu_ms_per_delivery",
+                "rows_per_acquire",
+                "rows_per_finish",
+                "round_trips_per_delivery",
+                "complete",
+                "cpu_seconds",
+            )
+        }
+    return out
+
+
+# --- 4. latency --------------------------------------------------------------------------------------
+
+
+def section_latency(ctx: Context) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "rate_per_second": ctx.args.latency_rate,
+        "seconds": ctx.args.latency_seconds,
+        "workers": 1,
+        "notify": True,
+        "worker_loop": "asyncio (default)",
+    }
+    dsn = ctx.cluster.new_database("bench_latency")
+    [endpoint] = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
+    ctx.sink.reset()
+    [proc] = [spawn_worker(dsn, ctx.workdir, "latency-w1", ctx.settings)]
+    try:
+        wait_started([proc])
+        time.sleep(1.5)  # idle: listening, nothing queued
+        total = int(ctx.args.latency_rate * ctx.args.latency_seconds)
+        insert = (
+            "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+            " VALUES (%s, 'alert.created', %s::jsonb)"
+        )
+        late = 0
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            start = time.monotonic() + 0.1
+            for i in range(total):
+                due = start + i / ctx.args.latency_rate
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                elif wait < -0.005:
+                    late += 1
+                conn.execute(insert, (endpoint, payload_json(i, {"bench_t": time.time()})))
+            produce_s = time.monotonic() - start
+        deadline = time.monotonic() + 30
+        while ctx.sink.stats()["count"] < total and time.monotonic() < deadline:
+            time.sleep(0.1)
+        samples = [(recv - sent) * 1000 for sent, recv in ctx.sink.latency()]
+    finally:
+        proc.stop()
+    ctx.cluster.drop_database("bench_latency")
+    out.update(
+        {
+            "inserted": total,
+            "received": len(samples),
+            "producer_seconds": round(produce_s, 2),
+            "producer_late_inserts": late,
+            "p50_ms": round(percentile(samples, 50), 2),
+            "p95_ms": round(percentile(samples, 95), 2),
+            "p99_ms": round(percentile(samples, 99), 2),
+            "max_ms": round(max(samples), 2) if samples else None,
+            "mean_ms": round(statistics.fmean(samples), 2) if samples else None,
+        }
+    )
+    return out
+
+
+# --- 5. backlog scale --------------------------------------------------------------------------------
+
+SIZES_SQL = """
+SELECT c.relname, pg_relation_size(c.oid) AS bytes,
+       CASE WHEN c.relkind = 'i' THEN (SELECT leaf_pages FROM pgstatindex(c.oid::regclass)) END AS leaf_pages,
+       CASE WHEN c.relkind = 'i' THEN (SELECT deleted_pages + empty_pages FROM pgstatindex(c.oid::regclass))
+       END AS free_leaf_pages
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'webhooks'
+  AND (c.relname = 'alert_delivery_queue' OR c.oid IN (
+       SELECT indexrelid FROM pg_index WHERE indrelid = 'webhooks.alert_delivery_queue'::regclass))
+ORDER BY c.relname
+"""
+
+
+def table_updates(dsn: str) -> dict[str, int]:
+    """Row updates of the queue table, and how many were HOT (heap-only: no index entries)."""
+    [[upd, hot]] = execute(
+        dsn,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE relid = 'webhooks.alert_delivery_queue'::regclass",
+    )
+    return {"updates": int(upd), "hot": int(hot)}
+
+
+def sizes(dsn: str) -> dict[str, Any]:
+    out = {}
+    for name, size, leaf, free in execute(dsn, SIZES_SQL):
+        entry: dict[str, Any] = {"bytes": size}
+        if leaf is not None:
+            entry["leaf_pages"] = leaf
+            entry["live_leaf_pages"] = max(0, leaf - (free or 0))
+        out[name] = entry
+    tuples = execute(
+        dsn,
+        "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables"
+        " WHERE relid = 'webhooks.alert_delivery_queue'::regclass",
+    )
+    if tuples:
+        out["_tuples"] = {"live": tuples[0][0], "dead": tuples[0][1]}
+    return out
+
+
+def claim_plan(ctx: Context, dsn: str, label: str = "claim") -> dict[str, Any]:
+    """The claim's plans, as auto_explain logs the statements inside webhooks.acquire() (nested
+    statements included), for one real claim that is rolled back."""
+    offset = ctx.cluster.log_size()
+    with psycopg.connect(dsn) as conn:
+        conn.execute("LOAD 'auto_explain'")
+        # 1 ms: the claim's statements, not the thousands of tiny per-row function calls inside them
+        conn.execute("SET auto_explain.log_min_duration = 1")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        conn.execute("SET auto_explain.log_analyze = on")
+        started = time.monotonic()
+        rows = conn.execute("SELECT count(*) FROM webhooks.acquire('bench-explain', 100, 60)").fetchone()
+        took_ms = (time.monotonic() - started) * 1000
+        conn.rollback()
+    time.sleep(0.5)
+    text = ctx.cluster.log_since(offset)
+    plan_lines = [line for line in text.splitlines() if "->" in line or "Scan" in line or "duration:" in line]
+    scans = (line.strip() for line in plan_lines if "alert_delivery_queue" in line and "Scan" in line)
+    queue_scans = list(dict.fromkeys(scans))
+    seq = [line for line in queue_scans if "Seq Scan" in line]
+    seq_run = [line for line in seq if "never executed" not in line]
+    (ctx.workdir / f"claim_plan_{label}.txt").write_text(text)
+    return {
+        "claimed_rows_in_explain": rows[0] if rows else 0,
+        "claim_ms_with_explain": round(took_ms, 1),
+        "queue_scans": queue_scans,
+        "seq_scans_on_queue": len(seq),
+        "seq_scans_on_queue_executed": len(seq_run),
+        "uses_claimable_index": any("alert_delivery_queue_claimable" in line for line in queue_scans),
+        "plan_file": str(ctx.workdir / f"claim_plan_{label}.txt"),
+    }
+
+
+def section_backlog(ctx: Context) -> dict[str, Any]:
+    def unanalyzed(dsn: str) -> dict[str, Any]:
+        return {"sizes_before": sizes(dsn), "claim_plan_before_analyze": claim_plan(ctx, dsn, "unanalyzed")}
+
+    def analyzed(dsn: str) -> dict[str, Any]:
+        return {"claim_plan": claim_plan(ctx, dsn, "analyzed")}
+
+    def after(dsn: str) -> dict[str, Any]:
+        result: dict[str, Any] = {"sizes_after_drain": sizes(dsn)}
+        started = time.monotonic()
+        execute(dsn, "VACUUM webhooks.alert_delivery_queue")
+        result["vacuum_seconds"] = round(time.monotonic() - started, 1)
+        result["sizes_after_vacuum"] = sizes(dsn)
+        # Retention (7 days by default) keeps delivered rows; apply it now with the production purge.
+        execute(dsn, "UPDATE webhooks.delivery_config SET delivered_retention = interval '1 second'")
+        time.sleep(1.1)
+        started = time.monotonic()
+        purged = 0
+        while True:
+            [[n, _, _]] = execute(dsn, "SELECT * FROM webhooks.purge(50000)")
+            purged += n
+            if n == 0 or time.monotonic() - started > 300:
+                break
+        execute(dsn, "VACUUM webhooks.alert_delivery_queue")
+        result["purged_rows"] = purged
+        result["purge_and_vacuum_seconds"] = round(time.monotonic() - started, 1)
+        result["sizes_after_purge_and_vacuum"] = sizes(dsn)
+        return result
+
+    return drain(
+        ctx,
+        "bench_backlog",
+        ctx.args.backlog_workers,
+        ctx.args.backlog_rows,
+        ctx.settings,
+        endpoints=ctx.args.endpoints,
+        on_preloaded=unanalyzed,
+        on_analyzed=analyzed,
+        after=after,
+    )
+
+
+# --- 6. producer cost --------------------------------------------------------------------------------
+
+
+def _insert_rate(
+    dsn: str, sql: str, params: Callable[[int], tuple[Any, ...]], count: int, seconds: float
+) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(50):  # warm up
+            conn.execute(sql, params(-i))
+        done = 0
+        started = time.monotonic()
+        deadline = started + seconds
+        while done < count and time.monotonic() < deadline:
+            conn.execute(sql, params(done))
+            done += 1
+        elapsed = time.monotonic() - started
+    return {
+        "inserts": done,
+        "per_second": round(done / elapsed, 1),
+        "us_per_insert": round(elapsed * 1e6 / done, 1),
+    }
+
+
+def section_producer(ctx: Context) -> dict[str, Any]:
+    dsn = ctx.cluster.new_database("bench_producer")
+    ids = register_endpoints(dsn, [ctx.sink.url(f"/ok/{i}") for i in range(ctx.args.fanout)])
+    execute(
+        dsn,
+        "CREATE TABLE public.bench_alerts (id bigserial PRIMARY KEY, title text, severity text, pad text)",
+    )
+    n, secs = ctx.args.producer_inserts, ctx.args.producer_seconds
+    queue_insert = (
+        "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+        " VALUES (%s, 'alert.created', %s::jsonb)"
+    )
+    app_insert = "INSERT INTO public.bench_alerts (title, severity, pad) VALUES (%s, 'critical', %s)"
+    pad = "x" * 900
+    out: dict[str, Any] = {"one_insert_per_transaction": True, "fanout_endpoints": len(ids)}
+    log("producer: queue insert, NOTIFY on")
+    out["queue_notify_on"] = _insert_rate(dsn, queue_insert, lambda i: (ids[0], payload_json(i)), n, secs)
+    execute(dsn, "UPDATE webhooks.delivery_config SET notify_enabled = false")
+    log("producer: queue insert, NOTIFY off")
+    out["queue_notify_off"] = _insert_rate(dsn, queue_insert, lambda i: (ids[0], payload_json(i)), n, secs)
+    execute(dsn, "UPDATE webhooks.delivery_config SET notify_enabled = true")
+    log("producer: application table, no trigger")
+    out["app_table_no_trigger"] = _insert_rate(dsn, app_insert, lambda i: (f"alert {i}", pad), n, secs)
+    execute(
+        dsn,
+        "CREATE TRIGGER bench_alerts_webhooks AFTER INSERT ON public.bench_alerts FOR EACH ROW"
+        " EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id')",
+    )
+    log("producer: application table with the fan-out trigger")
+    out["app_table_fanout_trigger"] = _insert_rate(dsn, app_insert, lambda i: (f"alert {i}", pad), n, secs)
+    out["app_table_fanout_trigger"]["queue_rows_per_insert"] = len(ids)
+    ctx.cluster.drop_database("bench_producer")
+    return out
+
+
+# --- 7. many endpoints -------------------------------------------------------------------------------
+
+
+def section_many(ctx: Context) -> dict[str, Any]:
+    a = ctx.args
+    healthy, slow, failing = a.many_healthy, a.many_slow, a.many_failing
+    urls = (
+        [ctx.sink.url(f"/ok/{i}") for i in range(healthy)]
+        + [ctx.sink.url(f"/slow/{a.many_slow_ms}/{i}") for i in range(slow)]
+        + [ctx.sink.url(f"/fail/{i}") for i in range(failing)]
+    )
+    dsn = ctx.cluster.new_database("bench_many")
+    ids = register_endpoints(dsn, urls)  # production default limits (max_in_flight 10, circuit on)
+    rows = a.many_rows_per_endpoint * len(ids)
+    preload(dsn, ids, rows)
+    good_target = a.many_rows_per_endpoint * (healthy + slow)
+    ctx.sink.reset()
+    reset_statements(dsn)
+    deadlocks0 = deadlocks(dsn)
+    log_offset = ctx.cluster.log_size()
+    pg0 = ctx.cluster.cpu()
+    procs = [spawn_worker(dsn, ctx.workdir, f"many-w{i + 1}", ctx.settings) for i in range(a.many_workers)]
+    waiting_samples, max_waiting, samples = 0, 0, 0
+    deadline = time.monotonic() + a.drain_timeout
+    worker_cpu = {p.name: 0.0 for p in procs}
+    try:
+        with psycopg.connect(ctx.cluster.url, autocommit=True) as watcher:
+            while time.monotonic() < deadline:
+                time.sleep(0.25)
+                [[waiting]] = watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchall()
+                samples += 1
+                waiting_samples += 1 if waiting else 0
+                max_waiting = max(max_waiting, waiting)
+                for p in procs:
+                    worker_cpu[p.name] = max(worker_cpu[p.name], p.cpu())
+                stats = ctx.sink.stats()
+                if stats["by_kind"]["ok"] + stats["by_kind"]["slow"] >= good_target:
+                    break
+        time.sleep(1.0)
+        stats = ctx.sink.stats()
+        pg_cpu = ctx.cluster.cpu() - pg0
+        for p in procs:
+            worker_cpu[p.name] = max(worker_cpu[p.name], p.cpu())
+    finally:
+        codes = [p.stop() for p in procs]
+    pg_log = ctx.cluster.log_since(log_offset)
+    final = dict(execute(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
+    circuits = dict(
+        execute(dsn, "SELECT circuit_state, count(*) FROM webhooks.webhook_health_metrics GROUP BY 1")
+    )
+    attempts = execute(dsn, "SELECT count(*) FROM webhooks.alert_delivery_log")[0][0]
+    dl = deadlocks(dsn) - deadlocks0
+    ctx.cluster.drop_database("bench_many")
+    span = (stats["last"] - stats["first"]) if stats["first"] else float("nan")
+    good = stats["by_kind"]["ok"] + stats["by_kind"]["slow"]
+    return {
+        "endpoints": {"healthy": healthy, "slow": slow, "slow_ms": a.many_slow_ms, "failing": failing},
+        "workers": a.many_workers,
+        "rows": rows,
+        "worker_loop": "asyncio (default)",
+        "requests": stats["count"],
+        "requests_by_kind": stats["by_kind"],
+        "seconds": round(span, 2),
+        "requests_per_second": round(stats["count"] / span, 1) if span == span else None,
+        "good_deliveries_per_second": round(good / span, 1) if span == span else None,
+        "final_status": final,
+        "circuits": circuits,
+        "audit_rows": attempts,
+        "deadlocks": dl,
+        "deadlock_log_lines": pg_log.count("deadlock detected"),
+        "lock_wait_log_lines": pg_log.count("still waiting for"),
+        "lock_wait_threshold_ms": 100,
+        "pg_locks_samples": samples,
+        "pg_locks_samples_with_waiters": waiting_samples,
+        "pg_locks_max_waiting": max_waiting,
+        "cpu_seconds": {"workers": round(sum(worker_cpu.values()), 2), "postgres": round(pg_cpu, 2)},
+        "worker_exit_codes": codes,
+    }
+
+
+# --- 8. the naive baseline ---------------------------------------------------------------------------
+
+
+def section_naive(ctx: Context) -> dict[str, Any]:
+    dsn = ctx.cluster.new_database("bench_naive")
+    ids = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
+    rows = ctx.args.rows
+    preload(dsn, ids, rows)
+    ctx.sink.reset()
+    pg0, sink0 = ctx.cluster.cpu(), ctx.sink.cpu()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.naive",
+            "--dsn",
+            dsn,
+            "--url",
+            ctx.sink.url(),
+            "--expect",
+            str(rows),
+            "--max-seconds",
+            str(ctx.args.naive_max_seconds),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=ctx.args.naive_max_seconds + 60,
+        check=False,
+    )
+    pg_cpu, sink_cpu = ctx.cluster.cpu() - pg0, ctx.sink.cpu() - sink0
+    if result.returncode != 0:
+        raise RuntimeError(f"naive baseline failed: {result.stderr[-2000:]}")
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    stats = ctx.sink.stats()
+    span = stats["last"] - stats["first"] if stats["first"] else float("nan")
+    final = dict(execute(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
+    ctx.cluster.drop_database("bench_naive")
+    out.update(
+        {
+            "coroutines": 10,
+            "loop": "asyncio (default)",
+            "received": stats["count"],
+            "per_second_first_to_last_receipt": round(stats["count"] / span, 1) if span == span else None,
+            "final_status": final,
+            "pg_cpu_ms_per_delivery": round(pg_cpu * 1000 / max(1, stats["count"]), 4),
+            "sink_cpu_seconds": round(sink_cpu, 2),
+        }
+    )
+    return out
+
+
+# --- targets and the table ---------------------------------------------------------------------------
+
+
+def _get(results: dict[str, Any], *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node or node[key] is None:
+            return None
+        node = node[key]
+    return node
+
+
+def targets(results: dict[str, Any], batch: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, figure: Any, goal: str, ok: bool | None) -> None:
+        rows.append(
+            {
+                "target": name,
+                "figure": figure,
+                "goal": goal,
+                "result": "n/a" if ok is None else ("PASS" if ok else "MISS"),
+            }
+        )
+
+    ceiling = _get(results, "http", "default_loop", "per_second")
+    one = _get(results, "e2e", "workers_1", "per_second")
+    two = _get(results, "e2e", "workers_2", "per_second")
+    naive = _get(results, "naive", "per_second_first_to_last_receipt")
+    if one is not None and ceiling:
+        add(
+            "e2e 1 worker vs HTTP ceiling",
+            f"{one:,.0f}/s = {100 * one / ceiling:.0f}% of {ceiling:,.0f}/s",
+            ">= 85%",
+            one >= 0.85 * ceiling,
+        )
+    if one is not None and naive:
+        add("e2e 1 worker vs naive", f"{one / naive:.1f}x ({naive:,.0f}/s naive)", ">= 5x", one >= 5 * naive)
+    if one is not None and two is not None:
+        add("e2e 2 workers vs 1", f"{two:,.0f}/s vs {one:,.0f}/s", "2 > 1", two > one)
+    p50, p99 = _get(results, "latency", "p50_ms"), _get(results, "latency", "p99_ms")
+    if p50 is not None:
+        add("latency p50 at 200/s (NOTIFY)", f"{p50:.1f} ms", "<= 5 ms", p50 <= 5)
+    if p99 is not None:
+        add("latency p99 at 200/s (NOTIFY)", f"{p99:.1f} ms", "<= 20 ms", p99 <= 20)
+    first, last = (
+        _get(results, "backlog", "first_10pct_per_second"),
+        _get(results, "backlog", "last_10pct_per_second"),
+    )
+    if first and last:
+        add(
+            "1M backlog: last 10% vs first 10%",
+            f"{last:,.0f}/s vs {first:,.0f}/s ({100 * last / first:.0f}%)",
+            ">= 80%",
+            last >= 0.8 * first,
+        )
+    plan = _get(results, "backlog", "claim_plan")
+    if plan is not None:
+        add(
+            "1M backlog: claim uses the partial index, no seq scan",
+            f"{plan['seq_scans_on_queue_executed']} seq scans run ({plan['seq_scans_on_queue']} in plans);"
+            f" claimable index used: {plan['uses_claimable_index']};"
+            f" claim {plan['claim_ms_with_explain']} ms",
+            "0 seq scans run, index scan",
+            plan["seq_scans_on_queue_executed"] == 0 and plan["uses_claimable_index"],
+        )
+    hot = _get(results, "backlog", "sizes_after_vacuum")
+    if hot is not None:
+        names = ("alert_delivery_queue_claimable", "alert_delivery_queue_due", "alert_delivery_queue_leased")
+        live = {n.removeprefix("alert_delivery_queue_"): hot.get(n, {}).get("live_leaf_pages") for n in names}
+        ok = all(v is not None and v <= 10 for v in live.values())
+        add(
+            "1M backlog: hot indexes near empty after drain + VACUUM",
+            f"live leaf pages {live}",
+            "<= 10 pages each",
+            ok,
+        )
+    purged = _get(results, "backlog", "sizes_after_purge_and_vacuum")
+    before = _get(results, "backlog", "sizes_before")
+    if purged is not None and before is not None:
+        heap_after = purged["alert_delivery_queue"]["bytes"]
+        heap_before = before["alert_delivery_queue"]["bytes"]
+        add(
+            "1M backlog: table near empty after retention purge + VACUUM",
+            f"{heap_after / 1e6:,.1f} MB (was {heap_before / 1e6:,.1f} MB loaded)",
+            "<= 5% of loaded",
+            heap_after <= 0.05 * heap_before,
+        )
+    rt = _get(results, "e2e", "workers_1", "round_trips_per_delivery")
+    if rt is not None:
+        e = results["e2e"]["workers_1"]
+        add(
+            "round trips per delivery (1 worker)",
+            f"{rt:.3f} ({e['rows_per_acquire']} rows/acquire, {e['rows_per_finish']} rows/finish)",
+            f"about 2 per batch: <= {4 / batch:.3f}",
+            rt <= 4 / batch,
+        )
+    pg = _get(results, "e2e", "workers_1", "cpu_ms_per_delivery", "postgres")
+    if pg is not None:
+        add("PostgreSQL CPU per delivery (1 worker)", f"{pg:.3f} ms", "<= 0.1 ms", pg <= 0.1)
+    pg2 = _get(results, "e2e", "workers_2", "cpu_ms_per_delivery", "postgres")
+    if pg2 is not None:
+        add("PostgreSQL CPU per delivery (2 workers)", f"{pg2:.3f} ms", "<= 0.1 ms", pg2 <= 0.1)
+    dl = _get(results, "many", "deadlocks")
+    if dl is not None:
+        add("many endpoints: deadlocks", str(dl), "0", dl == 0)
+    return rows
+
+
+def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
+    lines: list[tuple[str, str]] = []
+    h = results.get("http")
+    if isinstance(h, dict):
+        d = h["default_loop"]
+        lines.append(
+            (
+                "1. HTTP ceiling, worker's Sender, default asyncio loop",
+                f"{d['per_second']:,.0f} req/s ({d['client_cpu_ms_per_request']} ms client CPU/req, "
+                f"sink {100 * d['sink_cpu_share']:.0f}% of a core)",
+            )
+        )
+        if h.get("uvloop"):
+            lines.append(("   same, uvloop (comparison only)", f"{h['uvloop']['per_second']:,.0f} req/s"))
+    d = results.get("db")
+    if isinstance(d, dict):
+        lines.append(
+            (
+                "2. database ceiling, acquire+finish, no HTTP",
+                f"{d['per_second']:,.0f} rows/s (batch {d['batch_size']}, {d['pg_cpu_ms_per_row']} ms PG "
+                f"CPU/row, {d['round_trips_per_row']} round trips/row)",
+            )
+        )
+    e = results.get("e2e")
+    if isinstance(e, dict):
+        for k in ("workers_1", "workers_2"):
+            r = e.get(k)
+            if r:
+                c = r["cpu_ms_per_delivery"]
+                lines.append(
+                    (
+                        f"3. end to end, {r['workers']} worker(s), {r['rows']:,} rows",
+                        f"{r['per_second']:,.0f} deliveries/s; CPU ms/delivery worker {c['workers']}, "
+                        f"PG {c['postgres']}, sink {c['sink']}; {r['round_trips_per_delivery']} round "
+                        f"trips/delivery; HOT updates {100 * r['queue_updates']['hot_share']:.0f}%; "
+                        f"complete={r['complete']}; other processes on the machine "
+                        f"{r['cpu_seconds'].get('other_processes', '?')} CPU-s",
+                    )
+                )
+    lat = results.get("latency")
+    if isinstance(lat, dict):
+        lines.append(
+            (
+                f"4. latency at {lat['rate_per_second']}/s for {lat['seconds']} s (1 idle worker)",
+                f"p50 {lat['p50_ms']} ms, p95 {lat['p95_ms']} ms, p99 {lat['p99_ms']} ms, "
+                f"max {lat['max_ms']} ms ({lat['received']}/{lat['inserted']} received)",
+            )
+        )
+    b = results.get("backlog")
+    if isinstance(b, dict):
+        c = b["cpu_ms_per_delivery"]
+        lines.append(
+            (
+                f"5. backlog {b['rows']:,} rows, {b['workers']} worker(s)",
+                f"{b['per_second']:,.0f}/s overall; first 10% {b.get('first_10pct_per_second')}/s, "
+                f"last 10% {b.get('last_10pct_per_second')}/s; PG CPU {c['postgres']} ms/delivery; "
+                f"preload {b['preload_seconds']} s; other processes on the machine "
+                f"{b['cpu_seconds'].get('other_processes', '?')} CPU-s",
+            )
+        )
+        for label, key in (
+            ("before", "sizes_before"),
+            ("after drain", "sizes_after_drain"),
+            ("after VACUUM", "sizes_after_vacuum"),
+            ("after purge+VACUUM", "sizes_after_purge_and_vacuum"),
+        ):
+            s = b.get(key)
+            if s:
+                heap = s["alert_delivery_queue"]["bytes"] / 1e6
+                idx = ", ".join(
+                    f"{n.removeprefix('alert_delivery_queue_')} {v['bytes'] / 1e6:.1f}MB"
+                    f"/{v.get('live_leaf_pages')}p"
+                    for n, v in s.items()
+                    if n.startswith("alert_delivery_queue_")
+                )
+                lines.append((f"   sizes {label}", f"heap {heap:,.1f} MB; {idx}"))
+        for label, key in (("before ANALYZE", "claim_plan_before_analyze"), ("analyzed", "claim_plan")):
+            p = b.get(key) or {}
+            if p:
+                took = f"one claim of 100 rows took {p['claim_ms_with_explain']} ms (EXPLAIN ANALYZE)"
+                lines.append((f"   claim plan {label}", took))
+            for scan in p.get("queue_scans", [])[:8]:
+                lines.append((f"   claim plan {label}", re.sub(r"  \(cost=[^)]*\)", "", scan)))
+        hot = b.get("queue_updates")
+        if hot:
+            lines.append(("   queue row updates", f"{hot['updates']:,}, HOT {100 * hot['hot_share']:.0f}%"))
+    pr = results.get("producer")
+    if isinstance(pr, dict):
+        for k in ("queue_notify_on", "queue_notify_off", "app_table_no_trigger", "app_table_fanout_trigger"):
+            r = pr[k]
+            lines.append(
+                (
+                    f"6. producer: {k.replace('_', ' ')}",
+                    f"{r['per_second']:,.0f} inserts/s ({r['us_per_insert']} µs each)",
+                )
+            )
+    m = results.get("many")
+    if isinstance(m, dict):
+        lines.append(
+            (
+                f"7. many endpoints ({sum(m['endpoints'][k] for k in ('healthy', 'slow', 'failing'))}"
+                f", {m['workers']} workers)",
+                f"{m['requests_per_second']:,.0f} req/s, {m['good_deliveries_per_second']:,.0f} good/s; "
+                f"deadlocks {m['deadlocks']}; lock waits >100 ms {m['lock_wait_log_lines']}; "
+                f"samples with waiters {m['pg_locks_samples_with_waiters']}/{m['pg_locks_samples']}",
+            )
+        )
+    n = results.get("naive")
+    if isinstance(n, dict):
+        lines.append(
+            (
+                "8. naive baseline (10 coroutines, lock held over POST)",
+                f"{n['per_second_first_to_last_receipt']:,.0f} deliveries/s ({n['processed']:,} rows, "
+                f"PG CPU {n['pg_cpu_ms_per_delivery']} ms/delivery)",
+            )
+        )
+    s = results.get("sweep")
+    if isinstance(s, dict):
+        for spec, r in s.items():
+            lines.append(
+                (
+                    f"sweep batch:concurrency:pool {spec}",
+                    f"{r['per_second']:,.0f}/s; "
+                    f"worker CPU {r['cpu_ms_per_delivery']['workers']} ms/delivery; "
+                    f"{r['rows_per_acquire']} rows/acquire, {r['rows_per_finish']} rows/finish; "
+                    f"other processes {r['cpu_seconds'].get('other_processes', '?')} CPU-s",
+                )
+            )
+    return lines
+
+
+def print_report(results: dict[str, Any], json_path: Path) -> None:
+    print()
+    print(
+        f"webhook-worker benchmark — {results['machine']['cpu']} × {results['machine']['nproc']}, "
+        f"PostgreSQL {results['machine']['postgres']}, Python {results['machine']['python']}"
+    )
+    print(f"loops: worker and HTTP ceiling {results['loops']['worker']}; sink {results['loops']['sink']}")
+    print(f"settings: {results['settings']}")
+    print()
+    lines = figures_table(results)
+    width = max((len(a) for a, _ in lines), default=10)
+    for a, b in lines:
+        print(f"{a:<{width}}  {b}")
+    print()
+    rows = results["targets"]
+    if rows:
+        w1 = max(len(r["target"]) for r in rows)
+        w2 = max(len(str(r["figure"])) for r in rows)
+        for r in rows:
+            print(f"{r['result']:<5} {r['target']:<{w1}}  {r['figure']!s:<{w2}}  (target {r['goal']})")
+    for name, error in results.get("errors", {}).items():
+        print(f"ERROR in {name}: {error.splitlines()[-1] if error else ''}")
+    print()
+    print(f"JSON: {json_path}")
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+class Context:
+    def __init__(
+        self, args: argparse.Namespace, cluster: Cluster, sink: Sink, workdir: Path, settings: WorkerSettings
+    ) -> None:
+        self.args, self.cluster, self.sink, self.workdir, self.settings = (
+            args,
+            cluster,
+            sink,
+            workdir,
+            settings,
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes, to check the harness (about a minute)")
+    p.add_argument(
+        "--only",
+        default=",".join(DEFAULT_SECTIONS),
+        help=f"comma-separated sections, of {', '.join(SECTIONS)} (default: all but sweep)",
+    )
+    p.add_argument("--rows", type=int, default=50_000, help="backlog for e2e, db ceiling and naive (50,000)")
+    p.add_argument("--backlog-rows", type=int, default=1_000_000, help="rows for the backlog-scale drain")
+    p.add_argument("--backlog-workers", type=int, default=2, help="workers for the backlog-scale drain (2)")
+    p.add_argument(
+        "--endpoints", type=int, default=1, help="endpoints the e2e/backlog rows are spread over (1)"
+    )
+    p.add_argument("--http-seconds", type=float, default=10.0, help="HTTP ceiling duration (10 s)")
+    p.add_argument("--latency-rate", type=float, default=200.0, help="latency test inserts per second (200)")
+    p.add_argument("--latency-seconds", type=float, default=10.0, help="latency test duration (10 s)")
+    p.add_argument("--producer-inserts", type=int, default=5000, help="inserts per producer variant (5000)")
+    p.add_argument(
+        "--producer-seconds", type=float, default=10.0, help="time cap per producer variant (10 s)"
+    )
+    p.add_argument("--fanout", type=int, default=3, help="endpoints subscribed for the fan-out trigger (3)")
+    p.add_argument("--many-healthy", type=int, default=70)
+    p.add_argument("--many-slow", type=int, default=20)
+    p.add_argument("--many-slow-ms", type=int, default=200)
+    p.add_argument("--many-failing", type=int, default=10)
+    p.add_argument("--many-workers", type=int, default=4)
+    p.add_argument("--many-rows-per-endpoint", type=int, default=200)
+    p.add_argument("--naive-max-seconds", type=float, default=120.0, help="time cap for the naive drain")
+    p.add_argument("--drain-timeout", type=float, default=1200.0, help="time cap for any one drain (1200 s)")
+    p.add_argument("--concurrency", type=int, help="worker.concurrency (production default 100)")
+    p.add_argument(
+        "--claim-batch-size", type=int, help="delivery.claim_batch_size (default from database: 100)"
+    )
+    p.add_argument(
+        "--finish-batch-size", type=int, help="delivery.finish_batch_size (default from database: 100)"
+    )
+    p.add_argument("--pool-max-size", type=int, help="database.pool_max_size (production default 4)")
+    p.add_argument(
+        "--sweep",
+        default="100:100:4,200:200:4,50:100:2,200:400:8",
+        help="settings for the sweep section, batch:concurrency:pool,…",
+    )
+    p.add_argument("--sweep-rows", type=int, default=30_000)
+    p.add_argument("--profile", action="store_true", help="py-spy the 1-worker e2e drain (needs py-spy)")
+    p.add_argument("--keep-databases", action="store_true")
+    p.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="do not ANALYZE the queue after a bulk preload (leave it to autovacuum)",
+    )
+    p.add_argument(
+        "--track-nested",
+        action="store_true",
+        help="pg_stat_statements.track=all: also report statements inside the SQL functions (adds overhead)",
+    )
+    p.add_argument("--out", type=Path, help="results directory (default bench/results/<timestamp>)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.backlog_rows, args.http_seconds = 1000, 3000, 1.0
+        args.latency_seconds, args.producer_inserts, args.producer_seconds = 1.0, 300, 2.0
+        args.many_healthy, args.many_slow, args.many_failing = 6, 2, 2
+        args.many_rows_per_endpoint, args.many_workers = 20, 2
+        args.naive_max_seconds, args.sweep, args.sweep_rows = 30.0, "50:50:2", 1000
+        args.drain_timeout = min(args.drain_timeout, 120.0)
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        p.error(f"--only: unknown sections {sorted(unknown)}")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def _interrupted(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM, and SIGINT even when a background shell left it ignored, unwind through the finally
+    # blocks: workers stopped, sink stopped, the throwaway cluster removed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
+    out_dir = args.out or ROOT / "bench" / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = WorkerSettings(
+        concurrency=args.concurrency,
+        claim_batch_size=args.claim_batch_size,
+        finish_batch_size=args.finish_batch_size,
+        pool_max_size=args.pool_max_size,
+    )
+    batch = args.claim_batch_size or 100
+    results: dict[str, Any] = {
+        "started_at": datetime.now(UTC).isoformat(),
+        "quick": args.quick,
+        "machine": machine(),
+        "settings": settings.describe(),
+        "errors": {},
+    }
+    cluster = Cluster(track_nested=args.track_nested)
+    log(f"starting PostgreSQL and the sink; results in {out_dir}")
+    cluster.start()
+    results["machine"]["postgres"] = cluster.version()
+    sink = Sink(out_dir)
+    results["loops"] = {
+        "worker": "asyncio (default event loop; worker/cli.py calls asyncio.run)",
+        "sink": sink.loop,
+    }
+    ctx = Context(args, cluster, sink, out_dir, settings)
+    runners = {
+        "http": section_http,
+        "db": section_db,
+        "e2e": section_e2e,
+        "latency": section_latency,
+        "backlog": section_backlog,
+        "producer": section_producer,
+        "many": section_many,
+        "naive": section_naive,
+        "sweep": section_sweep,
+    }
+    json_path = out_dir / "results.json"
+    try:
+        for name in args.only.split(","):
+            log(f"section {name}")
+            started = time.monotonic()
+            try:
+                results[name] = runners[name](ctx)
+            except Exception:  # noqa: BLE001 - one failed section must not lose the others
+                results["errors"][name] = traceback.format_exc()
+                log(f"section {name} failed:\n{results['errors'][name]}")
+            results.setdefault("section_seconds", {})[name] = round(time.monotonic() - started, 1)
+            json_path.write_text(json.dumps(results, indent=2, default=str))
+    finally:
+        sink.stop()
+        cluster.stop()
+    results["targets"] = targets(results, batch)
+    results["finished_at"] = datetime.now(UTC).isoformat()
+    json_path.write_text(json.dumps(results, indent=2, default=str))
+    print_report(results, json_path)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The benchmark harness runs end to end in its quick mode and reports every section.
+
+Checks shape only, never a timing: figures on a shared CI machine mean nothing.
+"""
+
+import json
+import subprocess
+import sys
+
+from tests.support import ROOT
+
+SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
+
+
+def test_quick_run_reports_every_section(tmp_path):
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["errors"] == {}
+    for section in SECTIONS:
+        assert isinstance(data[section], dict), section
+    assert data["e2e"]["workers_1"]["complete"] and data["e2e"]["workers_2"]["complete"]
+    assert data["backlog"]["complete"]
+    assert data["latency"]["received"] == data["latency"]["inserted"]
+    assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
+    assert len(data["targets"]) >= 10
+    for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
+                 "many endpoints", "naive baseline", "JSON:"):
+        assert line in result.stdout, line
