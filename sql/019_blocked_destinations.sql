@@ -3,7 +3,9 @@
 -- counters alone: the receiver never saw a request, so its state must not change.
 --
 -- webhooks.finish() as in 008_finish, except that 'blocked' outcomes are left out of the per-endpoint
--- aggregation. (Migrations are append-only once released, so the whole function is restated here.)
+-- aggregation, and that the outcome write is driven from the outcomes through the primary key (the
+-- planner used to scan the leased rows and loop over every outcome for each). Migrations are
+-- append-only once released, so the whole function is restated here.
 
 CREATE OR REPLACE FUNCTION webhooks.finish(p_worker_id text, p_outcomes jsonb)
 RETURNS TABLE (delivery_id bigint, applied boolean, status text, endpoint_change text)
@@ -26,7 +28,7 @@ BEGIN
         SELECT max_attempts, max_deferrals FROM webhooks.delivery_config
     ), target AS (
         -- the rows as they were, with the decision each outcome leads to
-        SELECT o.delivery_id, q.webhook_id,
+        SELECT o.*, q.webhook_id,
                CASE
                    WHEN o.outcome = 'delivered' THEN 'delivered'
                    WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
@@ -48,48 +50,48 @@ BEGIN
                          ELSE 'retrying'
                      END,
             attempts = CASE WHEN t.decision = 'deferred' THEN q.attempts - 1 ELSE q.attempts END,
-            deferrals = CASE WHEN o.outcome = 'deferred' THEN q.deferrals + 1 ELSE q.deferrals END,
+            deferrals = CASE WHEN t.outcome = 'deferred' THEN q.deferrals + 1 ELSE q.deferrals END,
             next_retry_at = CASE WHEN t.decision IN ('retry', 'deferred')
-                                 THEN now() + make_interval(secs => coalesce(o.retry_after_s, 0))
+                                 THEN now() + make_interval(secs => coalesce(t.retry_after_s, 0))
                                  ELSE q.next_retry_at END,
             locked_by = NULL, lease_token = NULL, locked_until = NULL,
-            last_http_status = o.http_status,
-            last_error = o.error,
-            failure_category = o.failure_category,
+            last_http_status = t.http_status,
+            last_error = t.error,
+            failure_category = t.failure_category,
             dead_letter_reason = CASE t.decision
-                                     WHEN 'dead_letter' THEN coalesce(o.reason, o.error)
-                                     WHEN 'exhausted' THEN concat_ws(': ', 'attempts exhausted', o.error)
+                                     WHEN 'dead_letter' THEN coalesce(t.reason, t.error)
+                                     WHEN 'exhausted' THEN concat_ws(': ', 'attempts exhausted', t.error)
                                  END,
             delivered_at = CASE WHEN t.decision = 'delivered' THEN now() END,
             dead_lettered_at = CASE WHEN t.decision IN ('dead_letter', 'exhausted') THEN now() END,
             updated_at = now()
-        FROM o, target t
-        WHERE q.delivery_id = o.delivery_id AND t.delivery_id = o.delivery_id
-          AND q.status = 'delivering' AND q.lease_token = o.lease_token
+        -- driven from the outcomes through the primary key, one lookup each
+        FROM target t
+        WHERE q.delivery_id = t.delivery_id
+          AND q.status = 'delivering' AND q.lease_token = t.lease_token
         RETURNING q.delivery_id, q.status
     ), logged AS (
         INSERT INTO webhooks.alert_delivery_log
             (delivery_id, webhook_id, attempt, outcome, failure_category, http_status, latency_ms,
              error, response_excerpt, worker_id, lease_token, stale)
-        SELECT o.delivery_id, t.webhook_id, o.attempt,
+        SELECT t.delivery_id, t.webhook_id, t.attempt,
                CASE t.decision WHEN 'exhausted' THEN 'dead_letter' ELSE t.decision END,
-               o.failure_category, o.http_status, o.latency_ms,
+               t.failure_category, t.http_status, t.latency_ms,
                CASE WHEN t.decision = 'exhausted'
-                    THEN concat_ws(': ', 'attempts exhausted', o.error) ELSE o.error END,
-               left(o.response_excerpt, 1024), p_worker_id, o.lease_token, a.delivery_id IS NULL
-        FROM o
-        JOIN target t ON t.delivery_id = o.delivery_id
-        LEFT JOIN applied a ON a.delivery_id = o.delivery_id
+                    THEN concat_ws(': ', 'attempts exhausted', t.error) ELSE t.error END,
+               left(t.response_excerpt, 1024), p_worker_id, t.lease_token, a.delivery_id IS NULL
+        FROM target t
+        LEFT JOIN applied a ON a.delivery_id = t.delivery_id
         RETURNING 1
     ), per_outcome AS (
-        SELECT o.*, t.webhook_id, t.decision,
-               o.outcome <> 'delivered'
-                   AND webhooks.availability_failure(o.failure_category, o.http_status) AS unavailable,
-               o.ord > coalesce(max(o.ord) FILTER (WHERE o.outcome = 'delivered')
+        SELECT t.*,
+               t.outcome <> 'delivered'
+                   AND webhooks.availability_failure(t.failure_category, t.http_status) AS unavailable,
+               t.ord > coalesce(max(t.ord) FILTER (WHERE t.outcome = 'delivered')
                                 OVER (PARTITION BY t.webhook_id), 0) AS after_last_success
-        FROM o JOIN target t ON t.delivery_id = o.delivery_id
+        FROM target t
         -- a refused destination says nothing about the receiver: keep it out of the endpoint's state
-        WHERE o.failure_category IS DISTINCT FROM 'blocked'
+        WHERE t.failure_category IS DISTINCT FROM 'blocked'
     ), per_endpoint AS (
         SELECT p.webhook_id,
                count(*)::integer AS attempts,

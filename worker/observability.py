@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -48,17 +49,27 @@ def attempt_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterato
     """An OpenTelemetry span for one attempt, child of the row's W3C trace context, when the
     OpenTelemetry API is installed (the `otel` extra; run under `opentelemetry-instrument`, or
     configure a TracerProvider, to export). Without it, nothing happens."""
+    otel = _opentelemetry()
+    if otel is None:
+        yield None
+        return
+    trace, propagator, tracer = otel
+    parent = propagator.extract({"traceparent": traceparent} if traceparent else {})
+    with tracer.start_as_current_span("webhook.deliver", context=parent, kind=trace.SpanKind.CLIENT,
+                                      attributes=attributes) as span:
+        yield span
+
+
+@functools.cache
+def _opentelemetry() -> tuple[Any, Any, Any] | None:
+    """The tracing API, a propagator and our tracer, looked up once (not on every attempt). The
+    tracer is a proxy until a TracerProvider is set, and follows it when one is."""
     try:
         from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     except ImportError:
-        yield None
-        return
-    parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent} if traceparent else {})
-    tracer = trace.get_tracer("webhook-worker")
-    with tracer.start_as_current_span("webhook.deliver", context=parent, kind=trace.SpanKind.CLIENT,
-                                      attributes=attributes) as span:
-        yield span
+        return None
+    return trace, TraceContextTextMapPropagator(), trace.get_tracer("webhook-worker")
 
 
 class Metrics:

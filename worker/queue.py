@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -84,9 +84,13 @@ class Finished:
     disable_endpoint: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # Shallow on purpose: dataclasses.asdict deep-copies, and this runs once per attempt.
+        data = {name: getattr(self, name) for name in _FINISHED_FIELDS}
         data["lease_token"] = str(self.lease_token)
         return data
+
+
+_FINISHED_FIELDS = tuple(f.name for f in fields(Finished))
 
 
 @dataclass(frozen=True)
@@ -111,35 +115,44 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
     return tuple(result)
 
 
-def _claimed(row: dict[str, Any], keyring: Keyring) -> Claimed:
+def _endpoint_settings(row: dict[str, Any], keyring: Keyring) -> dict[str, Any]:
+    """What a claimed row's request needs from its endpoint: the same for every row of the endpoint
+    in a batch, so it is opened and parsed once per endpoint, not once per row."""
+    return {
+        "url": keyring.open(row["endpoint_url"], encryption.URL),
+        "signing_secrets": tuple(
+            keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(row["signing_secrets"])
+        ),
+        "headers": keyring.open_headers(row["headers"]),
+        "timeout_seconds": None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
+        "schedule": RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
+        "body_format": row["body_format"],
+        "secret_settings": keyring.open_settings(row["secret_settings"] or {}),
+        "retry_policy": RetryPolicy.from_json(row["retry_policy"]),
+    }
+
+
+def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[str, Any] | str]) -> Claimed:
     """A claimed row; if its endpoint's settings cannot be read, a row carrying the problem instead
-    (it then fails alone as `internal`, without a request)."""
+    (it then fails alone as `internal`, without a request). `endpoints` memoises per batch."""
     identity = {
         name: row[name]
         for name in ("delivery_id", "webhook_id", "event_id", "idempotency_key", "event_type", "attempt",
                      "max_attempts", "lease_token", "locked_until")
     }
-    try:
-        return Claimed(
-            **identity,
-            body=row["payload"].encode(),
-            url=keyring.open(row["endpoint_url"], encryption.URL),
-            signing_secrets=tuple(
-                keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(row["signing_secrets"])
-            ),
-            headers=keyring.open_headers(row["headers"]),
-            timeout_seconds=None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
-            schedule=RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
-            traceparent=row["traceparent"],
-            body_format=row["body_format"],
-            secret_settings=keyring.open_settings(row["secret_settings"] or {}),
-            created_at=row["created_at"],
-            retry_policy=RetryPolicy.from_json(row["retry_policy"]),
-        )
-    except DecryptionError as exc:
-        return _unusable(identity, f"endpoint credentials cannot be decrypted: {exc}")
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        return _unusable(identity, f"unusable endpoint settings: {type(exc).__name__}: {exc}")
+    settings = endpoints.get(row["webhook_id"])
+    if settings is None:
+        try:
+            settings = _endpoint_settings(row, keyring)
+        except DecryptionError as exc:
+            settings = f"endpoint credentials cannot be decrypted: {exc}"
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            settings = f"unusable endpoint settings: {type(exc).__name__}: {exc}"
+        endpoints[row["webhook_id"]] = settings
+    if isinstance(settings, str):
+        return _unusable(identity, settings)
+    return Claimed(**identity, **settings, body=row["payload"].encode(), traceparent=row["traceparent"],
+                   created_at=row["created_at"])
 
 
 def _unusable(identity: dict[str, Any], problem: str) -> Claimed:
@@ -250,7 +263,9 @@ class Queue:
             await cur.execute(
                 "SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker_id, batch_size, lease_seconds)
             )
-            return [_claimed(row, self.keyring) for row in await cur.fetchall()]
+            rows = await cur.fetchall()
+        endpoints: dict[int, dict[str, Any] | str] = {}
+        return [_claimed(row, self.keyring, endpoints) for row in rows]
 
     async def finish(self, worker_id: str, outcomes: Sequence[Finished]) -> list[FinishResult]:
         payload = json.dumps([o.as_json() for o in outcomes])
