@@ -12,6 +12,7 @@ from uuid import UUID
 import psycopg
 import psycopg.sql
 from psycopg.rows import dict_row
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from worker import encryption
@@ -117,18 +118,24 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
 
 def _endpoint_settings(row: dict[str, Any], keyring: Keyring) -> dict[str, Any]:
     """What a claimed row's request needs from its endpoint: the same for every row of the endpoint
-    in a batch, so it is opened and parsed once per endpoint, not once per row."""
+    in a batch, so it is opened and parsed once per endpoint, not once per row. The JSON columns
+    arrive as text (see Queue.acquire)."""
+
+    def parsed(column: str) -> Any:
+        value = row[column]
+        return json.loads(value) if isinstance(value, str) else value
+
     return {
         "url": keyring.open(row["endpoint_url"], encryption.URL),
         "signing_secrets": tuple(
-            keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(row["signing_secrets"])
+            keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(parsed("signing_secrets"))
         ),
-        "headers": keyring.open_headers(row["headers"]),
+        "headers": keyring.open_headers(parsed("headers")),
         "timeout_seconds": None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
-        "schedule": RetrySchedule.from_json(row["retry_schedule"], row["retry_jitter"]),
+        "schedule": RetrySchedule.from_json(parsed("retry_schedule"), row["retry_jitter"]),
         "body_format": row["body_format"],
-        "secret_settings": keyring.open_settings(row["secret_settings"] or {}),
-        "retry_policy": RetryPolicy.from_json(row["retry_policy"]),
+        "secret_settings": keyring.open_settings(parsed("secret_settings") or {}),
+        "retry_policy": RetryPolicy.from_json(parsed("retry_policy")),
     }
 
 
@@ -260,6 +267,9 @@ class Queue:
     async def acquire(self, worker_id: str, batch_size: int, lease_seconds: int) -> list[Claimed]:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
+            # The endpoint's JSON columns arrive on every row; keep them as text, and parse them
+            # once per endpoint in _endpoint_settings.
+            cur.adapters.register_loader("jsonb", TextLoader)
             await cur.execute(
                 "SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker_id, batch_size, lease_seconds)
             )
