@@ -22,7 +22,7 @@ from worker import __version__, schema, signing
 from worker import queue as db
 from worker.config import Config, ConfigError, load_config
 from worker.delivery import RESERVED_HEADERS, Sent, display_url
-from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
+from worker.destinations import address_blocked, ip_literal, url_problem
 from worker.encryption import Keyring, generate_key, load_keyring
 from worker.observability import configure_logging
 from worker.policy import RetrySchedule
@@ -134,16 +134,11 @@ def _keyring(config: Config) -> Keyring:
     return load_keyring(config.security.encryption_keys_file, os.environ)
 
 
-def destination_policy(config: Config) -> DestinationPolicy:
-    security = config.security
-    return DestinationPolicy.from_settings(
-        security.block_private_networks, security.allow_networks, security.require_https
-    )
-
-
 def _check_url(url: str, config: Config) -> None:
     """Refuse a URL the workers would refuse: its form, an IP literal, or a name that resolves only
     to refused addresses now. Workers check again at every connection (the name may change)."""
+    from worker.daemon import destination_policy
+
     policy = destination_policy(config)
     problem = url_problem(url, policy)
     if problem is not None:
@@ -508,7 +503,7 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     keyring = _keyring(config)
     with _connect(args) as conn:
         in_use = db.credential_keys(conn)
-    missing = sorted(k for k in in_use if k != "plaintext" and k not in keyring.key_ids)
+    missing = keyring.missing(in_use)
     report = {"primary_key": keyring.primary_id, "held_keys": list(keyring.key_ids),
               "credentials_by_key": in_use, "missing_keys": missing}
     _emit(args, report)
@@ -523,7 +518,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     config = _config(args)
     keyring = _keyring(config)
     with _connect(args) as conn:
-        missing = sorted(k for k in db.credential_keys(conn) if k != "plaintext" and k not in keyring.key_ids)
+        missing = keyring.missing(db.credential_keys(conn))
         if missing:
             raise UsageError(
                 f"credentials are sealed with {', '.join(missing)}, which these keys do not include: "

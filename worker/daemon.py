@@ -189,7 +189,7 @@ class Worker:
             self.log.warning("could not check the encryption keys", error=_brief(exc))
             return
         held = self.queue.keyring.key_ids
-        missing = sorted(k for k in in_use if k != "plaintext" and k not in held)
+        missing = self.queue.keyring.missing(in_use)
         if missing:
             raise ConfigError(
                 f"{KEYS_ENV}: stored credentials are sealed with key(s) {', '.join(missing)}, which this "
@@ -589,12 +589,17 @@ def _brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def sender_for(config: Config) -> Sender:
+def destination_policy(config: Config) -> DestinationPolicy:
     security = config.security
-    policy = DestinationPolicy.from_settings(
+    return DestinationPolicy.from_settings(
         security.block_private_networks, security.allow_networks, security.require_https
     )
-    return Sender(config.worker.concurrency, policy, security.max_response_bytes,
+
+
+def sender_for(config: Config) -> Sender:
+    """The HTTP side as configured: destination rules and response bounds."""
+    security = config.security
+    return Sender(config.worker.concurrency, destination_policy(config), security.max_response_bytes,
                   security.max_response_header_bytes)
 
 

@@ -82,6 +82,10 @@ class Keyring:
     def key_ids(self) -> tuple[str, ...]:
         return tuple(self._keys)
 
+    def missing(self, key_ids_in_use: Iterable[str]) -> list[str]:
+        """The key ids in use (as webhooks.credential_keys() reports them) this keyring lacks."""
+        return sorted(k for k in key_ids_in_use if k != "plaintext" and k not in self._keys)
+
     @classmethod
     def parse(cls, text: str, source: str) -> Keyring:
         """Keys separated by commas, spaces or lines (`#` starts a comment); the first is primary."""
