@@ -3,4 +3,5 @@
 # target PASS/MISS, and written as JSON under bench/results/. Extra arguments go to bench.run
 # (e.g. scripts/bench.sh --quick, or --help).
 source "$(dirname "$0")/bootstrap.sh"
+.venv/bin/python -m pip install -q -e '.[dev,bench]'
 exec .venv/bin/python -m bench.run "$@"
