@@ -575,17 +575,22 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
+    def group(name: str, help_: str, description: str) -> Any:
+        """A command with subcommands; given alone, it prints its help rather than falling through
+        to the top level's default (which runs the worker)."""
+        parser_: argparse.ArgumentParser = commands.add_parser(name, help=help_, description=description)
+
+        def print_help(_args: argparse.Namespace) -> int:
+            parser_.print_help()
+            return EXIT_USAGE
+
+        parser_.set_defaults(handler=print_help)
+        return parser_.add_subparsers(title="commands", metavar="COMMAND")
+
     command(commands, "run", cmd_run, "run the worker until SIGTERM or SIGINT (the default)")
     command(commands, "migrate", cmd_migrate, "apply the schema migrations (safe to run concurrently)")
 
-    endpoints = commands.add_parser("endpoints", help="register and list endpoints",
-                                    description="Register and list endpoints.")
-    def endpoints_help(_args: argparse.Namespace) -> int:
-        endpoints.print_help()
-        return EXIT_USAGE
-
-    endpoints.set_defaults(handler=endpoints_help)
-    endpoint_commands = endpoints.add_subparsers(title="commands", metavar="COMMAND")
+    endpoint_commands = group("endpoints", "register and list endpoints", "Register and list endpoints.")
     add = command(endpoint_commands, "add", cmd_endpoints_add, "register an endpoint; prints its id")
     add.add_argument("--name", required=True, help="unique name")
     add.add_argument("--url", required=True, help="where to POST (kept out of logs)")
@@ -660,9 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "queue counts by status, oldest due, rows held back, endpoint health and circuits")
     status.add_argument("--json", action="store_true", help="print JSON")
 
-    deliveries = commands.add_parser("deliveries", help="look up deliveries",
-                                     description="Look up deliveries.")
-    delivery_commands = deliveries.add_subparsers(title="commands", metavar="COMMAND")
+    delivery_commands = group("deliveries", "look up deliveries", "Look up deliveries.")
     show_delivery = command(delivery_commands, "show", cmd_deliveries_show,
                             "a delivery (by id, or every endpoint's by --key) with its attempt history")
     show_delivery.add_argument("id", nargs="?", type=int, help="delivery id")
@@ -676,8 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")
         sub.add_argument("--until", metavar="TIMESTAMP", help="dead-lettered before")
 
-    dlq = commands.add_parser("dlq", help="the dead letters", description="The dead letters.")
-    dlq_commands = dlq.add_subparsers(title="commands", metavar="COMMAND")
+    dlq_commands = group("dlq", "the dead letters", "The dead letters.")
     dlq_list = command(dlq_commands, "list", cmd_dlq_list, "list dead letters, oldest first")
     add_filters(dlq_list)
     dlq_list.add_argument("--limit", type=int, default=100, help="default 100")
@@ -693,9 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--max", type=int, help="stop after this many")
     replay.add_argument("--json", action="store_true", help="print JSON")
 
-    config_parser = commands.add_parser("config", help="the fleet-wide defaults in webhooks.delivery_config",
-                                        description="The fleet-wide defaults in webhooks.delivery_config.")
-    config_commands = config_parser.add_subparsers(title="commands", metavar="COMMAND")
+    config_commands = group("config", "the fleet-wide defaults in webhooks.delivery_config",
+                            "The fleet-wide defaults in webhooks.delivery_config.")
     config_show = command(config_commands, "show", cmd_config_show, "print the defaults")
     config_show.add_argument("--json", action="store_true", help="print JSON")
     config_set = command(config_commands, "set", cmd_config_set, "change one default (workers pick it up)")
@@ -709,17 +710,10 @@ def build_parser() -> argparse.ArgumentParser:
     purge_parser.add_argument("--endpoint", help="only this endpoint's dead letters")
     purge_parser.add_argument("--json", action="store_true", help="print JSON")
 
-    keys = commands.add_parser(
-        "keys", help="the encryption keys that seal endpoint credentials",
-        description="The encryption keys that seal endpoint URLs and secrets in the database. Keys come "
-        "from WEBHOOK_WORKER_ENCRYPTION_KEYS or security.encryption_keys_file: the first seals, all open.")
-
-    def keys_help(_args: argparse.Namespace) -> int:
-        keys.print_help()
-        return EXIT_USAGE
-
-    keys.set_defaults(handler=keys_help)
-    key_commands = keys.add_subparsers(title="commands", metavar="COMMAND")
+    key_commands = group(
+        "keys", "the encryption keys that seal endpoint credentials",
+        "The encryption keys that seal endpoint URLs and secrets in the database. Keys come from "
+        "WEBHOOK_WORKER_ENCRYPTION_KEYS or security.encryption_keys_file: the first seals, all open.")
     command(key_commands, "generate", cmd_keys_generate, "print a new random key (32 bytes, base64)")
     key_status = command(key_commands, "status", cmd_keys_status,
                          "which keys sealed the stored credentials, and whether these keys open them all")

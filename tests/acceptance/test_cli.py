@@ -34,6 +34,14 @@ def test_every_command_has_help(command):
     assert "usage: webhook-worker" in result.stdout
 
 
+@pytest.mark.parametrize("group", ["endpoints", "deliveries", "dlq", "config", "keys"])
+def test_a_command_group_given_alone_prints_its_help_and_runs_nothing(group):
+    result = cli(group, env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    assert result.returncode == 2
+    assert f"usage: webhook-worker {group}" in result.stdout and "commands:" in result.stdout
+    assert result.stderr == ""  # no worker started, no database tried
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
