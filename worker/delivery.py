@@ -126,9 +126,10 @@ class CheckedResolver(AbstractResolver):
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
-        allowed = [r for r in results if address_blocked(r["host"], self._policy) is None]
+        reasons = [address_blocked(r["host"], self._policy) for r in results]
+        allowed = [r for r, reason in zip(results, reasons, strict=True) if reason is None]
         if not allowed and results:
-            raise BlockedDestination(address_blocked(results[0]["host"], self._policy))
+            raise BlockedDestination(reasons[0])
         return allowed
 
     async def close(self) -> None:
