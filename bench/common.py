@@ -26,7 +26,7 @@ from worker import schema, signing
 from worker.delivery import display_url
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, Keyring, generate_key
-from worker.localpg import LocalPostgres
+from worker.localpg import LocalPostgres, login_role
 from worker.queue import EndpointSpec, register_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,13 +41,7 @@ WORKER_LOGIN = "bench_worker"
 
 def worker_dsn(dsn: str) -> str:
     """A login role in webhooks_worker only (created if missing), as workers run in production."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (WORKER_LOGIN,)).fetchone() is None:
-            conn.execute(f"CREATE ROLE {WORKER_LOGIN} LOGIN PASSWORD 'bench'")
-        conn.execute(f"GRANT webhooks_worker TO {WORKER_LOGIN}")
-    params = conninfo_to_dict(dsn)
-    params.update(user=WORKER_LOGIN, password="bench")
-    return make_conninfo(**params)
+    return login_role(dsn, WORKER_LOGIN, "webhooks_worker", "bench")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TEMPLATE = "bench_template"
 

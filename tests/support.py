@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 import psycopg
 import yaml
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worker import signing
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
+from worker.localpg import login_role, role_dsn
 from worker.queue import EndpointSpec, register_endpoint
 
 T = TypeVar("T")
@@ -35,24 +35,12 @@ LOGIN_PASSWORD = "test-only-password"
 
 
 def login_dsn(dsn: str, login: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params.update(user=login, password=LOGIN_PASSWORD)
-    return make_conninfo(**params)
+    return role_dsn(dsn, login, LOGIN_PASSWORD)
 
 
 def login_as(dsn: str, login: str, group: str) -> str:
     """The DSN of a login role that is a member of `group` only (created in the cluster if missing)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "DO $$ BEGIN"
-            f" IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{login}') THEN"
-            f"   CREATE ROLE {login} LOGIN PASSWORD '{LOGIN_PASSWORD}';"
-            " END IF;"
-            " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;"
-            " END $$"
-        )
-        conn.execute(f"GRANT {group} TO {login}")
-    return login_dsn(dsn, login)
+    return login_role(dsn, login, group, LOGIN_PASSWORD)
 
 
 def worker_dsn(dsn: str) -> str:

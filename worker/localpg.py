@@ -11,6 +11,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
 # Durability is pointless for a cluster that is deleted afterwards; turning it off makes tests faster.
 THROWAWAY_SETTINGS = {
     "listen_addresses": "127.0.0.1",
@@ -101,3 +105,26 @@ class LocalPostgres:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def role_dsn(dsn: str, login: str, password: str) -> str:
+    """The same connection string, logging in as another role."""
+    return make_conninfo(dsn, user=login, password=password)
+
+
+def login_role(admin_dsn: str, login: str, group: str, password: str) -> str:
+    """Connect as a login role that is a member of `group` (e.g. webhooks_worker), as production
+    clients do: the role is created in the cluster if missing; returns its connection string."""
+    create = sql.SQL(
+        "DO $$ BEGIN"
+        " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {name}) THEN"
+        "   CREATE ROLE {role} LOGIN PASSWORD {password};"
+        " END IF;"
+        # another process may create it at the same moment
+        " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;"
+        " END $$"
+    ).format(name=sql.Literal(login), role=sql.Identifier(login), password=sql.Literal(password))
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(create)
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(login)))
+    return role_dsn(admin_dsn, login, password)
