@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Coroutine
@@ -100,6 +101,8 @@ class Worker:
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
         self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
         self.metrics = Metrics()
+        self.metrics.in_flight.set_function(lambda: len(self._in_flight))
+        self._debug = self.log.is_enabled_for(logging.DEBUG)
         self.started = False
         self._probes = ProbeServer(self.metrics, self.readiness, lambda: self.started)
 
@@ -253,7 +256,6 @@ class Worker:
             for row in rows:
                 task = asyncio.create_task(self._deliver(row), name=f"delivery-{row.delivery_id}")
                 self._in_flight[row.lease_token] = (row, task)
-            self.metrics.in_flight.set(len(self._in_flight))
             if len(rows) < want:
                 await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
 
@@ -340,15 +342,18 @@ class Worker:
 
     # --- deliver and classify ------------------------------------------------------------------
 
-    async def _deliver(self, row: Claimed) -> None:
-        assert self.effective is not None
-        log = self.log.bind(
+    def _row_log(self, row: Claimed) -> Any:
+        # Bound only when a line is written: binding on every delivery cost more than the line.
+        return self.log.bind(
             delivery_id=row.delivery_id,
             endpoint_id=row.webhook_id,
             attempt=row.attempt,
             event_type=row.event_type,
             **({"traceparent": row.traceparent} if row.traceparent else {}),
         )
+
+    async def _deliver(self, row: Claimed) -> None:
+        assert self.effective is not None
         try:
             if row.problem is not None:
                 raise PoisonRow(row.problem)
@@ -362,7 +367,8 @@ class Worker:
             except (formats.FormatError, ValueError) as exc:
                 # The payload cannot take this endpoint's format: retrying would not change that.
                 finished = _cannot_render(row, str(exc))
-                log.error("payload cannot be rendered", body_format=row.body_format, error=str(exc))
+                self._row_log(row).error(
+                    "payload cannot be rendered", body_format=row.body_format, error=str(exc))
             else:
                 with attempt_span(row.traceparent, {
                     "webhook.delivery_id": row.delivery_id, "webhook.endpoint_id": row.webhook_id,
@@ -373,15 +379,16 @@ class Worker:
                         span.set_attribute("http.response.status_code", sent.result.status or 0)
                 self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
                 finished = self._outcome(row, sent)
-                with contextlib.suppress(Exception):  # a log line must never cost an outcome
-                    _log_attempt(log, row, sent, finished)
+                if finished.outcome != Outcome.DELIVERED or self._debug:
+                    with contextlib.suppress(Exception):  # a log line must never cost an outcome
+                        _log_attempt(self._row_log(row), row, sent, finished)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # one bad delivery must never stop the worker
+        except Exception as exc:  # noqa: BLE001 - one bad delivery must never stop the worker (logged below)
             if isinstance(exc, PoisonRow):
-                log.error("delivery cannot be attempted", error=str(exc))
+                self._row_log(row).error("delivery cannot be attempted", error=str(exc))
             else:
-                log.exception("delivery failed inside the worker")
+                self._row_log(row).exception("delivery failed inside the worker")
             finished = Finished(
                 delivery_id=row.delivery_id,
                 lease_token=row.lease_token,
@@ -394,7 +401,6 @@ class Worker:
             )
         finally:
             self._in_flight.pop(row.lease_token, None)
-            self.metrics.in_flight.set(len(self._in_flight))
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
 
@@ -530,15 +536,15 @@ class Worker:
         for result in results:
             finished = outcomes.get(result.delivery_id)
             if not result.applied:
-                self.metrics.deliveries.labels("stale").inc()
+                self.metrics.outcomes["stale"].inc()
             elif result.status == "delivered":
-                self.metrics.deliveries.labels("delivered").inc()
+                self.metrics.outcomes["delivered"].inc()
             elif result.status == "dead_letter":
-                self.metrics.deliveries.labels("dead_lettered").inc()
+                self.metrics.outcomes["dead_lettered"].inc()
             elif finished is not None and finished.outcome == Outcome.DEFERRED:
-                self.metrics.deliveries.labels("deferred").inc()
+                self.metrics.outcomes["deferred"].inc()
             else:
-                self.metrics.deliveries.labels("retried").inc()
+                self.metrics.outcomes["retried"].inc()
             if result.applied and result.status in ("delivered", "dead_letter") and finished is not None:
                 self.metrics.attempts_per_delivery.observe(finished.attempt)
 

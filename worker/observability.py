@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 CIRCUIT_STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap")
+DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -54,6 +55,11 @@ def attempt_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterato
         yield None
         return
     trace, propagator, tracer = otel
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        # No TracerProvider set: every span would be a no-op, yet creating one costs about as much
+        # as signing the request (bench/, issue 7).
+        yield None
+        return
     parent = propagator.extract({"traceparent": traceparent} if traceparent else {})
     with tracer.start_as_current_span("webhook.deliver", context=parent, kind=trace.SpanKind.CLIENT,
                                       attributes=attributes) as span:
@@ -81,6 +87,9 @@ class Metrics:
         r = self.registry
         self.deliveries = Counter(
             "webhook_worker_deliveries", "Attempt outcomes written, by outcome.", ["outcome"], registry=r)
+        # Every outcome's series exists from the start (a rate over a series that appears late
+        # misses its first increments), and counting one is a dict lookup, not a labels() call.
+        self.outcomes = {name: self.deliveries.labels(name) for name in DELIVERY_OUTCOMES}
         self.request_duration = Histogram(
             "webhook_worker_request_duration_seconds", "HTTP request duration, to the last byte read.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import secrets
@@ -22,6 +23,7 @@ def generate_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
 
 
+@functools.lru_cache(maxsize=1024)  # decoded once per secret, not on every request
 def _key(secret: str) -> bytes:
     encoded = secret.removeprefix(SECRET_PREFIX)
     try:
