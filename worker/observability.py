@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 CIRCUIT_STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap")
+TRACER_PROVIDER_RECHECK_SECONDS = 1.0
 DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
 
 
@@ -55,15 +56,30 @@ def attempt_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterato
         yield None
         return
     trace, propagator, tracer = otel
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        # No TracerProvider set: every span would be a no-op, yet creating one costs about as much
-        # as signing the request (bench/, issue 7).
+    if not _provider_set(trace):
         yield None
         return
     parent = propagator.extract({"traceparent": traceparent} if traceparent else {})
     with tracer.start_as_current_span("webhook.deliver", context=parent, kind=trace.SpanKind.CLIENT,
                                       attributes=attributes) as span:
         yield span
+
+
+_no_provider_until = 0.0
+
+
+def _provider_set(trace: Any) -> bool:
+    """Whether a TracerProvider is set. Without one every span is a no-op, yet creating it costs
+    about as much as signing the request (bench/, issue 7); and asking costs an environment lookup,
+    so a "no" is trusted for a second."""
+    global _no_provider_until
+    now = time.monotonic()
+    if now < _no_provider_until:
+        return False
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        _no_provider_until = now + TRACER_PROVIDER_RECHECK_SECONDS
+        return False
+    return True
 
 
 @functools.cache
