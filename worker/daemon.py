@@ -256,7 +256,8 @@ class Worker:
             for row in rows:
                 task = asyncio.create_task(self._deliver(row), name=f"delivery-{row.delivery_id}")
                 self._in_flight[row.lease_token] = (row, task)
-            if len(rows) < want:
+            if len(rows) < want and not self._wake.is_set():
+                # (Woken while claiming: claim again at once, without asking when rows fall due.)
                 await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
 
     async def _idle_seconds(self) -> float:
