@@ -52,6 +52,7 @@ from bench.common import (
     wait_started,
     worker_dsn,
 )
+from worker.config import WorkerConfig
 
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "sweep")
 DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
@@ -127,7 +128,8 @@ async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
 
 
 def section_http(ctx: Context) -> dict[str, Any]:
-    conc = ctx.settings.concurrency or 100
+    # the worker's own default when the run does not set one: same client, same number in flight
+    conc = ctx.settings.concurrency or WorkerConfig().concurrency
     out: dict[str, Any] = {"concurrency": conc, "payload_bytes": len(payload_json(1))}
     ctx.sink.reset()
     sink_cpu0 = ctx.sink.cpu()

@@ -13,7 +13,7 @@ def write(tmp_path, text):
 
 def test_minimal_file_gets_defaults(tmp_path):
     config = load_config(write(tmp_path, "database:\n  url: postgresql://db/x\n"), environ={})
-    assert config.worker.concurrency == 100
+    assert config.worker.concurrency == 200
     assert config.delivery.timeout_seconds is None  # the database's default applies
 
 
