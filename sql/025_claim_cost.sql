@@ -41,7 +41,8 @@ SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
 -- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
 -- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
--- statement here reaches rows through an index whatever the estimates (see `claimed`).
+-- statement here reaches rows through an index whatever the estimates (see `claimed`); the two
+-- clean-ups it calls keep their own plan choice (below).
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -193,3 +194,9 @@ BEGIN
     WHERE webhook_id = ANY(v_endpoints);
 END;
 $$;
+
+-- A function's SET also holds for what it calls. reap_expired_leases() and expire_deliveries()
+-- select their rows with LIMIT p_limit, which a generic plan cannot size, and join the UPDATE to
+-- them: they keep PostgreSQL's usual choice between custom and generic plans.
+ALTER FUNCTION webhooks.reap_expired_leases(integer) SET plan_cache_mode = auto;
+ALTER FUNCTION webhooks.expire_deliveries(integer) SET plan_cache_mode = auto;

@@ -283,3 +283,79 @@ def test_concurrent_partition_makers_never_wait_on_each_other(db):
             assert second.execute("SELECT webhooks.ensure_log_partitions(21)").fetchone() == (0,)
         first.commit()
     assert query(db, "SELECT webhooks.ensure_log_partitions(21)") == [(1,)]
+
+
+def set_ordering_key(dsn, delivery_ids, key):
+    query(dsn, "UPDATE webhooks.alert_delivery_queue SET ordering_key = %s WHERE delivery_id = ANY(%s)"
+               " RETURNING 1", (key, delivery_ids))
+
+
+def test_claim_takes_one_row_per_ordering_key_and_the_next_once_it_is_finished(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    first, second, third = enqueue(db, endpoint, count=3)
+    [free] = enqueue(db, endpoint)
+    set_ordering_key(db, [first, second, third], "order-1")
+    claimed = acquire(db, "w", batch=10)
+    assert [c[0] for c in claimed] == [first, free]
+    assert acquire(db, "w", batch=10) == []  # `second` waits while `first` is in flight
+    finish(db, "w", outcome(claimed[0], **OK))
+    assert [c[0] for c in acquire(db, "w", batch=10)] == [second]
+
+
+def test_a_claim_planned_once_still_takes_each_batch_by_primary_key(db):
+    # acquire() keeps one generic plan per session (025): one session claims batches of different
+    # sizes through it, and a row claimed by another session in between is not taken twice.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=100)
+    ids = enqueue(db, endpoint, count=30)
+    with psycopg.connect(db, autocommit=True) as conn:
+        def claim(batch):
+            return [r[0] for r in conn.execute(
+                "SELECT delivery_id FROM webhooks.acquire('w', %s, 30)", (batch,)).fetchall()]
+        got = [claim(n) for n in (1, 2, 3, 4, 5, 6)]
+        others = [c[0] for c in acquire(db, "other", batch=5)]
+        got.append(claim(100))
+    assert [len(g) for g in got] == [1, 2, 3, 4, 5, 6, 4]
+    taken = [d for g in got for d in g] + others
+    assert sorted(taken) == ids
+
+
+def next_due_in(dsn):
+    return query(dsn, "SELECT webhooks.next_due_in()")[0][0]
+
+
+def test_next_due_in_is_null_when_nothing_waits_and_zero_when_a_row_is_due(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    assert next_due_in(db) is None
+    enqueue(db, endpoint, deliver_after=120)
+    assert 110 < next_due_in(db) <= 120
+    enqueue(db, endpoint)
+    assert next_due_in(db) == 0
+
+
+def test_next_due_in_counts_only_the_head_of_an_ordering_key(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [head] = enqueue(db, endpoint, deliver_after=300)
+    [behind] = enqueue(db, endpoint)  # due now, but waits for `head`
+    set_ordering_key(db, [head, behind], "order-1")
+    assert 290 < next_due_in(db) <= 300
+
+
+def test_next_due_in_counts_a_lease_that_will_expire(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint)
+    acquire(db, "w", batch=1, lease=40)
+    assert 30 < next_due_in(db) <= 40
+
+
+def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):
+    # CREATE OR REPLACE resets SECURITY DEFINER and SET clauses: 025 and 026 restate them.
+    rows = {name: (definer, settings) for name, definer, settings in query(
+        db, "SELECT proname, prosecdef, proconfig FROM pg_proc WHERE pronamespace = 'webhooks'::regnamespace"
+            " AND proname IN ('acquire', 'next_due_in', 'reap_expired_leases')")}
+    definer, settings = rows["acquire"]
+    assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings
+    assert "plan_cache_mode=force_generic_plan" in settings
+    definer, settings = rows["next_due_in"]
+    assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings
+    # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)
+    assert "plan_cache_mode=auto" in rows["reap_expired_leases"][1]
