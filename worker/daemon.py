@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ HOUSEKEEPING_INTERVAL_SECONDS = 30.0
 # outcomes. The termination grace period in k8s/ is checked against the sum.
 RELEASE_SECONDS = 2.0
 FINAL_FLUSH_SECONDS = 5.0
+GC_YOUNG_THRESHOLD = 50_000
 
 
 @dataclass(frozen=True)
@@ -625,4 +627,14 @@ async def serve(config: Config) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, worker.stop)
+    tune_garbage_collector()
     await worker.run()
+
+
+def tune_garbage_collector() -> None:
+    """Fewer cyclic collections for a process that makes many small, short-lived objects per
+    delivery (rows, headers, outcomes) and frees nearly all of them by reference counting: what was
+    loaded at startup is never scanned again, and the young generation is collected every 50,000
+    allocations rather than every 700. Worker CPU per delivery fell 8-15% (bench/, issue 7)."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
