@@ -23,6 +23,7 @@ import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worker import schema, signing
+from worker.config import WorkerConfig
 from worker.delivery import display_url
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, Keyring, generate_key
@@ -300,7 +301,7 @@ class WorkerSettings:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "concurrency": self.concurrency or 100,
+            "concurrency": self.concurrency or WorkerConfig().concurrency,
             "claim_batch_size": self.claim_batch_size or "database default (100)",
             "finish_batch_size": self.finish_batch_size or "database default (100)",
             "pool_max_size": self.pool_max_size or 4,

@@ -463,7 +463,13 @@ def _package(frame: str) -> str:
 
 
 def section_e2e(ctx: Context) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
+    if "http" in ctx.args.only.split(","):
+        # The ceiling again, right before the drain it is compared with: the first measurement, at
+        # the start of the run, has come out up to a quarter lower on this kind of machine, which
+        # would flatter the ratio. The target uses the higher of the two.
+        conc = ctx.settings.concurrency or WorkerConfig().concurrency
+        out["http_ceiling_again"] = asyncio.run(_http_ceiling(ctx.sink.url(), conc, ctx.args.http_seconds))
     for workers in (1, 2):
         log(f"e2e: {workers} worker(s)")
         out[f"workers_{workers}"] = drain(
@@ -894,7 +900,9 @@ def targets(results: dict[str, Any], batch: int) -> list[dict[str, Any]]:
             }
         )
 
-    ceiling = _get(results, "http", "default_loop", "per_second")
+    ceilings = [_get(results, "http", "default_loop", "per_second"),
+                _get(results, "e2e", "http_ceiling_again", "per_second")]
+    ceiling = max((c for c in ceilings if c), default=None)
     one = _get(results, "e2e", "workers_1", "per_second")
     two = _get(results, "e2e", "workers_2", "per_second")
     naive = _get(results, "naive", "per_second_first_to_last_receipt")
@@ -992,6 +1000,14 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
         )
         if h.get("uvloop"):
             lines.append(("   same, uvloop (comparison only)", f"{h['uvloop']['per_second']:,.0f} req/s"))
+    again = _get(results, "e2e", "http_ceiling_again")
+    if isinstance(again, dict):
+        lines.append(
+            (
+                "   same, again right before the e2e drain",
+                f"{again['per_second']:,.0f} req/s ({again['client_cpu_ms_per_request']} ms client CPU/req)",
+            )
+        )
     d = results.get("db")
     if isinstance(d, dict):
         lines.append(
