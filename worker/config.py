@@ -42,8 +42,8 @@ class DatabaseConfig(_Section):
 
 class WorkerConfig(_Section):
     id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", min_length=1)
-    # Twice the default claim batch: a claim is made once half the slots are free, so a full batch
-    # goes out while the other half is still in flight (bench/ sweep, issue 7).
+    # Twice the default claim batch: a claim starts once half a batch of slots is free, and with
+    # twice the batch in flight a batch or more is still being sent while it runs (README, Tuning).
     concurrency: int = Field(default=200, ge=1, le=10_000)
     poll_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     finish_max_delay_seconds: float = Field(default=0.05, ge=0, le=10)
