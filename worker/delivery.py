@@ -21,7 +21,6 @@ from worker.queue import Claimed
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
 MAX_RESPONSE_HEADERS = 100
-URL_PROBLEM_CACHE_SIZE = 4096
 # Headers the product sets; an endpoint's custom headers cannot replace them.
 RESERVED_HEADERS = frozenset(
     {
@@ -169,9 +168,6 @@ class Sender:
         self._max_header_bytes = max_header_bytes
         self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
-        # url_problem() of each URL seen: a pure function of the URL and the policy, and parsing
-        # the URL again on every attempt cost more than signing it (bench/, issue 7).
-        self._url_problems: dict[str, str | None] = {}
 
     async def start(self) -> None:
         resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), self._policy)
@@ -202,12 +198,7 @@ class Sender:
         """One POST under the destination rules and bounds; every outcome is a Sent, never a raise."""
         assert self._session is not None, "Sender.start() first"
         started = time.monotonic()
-        try:
-            problem = self._url_problems[url]
-        except KeyError:
-            if len(self._url_problems) >= URL_PROBLEM_CACHE_SIZE:
-                self._url_problems.clear()
-            problem = self._url_problems[url] = url_problem(url, self._policy)
+        problem = url_problem(url, self._policy)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
         timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=connect_timeout)
