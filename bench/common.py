@@ -299,9 +299,14 @@ class WorkerSettings:
     finish_batch_size: int | None = None
     pool_max_size: int | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight per worker: the setting, or the worker's own default."""
+        return self.concurrency or WorkerConfig().concurrency
+
     def describe(self) -> dict[str, Any]:
         return {
-            "concurrency": self.concurrency or WorkerConfig().concurrency,
+            "concurrency": self.in_flight,
             "claim_batch_size": self.claim_batch_size or "database default (100)",
             "finish_batch_size": self.finish_batch_size or "database default (100)",
             "pool_max_size": self.pool_max_size or 4,

@@ -52,7 +52,6 @@ from bench.common import (
     wait_started,
     worker_dsn,
 )
-from worker.config import WorkerConfig
 
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "sweep")
 DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
@@ -128,8 +127,8 @@ async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
 
 
 def section_http(ctx: Context) -> dict[str, Any]:
-    # the worker's own default when the run does not set one: same client, same number in flight
-    conc = ctx.settings.concurrency or WorkerConfig().concurrency
+    # the same number in flight as the workers: same client, same load
+    conc = ctx.settings.in_flight
     out: dict[str, Any] = {"concurrency": conc, "payload_bytes": len(payload_json(1))}
     ctx.sink.reset()
     sink_cpu0 = ctx.sink.cpu()
@@ -468,8 +467,8 @@ def section_e2e(ctx: Context) -> dict[str, Any]:
         # The ceiling again, right before the drain it is compared with: the first measurement, at
         # the start of the run, has come out up to a quarter lower on this kind of machine, which
         # would flatter the ratio. The target uses the higher of the two.
-        conc = ctx.settings.concurrency or WorkerConfig().concurrency
-        out["http_ceiling_again"] = asyncio.run(_http_ceiling(ctx.sink.url(), conc, ctx.args.http_seconds))
+        out["http_ceiling_again"] = asyncio.run(
+            _http_ceiling(ctx.sink.url(), ctx.settings.in_flight, ctx.args.http_seconds))
     for workers in (1, 2):
         log(f"e2e: {workers} worker(s)")
         out[f"workers_{workers}"] = drain(
