@@ -240,6 +240,23 @@ def test_lookups_by_id_by_key_and_history(db):
                  (claimed[0],)) == [(1, "delivered", 200)]
 
 
+def test_an_events_deliveries_are_found_by_key_through_the_idempotency_index(db):
+    first = add_endpoint(db, "http://127.0.0.1:9/a", name="first")
+    second = add_endpoint(db, "http://127.0.0.1:9/b", name="second")
+    query(db, "SELECT webhooks.publish('alert.created', '{}')")
+    [(event_id,)] = query(db, "SELECT DISTINCT event_id FROM webhooks.alert_delivery_queue")
+
+    assert query(db, "SELECT webhook_id FROM webhooks.delivery_by_key(%s)", (event_id,)) == [(first,), (second,)]
+    assert query(db, "SELECT webhook_id FROM webhooks.delivery_by_key(%s, %s)", (event_id, second)) == [(second,)]
+    with psycopg.connect(db, autocommit=True) as conn:
+        # a three-row table is read whole whatever its indexes; forbid that to see which index is used
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT * FROM webhooks.delivery_by_key(%s)", (event_id,)).fetchall())
+    assert "alert_delivery_queue_idempotency" in plan
+    assert "webhook_id = ANY" in plan, plan
+
+
 def test_dead_letters_past_the_threshold_become_an_operational_event(db):
     failing = add_endpoint(db, "http://127.0.0.1:9/a", name="failing")
     ops = add_endpoint(db, "http://127.0.0.1:9/ops", name="ops", event_types=("webhook.endpoint.*",))
