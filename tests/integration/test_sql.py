@@ -224,6 +224,34 @@ def test_filtered_replay_resets_matching_dead_letters_and_counts_them(db):
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE outcome = 'replayed'") == [(9,)]
 
 
+def test_queue_statistics_count_every_status_and_the_oldest_due_row(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/a")
+    for key in ("a", "b", "c"):
+        query(db, "SELECT webhooks.enqueue(%s, 'alert.created', '{}', %s)", (endpoint, key))
+    query(db, "UPDATE webhooks.alert_delivery_queue SET next_retry_at = now() - interval '90 seconds'"
+              " WHERE idempotency_key = 'a'")
+    query(db, "UPDATE webhooks.alert_delivery_queue SET next_retry_at = now() + interval '1 hour'"
+              " WHERE idempotency_key = 'b'")
+    [claimed] = acquire(db, "w", batch=1)  # the oldest due row, 'a'
+    finish(db, "w", outcome(claimed, **OK))
+    [claimed] = acquire(db, "w", batch=1)  # 'c', now in flight
+
+    stats = {status: (count, age) for status, count, age in query(
+        db, "SELECT status, deliveries, oldest_due_age_seconds FROM webhooks.queue_statistics")}
+    assert {status: count for status, (count, _) in stats.items()} == {
+        "pending": 1, "delivering": 1, "retrying": 0, "delivered": 1, "dead_letter": 0}
+    assert stats["pending"][1] is None  # its one row is due in an hour
+    assert stats["delivered"][1] is None and stats["retrying"][1] is None
+
+    query(db, "UPDATE webhooks.alert_delivery_queue SET next_retry_at = now() - interval '30 seconds'"
+              " WHERE idempotency_key = 'b'")
+    [(sample,)] = query(db, "SELECT webhooks.queue_stats(100, '10 seconds')")
+    assert sample["depth"] == {"pending": 1, "delivering": 1, "retrying": 0, "delivered": 1, "dead_letter": 0}
+    assert 29 <= sample["oldest_due_age_seconds"] < 90
+    # another worker asking within the interval gets nothing: one sample per interval for the fleet
+    assert query(db, "SELECT webhooks.queue_stats(100, '10 seconds')") == [(None,)]
+
+
 def test_lookups_by_id_by_key_and_history(db):
     first = add_endpoint(db, "http://127.0.0.1:9/a", name="first")
     second = add_endpoint(db, "http://127.0.0.1:9/b", name="second")
