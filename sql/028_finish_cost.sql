@@ -3,11 +3,18 @@
 -- - The outcome write reaches its rows by primary key, as 019 meant to. Its `status = 'delivering'`
 --   let the planner answer it from the leased index instead: on each call it read every row in
 --   flight (and the dead entries finished rows leave there) into a hash, 1.1 ms of a 5 ms finish
---   with 300 rows leased. The lease token alone says the row is still held by this claim: it is set
---   exactly while the row is `delivering` (constraint lease_columns_together).
+--   with 300 rows leased. The lease token alone now says the row is still held by this claim: every
+--   function already clears the token whenever a row stops being `delivering`, and the constraint
+--   lease_token_only_while_delivering (added here) makes that a rule of the table, so no hand-made
+--   change can leave a token on a row that is not in flight.
 -- - The per-row results pass to the final query as three arrays instead of a JSON document that
 --   was built and then taken apart again.
 -- Same rows, same results. Restated whole, with the SECURITY DEFINER and search_path of 022_roles.
+
+-- lease_columns_together (003) ties `delivering` to a token and a lease end, but would let a token
+-- outlive the state. Adding the check reads the whole table once, while this migration holds it.
+ALTER TABLE webhooks.alert_delivery_queue
+    ADD CONSTRAINT lease_token_only_while_delivering CHECK (lease_token IS NULL OR status = 'delivering');
 
 CREATE OR REPLACE FUNCTION webhooks.finish(p_worker_id text, p_outcomes jsonb)
 RETURNS TABLE (delivery_id bigint, applied boolean, status text, endpoint_change text)
@@ -74,7 +81,7 @@ BEGIN
         -- Driven from the outcomes through the primary key, whatever the row estimates (`target`
         -- is estimated at 320 rows per outcome: delivery_config is never analyzed). No
         -- `status = 'delivering'` here: it let the planner read every leased row instead, and
-        -- a matching token already means the row is delivering (lease_columns_together).
+        -- a matching token already means the row is delivering (lease_token_only_while_delivering).
         FROM target t
         WHERE q.delivery_id = ANY (ARRAY(SELECT t2.delivery_id FROM target t2))
           AND q.delivery_id = t.delivery_id AND q.lease_token = t.lease_token

@@ -87,6 +87,34 @@ def test_lease_fencing_a_late_finish_changes_nothing_but_is_logged_as_stale(db):
                    (2, "retry", False, "worker-b")]
 
 
+def test_a_finish_batch_answers_each_outcome_in_its_order_applied_or_stale(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint, count=3)
+    first, second, third = sorted(acquire(db, "w", batch=3))
+    # the second row's lease ends (released at a shutdown): its outcome arrives too late
+    query(db, "SELECT webhooks.release('w', %s)",
+          (json.dumps([{"delivery_id": second[0], "lease_token": str(second[1])}]),))
+
+    results = finish(db, "w", outcome(third, **OK), outcome(second, **OK),
+                     outcome(first, outcome="retry", retry_after_s=60, http_status=503,
+                             failure_category="http_5xx"))
+
+    assert results == [(third[0], True, "delivered"), (second[0], False, "stale"),
+                       (first[0], True, "retrying")]
+    statuses = [row(db, claimed[0], "status")[0] for claimed in (first, second, third)]
+    assert statuses == ["retrying", "pending", "delivered"]
+
+
+def test_a_lease_token_is_only_ever_held_by_a_row_in_flight(db):
+    # finish() fences on the token alone: a row that is not delivering must not carry one.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    acquire(db, "w", batch=1)
+    with pytest.raises(psycopg.errors.CheckViolation, match="lease_token_only_while_delivering"):
+        query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'retrying', locked_until = NULL"
+                  " WHERE delivery_id = %s", (delivery,))
+
+
 def test_last_attempt_lost_to_an_expired_lease_is_a_dead_letter(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_attempts=1)
     [delivery] = enqueue(db, endpoint)
