@@ -1,5 +1,5 @@
 -- 029_claim_in_flight: webhooks.acquire() as in 025_claim_cost, counting each endpoint's rows in
--- flight once per claim instead of up to three times (issue 7). auto_explain on the database
+-- flight once per claim instead of once per place that reads it (issue 7). auto_explain on the database
 -- benchmark showed the count, a scan of the leased index, run once for each place the concurrency
 -- cap and the half-open probe budget read it. Same rows, same order, same locks. Restated whole,
 -- with SECURITY DEFINER, search_path and plan_cache_mode as in 025.
@@ -95,8 +95,9 @@ BEGIN
                END AS tokens_now
         FROM limits l CROSS JOIN clock
     ), in_flight AS (
-        -- a join, not a scalar subquery in the select list: `quota` reads `flying` three times,
-        -- and each read of an inlined subquery ran the count again
+        -- a join, not a scalar subquery in the select list: `quota` reads `flying` twice (the
+        -- concurrency cap, the half-open probe budget), and each read of an inlined subquery ran
+        -- the count again
         SELECT t.*, f.flying
         FROM tokens t
         CROSS JOIN LATERAL (
