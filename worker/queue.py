@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -95,7 +95,11 @@ def outcomes_document(outcomes: Sequence[Finished]) -> str:
     except orjson.JSONEncodeError:
         # A string orjson refuses (a lone surrogate in an error text): the standard library escapes
         # it, the database then refuses that outcome alone, and Worker._write isolates it.
-        return json.dumps([{**vars(o), "lease_token": str(o.lease_token)} for o in outcomes])
+        return json.dumps([
+            {f.name: str(o.lease_token) if f.name == "lease_token" else getattr(o, f.name)
+             for f in fields(Finished)}
+            for o in outcomes
+        ])
 
 
 @dataclass(frozen=True)

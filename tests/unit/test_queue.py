@@ -3,6 +3,7 @@
 import json
 import uuid
 
+from worker.policy import Outcome
 from worker.queue import Finished, outcomes_document
 
 
@@ -10,8 +11,9 @@ def test_the_outcome_document_has_every_field_by_name_and_the_token_as_text():
     token = uuid.uuid4()
     delivered = Finished(delivery_id=7, lease_token=token, attempt=2, outcome="delivered", http_status=200,
                          latency_ms=12, response_excerpt="ok")
-    retry = Finished(delivery_id=8, lease_token=token, attempt=1, outcome="retry", retry_after_s=4.5,
-                     failure_category="timeout", error="timed out after 10 s")
+    # the worker passes Outcome members as well as their values; error texts can be any language
+    retry = Finished(delivery_id=8, lease_token=token, attempt=1, outcome=Outcome.RETRY, retry_after_s=4.5,
+                     failure_category="timeout", error="délai dépassé après 10 s")
 
     assert json.loads(outcomes_document([delivered, retry])) == [
         {"delivery_id": 7, "lease_token": str(token), "attempt": 2, "outcome": "delivered",
@@ -19,7 +21,7 @@ def test_the_outcome_document_has_every_field_by_name_and_the_token_as_text():
          "response_excerpt": "ok", "latency_ms": 12, "reason": None, "disable_endpoint": False},
         {"delivery_id": 8, "lease_token": str(token), "attempt": 1, "outcome": "retry",
          "retry_after_s": 4.5, "http_status": None, "failure_category": "timeout",
-         "error": "timed out after 10 s", "response_excerpt": None, "latency_ms": None, "reason": None,
+         "error": "délai dépassé après 10 s", "response_excerpt": None, "latency_ms": None, "reason": None,
          "disable_endpoint": False},
     ]
 
