@@ -408,6 +408,16 @@ def execute(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description is not None else []
 
 
+def vacuum(dsn: str, table: str = "webhooks.alert_delivery_queue") -> list[str]:
+    """VACUUM (VERBOSE) a table; returns what it said about truncating the file, where it says
+    whether another session's lock request (an autovacuum worker's, say) made it stop early."""
+    said: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda notice: said.append(notice.message_primary or ""))
+        conn.execute(f"VACUUM (VERBOSE) {table}")
+    return [line for line in said if "truncat" in line]
+
+
 def preload(dsn: str, endpoint_ids: list[int], rows: int) -> float:
     """Queue `rows` rows round-robin over the endpoints with one INSERT … SELECT; returns seconds."""
     started = time.monotonic()
