@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -408,14 +409,41 @@ def execute(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description is not None else []
 
 
+VACUUM_WORDS = ("truncat", "not yet removable", "removable cutoff")
+
+
 def vacuum(dsn: str, table: str = "webhooks.alert_delivery_queue") -> list[str]:
-    """VACUUM (VERBOSE) a table; returns what it said about truncating the file, where it says
-    whether another session's lock request (an autovacuum worker's, say) made it stop early."""
+    """VACUUM (VERBOSE) a table; returns what it said about the rows it could not remove yet (another
+    session's snapshot still sees them) and about truncating the file (where it says whether a
+    lock request from another session made it stop early)."""
     said: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.add_notice_handler(lambda notice: said.append(notice.message_primary or ""))
+        conn.add_notice_handler(lambda notice: said.extend((notice.message_primary or "").splitlines()))
         conn.execute(f"VACUUM (VERBOSE) {table}")
-    return [line for line in said if "truncat" in line]
+    return [line.strip() for line in said if any(word in line for word in VACUUM_WORDS)]
+
+
+def vacuum_held_back(said: list[str]) -> bool:
+    """Whether another session kept VACUUM from removing rows or from truncating the file."""
+    for line in said:
+        if "due to conflicting lock request" in line:
+            return True
+        found = re.search(r"(\d+) are dead but not yet removable", line)
+        if found and int(found.group(1)) > 0:
+            return True
+    return False
+
+
+def wait_for_autovacuum(dsn: str, limit_seconds: float) -> float:
+    """Wait (at most the limit) until no autovacuum worker is busy in this database; returns seconds."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit_seconds:
+        [[busy]] = execute(dsn, "SELECT count(*) FROM pg_stat_activity"
+                                " WHERE backend_type = 'autovacuum worker' AND datname = current_database()")
+        if not busy:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def preload(dsn: str, endpoint_ids: list[int], rows: int) -> float:
