@@ -434,16 +434,15 @@ def vacuum_held_back(said: list[str]) -> bool:
     return False
 
 
-def wait_for_autovacuum(dsn: str, limit_seconds: float) -> float:
-    """Wait (at most the limit) until no autovacuum worker is busy in this database; returns seconds."""
-    started = time.monotonic()
-    while time.monotonic() - started < limit_seconds:
+def wait_for_autovacuum(dsn: str, limit_seconds: float) -> None:
+    """Wait (at most the limit) until no autovacuum worker is busy in this database."""
+    deadline = time.monotonic() + limit_seconds
+    while time.monotonic() < deadline:
         [[busy]] = execute(dsn, "SELECT count(*) FROM pg_stat_activity"
                                 " WHERE backend_type = 'autovacuum worker' AND datname = current_database()")
         if not busy:
-            break
+            return
         time.sleep(0.5)
-    return time.monotonic() - started
 
 
 def preload(dsn: str, endpoint_ids: list[int], rows: int) -> float:
