@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -118,6 +119,67 @@ def _children(ppid: int) -> list[int]:
     return found
 
 
+# Server processes other than client backends, by the title PostgreSQL gives them.
+SERVER_PROCESS_KINDS = (
+    "autovacuum worker",
+    "autovacuum launcher",
+    "walwriter",
+    "checkpointer",
+    "background writer",
+    "logical replication launcher",
+)
+
+
+def _server_process_kind(pid: int) -> str:
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    body = title.strip().removeprefix("postgres: ")
+    return next((kind for kind in SERVER_PROCESS_KINDS if body.startswith(kind)), "backends")
+
+
+class ServerCpuByKind:
+    """Where the cluster's CPU goes from now until `seconds()`: client backends, autovacuum, the WAL
+    writer, and so on. A thread samples the processes every quarter second, so one that exits in
+    between (autovacuum workers do, and a client's backend when it disconnects) counts up to its last
+    sample; CPU no sample saw is reported as `not attributed`."""
+
+    def __init__(self, postmaster_pid: int, every_seconds: float = 0.25) -> None:
+        self.postmaster_pid = postmaster_pid
+        self.total_at_start = tree_cpu(postmaster_pid)
+        self.at_start = self._read()
+        self.last_seen: dict[int, tuple[str, float]] = dict(self.at_start)
+        self._every = every_seconds
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_until_done, name="pg-cpu-sampler", daemon=True)
+        self._sampler.start()
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        return {pid: (_server_process_kind(pid), proc_cpu(pid)) for pid in _children(self.postmaster_pid)}
+
+    def _sample(self) -> None:
+        for pid, (kind, cpu) in self._read().items():
+            if kind != "gone":
+                self.last_seen[pid] = (kind, cpu)
+
+    def _sample_until_done(self) -> None:
+        while not self._done.wait(self._every):
+            self._sample()
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds per kind of process since this object was made; stops the sampling."""
+        self._done.set()
+        self._sampler.join()
+        self._sample()
+        by_kind: dict[str, float] = {}
+        for pid, (kind, cpu) in self.last_seen.items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + cpu - self.at_start.get(pid, (kind, 0.0))[1]
+        total = tree_cpu(self.postmaster_pid) - self.total_at_start
+        by_kind["not attributed"] = max(0.0, total - sum(by_kind.values()))
+        return {kind: round(spent, 2) for kind, spent in sorted(by_kind.items()) if spent >= 0.005}
+
+
 def tree_cpu(root_pid: int) -> float:
     """CPU seconds of a process, its live children, and its children already reaped (cutime/cstime):
     for the postmaster, every server process since start-up, including backends that have exited."""
@@ -176,6 +238,9 @@ class Cluster:
 
     def cpu(self) -> float:
         return tree_cpu(self.postmaster_pid)
+
+    def cpu_by_kind(self) -> ServerCpuByKind:
+        return ServerCpuByKind(self.postmaster_pid)
 
     @property
     def log_path(self) -> Path:

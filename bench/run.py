@@ -277,6 +277,7 @@ def drain(
     reset_statements(dsn)
     deadlocks0 = deadlocks(dsn)
     pg0, sink0 = ctx.cluster.cpu(), ctx.sink.cpu()
+    pg_by_kind = ctx.cluster.cpu_by_kind()
     busy0, own0 = machine_busy(), time.process_time()
     procs = [spawn_worker(dsn, ctx.workdir, f"{name}-w{i + 1}", settings) for i in range(workers)]
     spawned = time.time()
@@ -298,6 +299,7 @@ def drain(
         time.sleep(1.0)
         worker_cpu = sum(max(cpu_seen[p.name], p.cpu()) for p in procs)
         pg_cpu, sink_cpu = ctx.cluster.cpu() - pg0, ctx.sink.cpu() - sink0
+        pg_seconds_by_kind = pg_by_kind.seconds()
         busy, own = machine_busy() - busy0, time.process_time() - own0
         stats = ctx.sink.stats((0.1, 0.9))
         statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
@@ -338,6 +340,7 @@ def drain(
                 # busy CPU of the whole machine not accounted above: other work on the machine
                 "other_processes": round(max(0.0, busy - worker_cpu - pg_cpu - sink_cpu - own), 2),
             },
+            "postgres_cpu_seconds_by_process": pg_seconds_by_kind,
             "cpu_ms_per_delivery": {
                 "workers": round(worker_cpu * 1000 / max(1, n), 4),
                 "postgres": round(pg_cpu * 1000 / max(1, n), 4),
@@ -442,6 +445,11 @@ def summarise_profile(path: Path, top: int = 20) -> dict[str, Any]:
         "inclusive_pct": share(incl),
         "package_inclusive_pct": share(packages),
     }
+
+
+def _by_process(drained: dict[str, Any]) -> str:
+    seconds = drained.get("postgres_cpu_seconds_by_process", {})
+    return ", ".join(f"{kind} {spent}" for kind, spent in seconds.items())
 
 
 def _package(frame: str) -> str:
@@ -1043,7 +1051,8 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                         f"PG {c['postgres']}, sink {c['sink']}; {r['round_trips_per_delivery']} round "
                         f"trips/delivery; HOT updates {100 * r['queue_updates']['hot_share']:.0f}%; "
                         f"complete={r['complete']}; other processes on the machine "
-                        f"{r['cpu_seconds'].get('other_processes', '?')} CPU-s",
+                        f"{r['cpu_seconds'].get('other_processes', '?')} CPU-s; PG CPU-s by process "
+                        + _by_process(r),
                     )
                 )
     lat = results.get("latency")

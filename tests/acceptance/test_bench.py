@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
@@ -29,6 +30,13 @@ def test_quick_run_reports_every_section(tmp_path):
     assert 1 <= len(data["backlog"]["vacuum_reports"]) <= 3
     assert any("removable cutoff" in line for line in data["backlog"]["vacuum_reports"][0])
     assert data["latency"]["received"] == data["latency"]["inserted"]
+    # PostgreSQL's CPU over a drain, split by kind of server process, adds up to the figure the
+    # targets use (each part rounded to 0.01 s)
+    drained = data["e2e"]["workers_1"]
+    by_process = drained["postgres_cpu_seconds_by_process"]
+    assert by_process["backends"] > 0
+    assert set(by_process) <= {"backends", "not attributed", *SERVER_PROCESS_KINDS}
+    assert abs(sum(by_process.values()) - drained["cpu_seconds"]["postgres"]) <= 0.02 * len(by_process)
     assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
     assert len(data["targets"]) >= 10
     for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
