@@ -143,7 +143,7 @@ class ServerCpuByKind:
     """Where the cluster's CPU goes from now until `seconds()`: client backends, autovacuum, the WAL
     writer, and so on. A thread samples the processes every quarter second, so one that exits in
     between (autovacuum workers do, and a client's backend when it disconnects) counts up to its last
-    sample; CPU no sample saw is reported as `not attributed`."""
+    sample. CPU no sample saw, and the postmaster's own, is reported as `not attributed`."""
 
     def __init__(self, postmaster_pid: int, every_seconds: float = 0.25) -> None:
         self.postmaster_pid = postmaster_pid
@@ -167,10 +167,14 @@ class ServerCpuByKind:
         while not self._done.wait(self._every):
             self._sample()
 
-    def seconds(self) -> dict[str, float]:
-        """CPU seconds per kind of process since this object was made; stops the sampling."""
+    def stop(self) -> None:
+        """Stop sampling (also when a drain fails before its figures are read)."""
         self._done.set()
         self._sampler.join()
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds per kind of process since this object was made; stops the sampling."""
+        self.stop()
         self._sample()
         by_kind: dict[str, float] = {}
         for pid, (kind, cpu) in self.last_seen.items():

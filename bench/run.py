@@ -305,6 +305,7 @@ def drain(
         statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
         nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
     finally:
+        pg_by_kind.stop()
         if profiler is not None:
             out["profile"] = _finish_profiler(profiler)
         codes = [p.stop() for p in procs]
