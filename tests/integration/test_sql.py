@@ -429,13 +429,13 @@ DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats
 
 def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):
     # CREATE OR REPLACE resets SECURITY DEFINER and SET clauses: every later restatement repeats them.
-    functions = query(db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
-                          " WHERE pronamespace = 'webhooks'::regnamespace")
-    rows = {name: (definer, settings or []) for name, definer, settings in functions}
-    for name, definer, settings in functions:
-        if name in DEFINER_FUNCTIONS:
-            assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
+    rows = {name: (definer, settings or []) for name, definer, settings in query(
+        db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
+            " WHERE pronamespace = 'webhooks'::regnamespace")}
     assert set(DEFINER_FUNCTIONS) <= set(rows)
+    for name in DEFINER_FUNCTIONS:
+        definer, settings = rows[name]
+        assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
     assert "plan_cache_mode=force_generic_plan" in rows["acquire"][1]
     # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)
     assert "plan_cache_mode=auto" in rows["reap_expired_leases"][1]
