@@ -4,7 +4,8 @@ PagerDuty Events API v2. Pure functions: payload in, bytes out, no I/O."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +19,22 @@ PAGERDUTY_SEVERITIES = {
 }
 RESOLVED_STATUSES = {"resolved", "cleared", "ok", "closed"}
 SEVERITY_COLOURS = {"critical": "#d00000", "error": "#e36209", "warning": "#f0b400", "info": "#2f81f7"}
+ELLIPSIS = "…"
+# Slack Block Kit: a section's text may hold 3,000 characters; the top-level `text` is the
+# notification fallback, kept to the same size. A context element's text is kept far shorter.
+SLACK_SECTION_CHARS = 3000
+SLACK_CONTEXT_VALUE_CHARS = 300
+# Mattermost: a message holds 16,383 characters and all of a post's attachments 7,900 together;
+# these caps keep one alert well inside both.
+MATTERMOST_TEXT_CHARS = 4000
+MATTERMOST_TITLE_CHARS = 1000
+MATTERMOST_FIELD_CHARS = 300
+MATTERMOST_LINK_CHARS = 2000
+PAGERDUTY_SUMMARY_CHARS = 1024
+# Characters that end or split a Slack link (`<url|label>`) if left in its URL.
+_SLACK_URL_UNSAFE = {"<": "%3C", ">": "%3E", "|": "%7C", " ": "%20"}
+# Mattermost turns these words into notifications for a whole channel or team.
+_MATTERMOST_MENTIONS = re.compile(r"@(channel|all|here)\b", re.IGNORECASE)
 
 
 class FormatError(ValueError):
@@ -37,6 +54,14 @@ class Event:
 def render(body_format: str, payload: bytes, event: Event) -> bytes:
     if body_format == "raw":
         return payload
+    try:
+        return _render_json(body_format, payload, event)
+    except RecursionError:
+        # PostgreSQL's jsonb nests far deeper than Python's parser: such a payload can only go raw.
+        raise FormatError("payload: nested too deeply to parse (send it with format raw)") from None
+
+
+def _render_json(body_format: str, payload: bytes, event: Event) -> bytes:
     data = json.loads(payload)
     if body_format == "envelope":
         body: Any = {"id": event.event_id, "type": event.event_type,
@@ -60,7 +85,11 @@ def _alert(data: Any) -> Mapping[str, Any]:
 
 def _title(alert: Mapping[str, Any]) -> str:
     title = alert.get("title") or alert.get("summary")
-    if not isinstance(title, str) or not title.strip():
+    if isinstance(title, int | float) and not isinstance(title, bool):
+        title = str(title)
+    if title is not None and not isinstance(title, str):
+        raise FormatError("payload.title: must be a string or a number")
+    if title is None or not title.strip():
         raise FormatError("payload.title: missing (an alert needs a title or summary)")
     return title.strip()
 
@@ -82,38 +111,103 @@ def _headline(alert: Mapping[str, Any], event: Event) -> str:
 
 
 def slack(data: Any, event: Event) -> dict[str, Any]:
-    """Slack incoming webhook: `text` (the notification fallback) plus Block Kit blocks."""
+    """Slack incoming webhook: `text` (the notification fallback) plus Block Kit blocks. Alert text
+    is escaped for mrkdwn, so `&`, `<` and `>` from a producer can neither end the link nor make
+    one (`<!channel>`), and every text fits Block Kit's limits."""
     alert = _alert(data)
     headline = _headline(alert, event)
-    link = _text(alert.get("url") or alert.get("link"))
-    section = f"*<{link}|{headline}>*" if link else f"*{headline}*"
+    link = _link(alert)
+    section = f"*{_fit(headline, SLACK_SECTION_CHARS - 2, _slack_escape)}*"
+    if link:
+        target = _slack_url(link)
+        # room for "*<" + target + "|" + label + ">*"; a link too long to leave a readable label is dropped
+        room = SLACK_SECTION_CHARS - len(target) - 5
+        if room >= 100:
+            # a `|` in a label is taken as the URL's end by some clients: show a look-alike
+            section = f"*<{target}|{_fit(headline.replace('|', '¦'), room, _slack_escape)}>*"
     blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": section}}]
-    context = [f"{name}: {value}" for name, value in (("Severity", _text(alert.get("severity"))),
-                                                      ("Source", _text(alert.get("source"))))
+    context = [f"{name}: {_fit(value, SLACK_CONTEXT_VALUE_CHARS, _slack_escape)}"
+               for name, value in (("Severity", _text(alert.get("severity"))),
+                                   ("Source", _text(alert.get("source"))))
                if value]
     if context:
         blocks.append({"type": "context",
                        "elements": [{"type": "mrkdwn", "text": " | ".join(context)}]})
-    return {"text": headline, "blocks": blocks}
+    return {"text": _fit(headline, SLACK_SECTION_CHARS, _slack_escape), "blocks": blocks}
 
 
 def mattermost(data: Any, event: Event) -> dict[str, Any]:
-    """Mattermost incoming webhook: `text` plus one attachment with the alert's fields."""
+    """Mattermost incoming webhook: `text` plus one attachment with the alert's fields. Markdown
+    from a producer is shown as written (escaped), channel-wide mentions are defused, and every
+    field fits Mattermost's limits."""
     alert = _alert(data)
     headline = _headline(alert, event)
     severity = _text(alert.get("severity"))
-    attachment: dict[str, Any] = {"fallback": headline, "title": _title(alert),
-                                  "color": "#2da44e" if _resolved(alert, event)
-                                  else SEVERITY_COLOURS.get(PAGERDUTY_SEVERITIES.get(
-                                      (severity or "").lower(), ""), "#808080")}
-    link = _text(alert.get("url") or alert.get("link"))
+    link = _link(alert)
+    if link is not None and len(link) > MATTERMOST_LINK_CHARS:
+        link = None
+    headline, title = _markdown_defused(headline), _markdown_defused(_title(alert))
+    attachment: dict[str, Any] = {
+        "fallback": _fit(headline, MATTERMOST_TITLE_CHARS, str),
+        # Mattermost shows a linked title as plain text and an unlinked one as Markdown.
+        "title": _fit(title, MATTERMOST_TITLE_CHARS, str if link else _markdown_escape),
+        "color": "#2da44e" if _resolved(alert, event)
+        else SEVERITY_COLOURS.get(PAGERDUTY_SEVERITIES.get((severity or "").lower(), ""), "#808080"),
+    }
     if link:
         attachment["title_link"] = link
-    fields = [{"short": True, "title": name, "value": value}
+    fields = [{"short": True, "title": name, "value": _fit(_markdown_defused(value), MATTERMOST_FIELD_CHARS,
+                                                                _markdown_escape)}
               for name, value in (("Severity", severity), ("Source", _text(alert.get("source")))) if value]
     if fields:
         attachment["fields"] = fields
-    return {"text": headline, "attachments": [attachment]}
+    return {"text": _fit(headline, MATTERMOST_TEXT_CHARS, _markdown_escape), "attachments": [attachment]}
+
+
+def _link(alert: Mapping[str, Any]) -> str | None:
+    return _text(alert.get("url") or alert.get("link"))
+
+
+def _fit(text: str, limit: int, escape: Callable[[str], str]) -> str:
+    """The text escaped, cut with an ellipsis so that what is sent holds at most `limit` characters;
+    never cuts an escape sequence in half."""
+    escaped = escape(text)
+    if len(escaped) <= limit:
+        return escaped
+    pieces: list[str] = []
+    used = 0
+    for char in text:
+        piece = escape(char)
+        if used + len(piece) > limit - len(ELLIPSIS):
+            break
+        pieces.append(piece)
+        used += len(piece)
+    return "".join(pieces) + ELLIPSIS
+
+
+def _slack_escape(text: str) -> str:
+    # Slack's own rule for mrkdwn: these three, and only these, as HTML entities.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _slack_url(url: str) -> str:
+    return "".join(_SLACK_URL_UNSAFE.get(char, char) for char in url).replace("&", "&amp;")
+
+
+def _markdown_escape(text: str) -> str:
+    return "".join(f"\\{char}" if char in _MARKDOWN_INLINE else char for char in text)
+
+
+def _markdown_defused(text: str) -> str:
+    """Producer text that Markdown must not read as a block (heading, quote, list) or a mention of
+    a whole channel: a word joiner (U+2060, invisible) in front breaks each of them."""
+    text = _MATTERMOST_MENTIONS.sub("@\u2060\\1", text)
+    return _MARKDOWN_LINE_START.sub("\\1\u2060", text)
+
+
+# Backslash escapes for what Markdown reads inside a line (links, emphasis, code, HTML, tables).
+_MARKDOWN_INLINE = frozenset("\\`*_[]<>~|&")
+_MARKDOWN_LINE_START = re.compile(r"^(\s*)(?=>|(?:#+|[+\-*]|\d+[.)])(?:\s|$))", re.MULTILINE)
 
 
 def pagerduty(data: Any, event: Event) -> dict[str, Any]:
@@ -133,14 +227,14 @@ def pagerduty(data: Any, event: Event) -> dict[str, Any]:
         "event_action": "trigger",
         "dedup_key": dedup_key,
         "payload": {
-            "summary": _title(alert)[:1024],
+            "summary": _fit(_title(alert), PAGERDUTY_SUMMARY_CHARS, str),
             "source": _text(alert.get("source")) or "webhook-worker",
             "severity": severity,
             "timestamp": event.created_at.isoformat(),
             "custom_details": dict(alert),
         },
     }
-    link = _text(alert.get("url") or alert.get("link"))
+    link = _link(alert)
     if link:
         body["links"] = [{"href": link, "text": "Alert"}]
     return body

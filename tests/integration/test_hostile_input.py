@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, eventually, query, statuses
+from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
 
 # The errors a producer may see from enqueue, each naming its problem; anything else is a bug.
 CLEAR_ERRORS = {
@@ -108,6 +108,23 @@ def test_hostile_payloads_are_delivered_as_they_were_queued_and_the_worker_keeps
     assert [_numbers_as_floats(json.loads(r.body)) for r in received] == [
         _numbers_as_floats(json.loads(p)) for p in payloads]
     assert worker.process.poll() is None
+
+
+def test_a_payload_too_deep_to_render_is_a_dead_letter_at_once_and_the_worker_keeps_going(
+        db, receiver, spawn):
+    receiver.script("/deep", Reply(200))
+    endpoint = add_endpoint(db, receiver.url("/deep"), body_format="envelope")
+    deep = "[" * 3000 + "1" + "]" * 3000
+    [(too_deep,)] = query(db, "SELECT webhooks.enqueue(%s, 'alert.created', %s::jsonb)", (endpoint, deep))
+    [fine] = enqueue(db, endpoint, {"ok": True})
+    worker = spawn(db)
+    eventually(lambda: all_final(db, [too_deep, fine]), message="both rows final")
+    assert statuses(db, [too_deep, fine]) == {too_deep: "dead_letter", fine: "delivered"}
+    [(attempts, reason)] = query(db, "SELECT attempts, last_error FROM webhooks.alert_delivery_queue"
+                                 " WHERE delivery_id = %s", (too_deep,))
+    assert attempts == 1 and reason.startswith("cannot render as envelope: payload: nested too deeply")
+    assert worker.process.poll() is None
+    assert not [line for line in worker.log_lines() if "Traceback" in json.dumps(line)]
 
 
 HOSTILE_URLS = [

@@ -47,7 +47,7 @@ def test_slack():
 
 def test_mattermost():
     assert body("mattermost", FULL) == {
-        "text": "[CRITICAL] Disk almost full on db-1",
+        "text": "\\[CRITICAL\\] Disk almost full on db-1",
         "attachments": [{
             "fallback": "[CRITICAL] Disk almost full on db-1", "title": "Disk almost full on db-1",
             "color": "#d00000", "title_link": "https://grafana.example.test/d/disk",
@@ -83,6 +83,90 @@ def test_pagerduty_trigger_and_resolve():
 def test_a_payload_without_a_title_names_the_missing_field(fmt):
     with pytest.raises(FormatError, match=r"payload\.title"):
         render(fmt, b'{"severity": "critical"}', EVENT)
+
+
+def test_a_numeric_title_is_rendered_as_text_and_other_kinds_are_named():
+    assert body("slack", {"title": 12345})["text"] == "12345"
+    assert body("mattermost", {"summary": 2.5})["attachments"][0]["title"] == "2.5"
+    for fmt in ("slack", "mattermost", "pagerduty"):
+        with pytest.raises(FormatError, match=r"payload\.title: must be a string or a number"):
+            render(fmt, b'{"title": ["a", "list"]}', EVENT)
+
+
+def test_slack_escapes_what_would_end_the_link_or_make_a_mention():
+    sent = body("slack", {"summary": "CPU > 90% & <rising> | x", "link": "https://example.com/b?x=1&y=2"})
+    assert sent["text"] == "CPU &gt; 90% &amp; &lt;rising&gt; | x"
+    assert sent["blocks"][0]["text"]["text"] == (
+        "*<https://example.com/b?x=1&amp;y=2|CPU &gt; 90% &amp; &lt;rising&gt; ¦ x>*")
+    # characters that would end the URL part are percent-encoded; no producer text makes `<!channel>`
+    sent = body("slack", {"title": "<!channel> now", "severity": "<b>", "source": "a&b",
+                          "url": "https://h.example/p|q>r s"})
+    assert sent["blocks"][0]["text"]["text"] == (
+        "*<https://h.example/p%7Cq%3Er%20s|[&lt;B&gt;] &lt;!channel&gt; now>*")
+    assert sent["blocks"][1]["elements"][0]["text"] == "Severity: &lt;b&gt; | Source: a&amp;b"
+
+
+def test_mattermost_shows_markdown_and_mentions_as_written():
+    alert = {"title": "# [click](https://evil.example) **now** @channel", "source": "@all > x",
+             "severity": "warning"}
+    sent = body("mattermost", alert)
+    assert sent["text"] == "\\[WARNING\\] # \\[click\\](https://evil.example) \\*\\*now\\*\\* @\u2060channel"
+    attachment = sent["attachments"][0]
+    # unlinked, Mattermost renders the title as Markdown: escaped; the heading mark is defused
+    assert attachment["title"] == "\u2060# \\[click\\](https://evil.example) \\*\\*now\\*\\* @\u2060channel"
+    assert attachment["fields"][1]["value"] == "@\u2060all \\> x"
+    # linked, it is shown as plain text: nothing to escape there
+    linked = body("mattermost", {**alert, "url": "https://grafana.example.test/d/1"})["attachments"][0]
+    assert linked["title"] == "\u2060# [click](https://evil.example) **now** @\u2060channel"
+
+
+SECTION = 3000
+
+
+@pytest.mark.parametrize("length, cut", [(SECTION - 2, False), (SECTION - 1, True), (5000, True)])
+def test_slack_section_text_fits_block_kit(length, cut):
+    sent = body("slack", {"title": "x" * length})
+    section = sent["blocks"][0]["text"]["text"]
+    assert len(section) == min(length + 2, SECTION)
+    assert section.endswith("…*") is cut
+    assert len(sent["text"]) <= SECTION
+
+
+def test_a_cut_never_splits_an_escape_and_a_long_link_is_dropped_not_cut():
+    section = body("slack", {"title": "&" * 1000})["blocks"][0]["text"]["text"]
+    assert len(section) <= SECTION and section.endswith("&amp;…*")
+    assert section[1:-2].replace("&amp;", "") == ""
+    linked = body("slack", {"title": "t" * 5000, "url": "https://h.example/" + "p" * 1000})
+    text = linked["blocks"][0]["text"]["text"]
+    assert len(text) == SECTION and text.startswith("*<https://h.example/ppp") and text.endswith("…>*")
+    unlinked = body("slack", {"title": "t", "url": "https://h.example/" + "p" * 3000})
+    assert unlinked["blocks"][0]["text"]["text"] == "*t*"
+
+
+@pytest.mark.parametrize("length", [3999, 4000, 4001, 20000])
+def test_mattermost_fields_fit_its_limits(length):
+    sent = body("mattermost", {"title": "y" * length, "source": "s" * length, "severity": "info",
+                               "url": "https://h.example/" + "p" * length})
+    assert len(sent["text"]) == min(length + len("[INFO] "), 4000)
+    attachment = sent["attachments"][0]
+    assert len(attachment["title"]) == 1000 and attachment["title"].endswith("…")
+    assert len(attachment["fields"][1]["value"]) == 300
+    assert "title_link" not in attachment  # over 2,000 characters: dropped rather than cut
+    assert len(json.dumps(attachment, ensure_ascii=False)) < 7900
+
+
+@pytest.mark.parametrize("length, cut", [(1024, False), (1025, True)])
+def test_pagerduty_summary_fits_1024(length, cut):
+    summary = body("pagerduty", {"title": "z" * length})["payload"]["summary"]
+    assert len(summary) == 1024 and summary.endswith("…") is cut
+
+
+@pytest.mark.parametrize("fmt", ["envelope", "slack", "mattermost", "pagerduty"])
+def test_a_payload_nested_deeper_than_python_parses_cannot_be_rendered(fmt):
+    deep = b"[" * 3000 + b"1" + b"]" * 3000
+    with pytest.raises(FormatError, match="nested too deeply"):
+        render(fmt, deep, EVENT)
+    assert render("raw", deep, EVENT) == deep
 
 
 def test_pagerduty_without_a_routing_key_says_so():
