@@ -4,10 +4,19 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if [ ! -x .venv/bin/python ]; then
+    if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        echo "Python 3.11 or newer is needed as python3 (found: $(python3 --version 2>&1))" >&2
+        exit 1
+    fi
+    if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+        echo "python3 lacks the venv module with ensurepip: install it (Debian: apt-get install python3-venv)" >&2
+        exit 1
+    fi
     python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
 fi
-.venv/bin/python -m pip install -q -e '.[dev]'
+# The tools are pinned (scripts/constraints-dev.txt); the project's own dependencies are not.
+.venv/bin/python -m pip install -q -c scripts/constraints-dev.txt -e '.[dev]'
 
 if [ -z "${DATABASE_URL:-}" ] && ! command -v initdb >/dev/null \
         && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then

@@ -18,7 +18,8 @@ from tests.support import WorkerProcess
 from worker import schema
 from worker.localpg import LocalPostgres
 
-TEMPLATE = "webhooks_test_template"
+# One per run, so that two runs against the same DATABASE_URL server never drop each other's template.
+TEMPLATE = f"webhooks_test_template_{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="session")

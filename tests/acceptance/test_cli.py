@@ -66,8 +66,10 @@ def test_a_bad_config_exits_non_zero_with_one_line_and_no_traceback(tmp_path, co
 
 def test_migrate_works_from_a_wheel_installed_outside_the_checkout(tmp_path, fresh_db):
     dist = tmp_path / "dist"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
-                            str(ROOT)], capture_output=True, text=True, timeout=300, check=False)
+    # --no-build-isolation: the build backend comes from the dev install, nothing is fetched
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                            "--no-index", "-q", "-w", str(dist), str(ROOT)],
+                           capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr
     [wheel] = dist.glob("webhook_worker-*.whl")
     assert "worker/sql/003_queue.sql" in zipfile.ZipFile(wheel).namelist()
