@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +35,9 @@ class Received:
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        """With `tls`, the receiver speaks HTTPS with that server context."""
+        self._tls = tls
         self.requests: list[Received] = []
         self._scripts: dict[str, list[Reply]] = {}
         self._lock = threading.Lock()
@@ -57,7 +60,7 @@ class Receiver:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=1024, ssl_context=self._tls)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
@@ -68,7 +71,8 @@ class Receiver:
         self._thread.join(10)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def script(self, path: str, *replies: Reply) -> None:
         """Answer requests to `path` with these replies in order; the last one repeats."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "WEBHOOK_WORKER_"
 # What PyYAML raises, besides YAMLError, for a malformed tagged scalar such as `!!int x`.
@@ -88,6 +89,9 @@ class SecurityConfig(_Section):
     allow_networks: list[str] = Field(default_factory=list)
     block_private_networks: bool = True
     require_https: bool = False
+    # PEM certificates of a private CA that signs internal receivers' certificates, trusted in
+    # addition to the system's CAs.
+    ca_bundle_file: str | None = None
     max_response_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     max_response_header_bytes: int = Field(default=8 * 1024, ge=1024, le=64 * 1024)
 
@@ -99,6 +103,28 @@ class SecurityConfig(_Section):
             except ValueError:
                 raise ValueError(f"allow_networks: {entry!r} is not a CIDR such as 10.0.0.0/8") from None
         return self
+
+    @field_validator("ca_bundle_file")
+    @classmethod
+    def _ca_bundle_loads(cls, path: str | None) -> str | None:
+        if path is not None:
+            try:
+                tls_context(path)
+            except ssl.SSLError:
+                raise ValueError("cannot be loaded: not PEM certificates") from None
+            except OSError as exc:
+                reason = exc.strerror or type(exc).__name__
+                raise ValueError(f"cannot be loaded: {reason}") from None
+        return path
+
+
+def tls_context(ca_bundle_file: str | None) -> ssl.SSLContext:
+    """Certificate verification as browsers do it, trusting the system's CAs and, if given, a
+    private CA bundle too."""
+    context = ssl.create_default_context()
+    if ca_bundle_file is not None:
+        context.load_verify_locations(cafile=ca_bundle_file)
+    return context
 
 
 class LoggingConfig(_Section):

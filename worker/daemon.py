@@ -611,7 +611,7 @@ def sender_for(config: Config) -> Sender:
     """The HTTP side as configured: destination rules and response bounds."""
     security = config.security
     return Sender(config.worker.concurrency, destination_policy(config), security.max_response_bytes,
-                  security.max_response_header_bytes)
+                  security.max_response_header_bytes, ca_bundle_file=security.ca_bundle_file)
 
 
 async def serve(config: Config) -> None:

@@ -14,6 +14,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from worker import __version__, signing
+from worker.config import tls_context
 from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
 from worker.policy import AttemptResult, Category
 from worker.queue import Claimed
@@ -160,8 +161,10 @@ class Sender:
         max_response_bytes: int = 64 * 1024,
         max_header_bytes: int = 8 * 1024,
         resolver: AbstractResolver | None = None,
+        ca_bundle_file: str | None = None,
     ) -> None:
         self._concurrency = concurrency
+        self._ca_bundle_file = ca_bundle_file
         self._policy = policy or DestinationPolicy()
         # Read at most this much of a response; a larger body is cut off and its connection closed.
         self._max_response_bytes = max_response_bytes
@@ -174,6 +177,8 @@ class Sender:
         connector = aiohttp.TCPConnector(
             limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60, resolver=resolver,
             socket_factory=checked_socket_factory(self._policy),
+            # aiohttp's own verifying default unless a private CA is added to the system's
+            ssl=tls_context(self._ca_bundle_file) if self._ca_bundle_file else True,
         )
         self._session = aiohttp.ClientSession(
             connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False,
