@@ -4,8 +4,11 @@
 -- Reserved event types. Types starting with 'webhook.' are the operational events the schema owner's
 -- functions publish (006, 022). publish() already refused them; a plain INSERT or enqueue() did not.
 -- Now the insert trigger refuses them unless the inserting role is the queue's owner (or a member of
--- it): the operational events are inserted by the owner's SECURITY DEFINER functions, so they pass.
--- enqueue() runs as the owner, so it refuses them itself, as publish() does.
+-- it): the operational events are inserted by the owner's SECURITY DEFINER functions, so they pass,
+-- and so does the operator's `webhook-worker enqueue` (default type webhook.test). enqueue() becomes
+-- SECURITY INVOKER so that the trigger sees who calls it: a producer holds every privilege its
+-- INSERT ... ON CONFLICT needs (022), and the insert trigger that reads the settings stays DEFINER.
+-- Running as the caller also keeps whatever row-level rules later apply to the caller.
 --
 -- traceparent. A value that is not a W3C trace context (55 characters, lowercase hex:
 -- 00-<32>-<16>-<2>, ids not all zeros, version not ff) could only fail every attempt (a CR or LF is
@@ -28,7 +31,7 @@
 --
 -- Functions restated whole from their latest definitions (acquire 029, enqueue 009,
 -- ensure_log_partitions 004, fill_idempotency_key 020), with the SECURITY DEFINER and SET clauses
--- 022 gave them.
+-- 022 gave them, except enqueue's SECURITY DEFINER (above).
 
 -- traceparent ---------------------------------------------------------------------------------------
 
@@ -97,7 +100,7 @@ CREATE OR REPLACE FUNCTION webhooks.enqueue(
     p_expires_at      timestamptz DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
-SECURITY DEFINER
+-- SECURITY INVOKER (031): the insert trigger must see the caller. The search_path stays fixed.
 SET search_path = pg_catalog, webhooks, pg_temp
 -- Short OLTP statements: JIT compilation would cost far more than it saves.
 SET jit = off
@@ -107,12 +110,6 @@ DECLARE
     v_key      text := coalesce(p_idempotency_key, v_event_id);
     v_id       bigint;
 BEGIN
-    -- This function runs as the owner, whom the insert trigger lets through: refuse here.
-    IF starts_with(p_event_type, 'webhook.') THEN
-        RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
-                        'operational events', p_event_type
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
     INSERT INTO webhooks.alert_delivery_queue
         (webhook_id, event_id, idempotency_key, event_type, payload, priority, source_ref,
          metadata, ordering_key, max_attempts, next_retry_at, traceparent, expires_at)

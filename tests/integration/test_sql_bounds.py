@@ -71,7 +71,9 @@ def test_the_schema_owner_s_operational_events_still_reach_their_subscribers(db)
     queued = query(db, "SELECT webhook_id, event_type FROM webhooks.alert_delivery_queue"
                        " WHERE event_type LIKE 'webhook.%%' ORDER BY delivery_id")
     assert queued == [(ops, "webhook.endpoint.dead_letters"), (ops, "webhook.endpoint.disabled")]
-    insert(db, ops, "webhook.endpoint.enabled")  # the owner may also insert one by hand
+    # the owner may also queue one by hand, or the operator CLI's test event through enqueue()
+    insert(db, ops, "webhook.endpoint.enabled")
+    assert query(db, "SELECT webhooks.enqueue(%s, 'webhook.test', '{}')", (ops,))
 
 
 # --- 2. traceparent ---------------------------------------------------------------------------------
