@@ -104,7 +104,7 @@ def test_a_w3c_traceparent_is_accepted(db):
     assert query(db, "SELECT traceparent FROM webhooks.alert_delivery_queue") == [(VALID_TRACEPARENT,)]
 
 
-def test_an_upgrade_dead_letters_queued_rows_whose_traceparent_cannot_be_sent(fresh_db):
+def test_an_upgrade_dead_letters_queued_rows_whose_traceparent_cannot_be_sent_and_bounds_the_lease(fresh_db):
     url = fresh_db(False)
     schema.migrate(url, up_to=30)
     endpoint = add_endpoint(url, "http://127.0.0.1:9/old")
@@ -116,7 +116,9 @@ def test_an_upgrade_dead_letters_queued_rows_whose_traceparent_cannot_be_sent(fr
                      " (%(e)s, 'a', '{}', 'none', NULL, 'pending'),"
                      " (%(e)s, 'a', '{}', 'done', 'junk', 'delivered')",
                      {"e": endpoint, "good": VALID_TRACEPARENT})
+        conn.execute("UPDATE webhooks.delivery_config SET lease_seconds = 7200")
     schema.migrate(url)
+    assert query(url, "SELECT lease_seconds FROM webhooks.delivery_config") == [(MAX_LEASE_SECONDS,)]
     rows = query(url, "SELECT idempotency_key, status, dead_letter_reason, traceparent"
                       " FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
     assert rows == [("bad", "dead_letter", "traceparent is not a W3C trace context", "00-abc\r\nX-Evil: 1"),
