@@ -3,12 +3,13 @@
 --
 -- Reserved event types. Types starting with 'webhook.' are the operational events the schema owner's
 -- functions publish (006, 022). publish() already refused them; a plain INSERT or enqueue() did not.
--- Now the insert trigger refuses them unless the inserting role is the queue's owner (or a member of
--- it): the operational events are inserted by the owner's SECURITY DEFINER functions, so they pass,
--- and so does the operator's `webhook-worker enqueue` (default type webhook.test). enqueue() becomes
--- SECURITY INVOKER so that the trigger sees who calls it: a producer holds every privilege its
--- INSERT ... ON CONFLICT needs (022), and the insert trigger that reads the settings stays DEFINER.
--- Running as the caller also keeps whatever row-level rules later apply to the caller.
+-- Now the insert trigger refuses them unless the inserting role has the queue owner's privileges
+-- (the owner, a role inheriting them, a superuser): the operational events are inserted by the
+-- owner's SECURITY DEFINER functions, so they pass, and so does the operator's
+-- `webhook-worker enqueue` (default type webhook.test). enqueue() becomes SECURITY INVOKER so that
+-- the trigger sees who calls it: a producer holds every privilege its INSERT ... ON CONFLICT needs
+-- (022), and the insert trigger that reads the settings stays DEFINER. Running as the caller also
+-- keeps whatever row-level rules later apply to the caller.
 --
 -- traceparent. A value that is not a W3C trace context (55 characters, lowercase hex:
 -- 00-<32>-<16>-<2>, ids not all zeros, version not ff) could only fail every attempt (a CR or LF is
@@ -63,13 +64,14 @@ ALTER TABLE webhooks.alert_delivery_queue
 -- reserved event types ------------------------------------------------------------------------------
 
 -- SECURITY INVOKER on purpose: current_user must be the role that inserts (inside the owner's
--- SECURITY DEFINER functions, that is the owner).
+-- SECURITY DEFINER functions, that is the owner). USAGE: holding the owner's privileges now (the
+-- owner, a role inheriting them, a superuser), not merely a membership it has not SET.
 CREATE FUNCTION webhooks.refuse_reserved_event_type() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 BEGIN
-    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'MEMBER') THEN
+    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
         RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
                         'operational events', NEW.event_type
             USING ERRCODE = 'insufficient_privilege';
