@@ -18,6 +18,10 @@ ENV_PREFIX = "WEBHOOK_WORKER_"
 YAML_VALUE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
 # Seconds a lease must outlast the request timeout, so a slow request is not reclaimed mid-flight.
 LEASE_MARGIN_SECONDS = 5.0
+# The bounds webhooks.acquire() accepts (sql/031_input_bounds.sql): a longer lease would keep a
+# crashed worker's rows for longer than an hour.
+MAX_LEASE_SECONDS = 3600
+MAX_CLAIM_BATCH_SIZE = 10_000
 
 
 class ConfigError(Exception):
@@ -55,8 +59,8 @@ class DeliveryConfig(_Section):
     """Per-process overrides of webhooks.delivery_config; unset means the database's value."""
 
     timeout_seconds: float | None = Field(default=None, gt=0, le=300)
-    lease_seconds: int | None = Field(default=None, ge=1)
-    claim_batch_size: int | None = Field(default=None, ge=1, le=10_000)
+    lease_seconds: int | None = Field(default=None, ge=1, le=MAX_LEASE_SECONDS)
+    claim_batch_size: int | None = Field(default=None, ge=1, le=MAX_CLAIM_BATCH_SIZE)
     finish_batch_size: int | None = Field(default=None, ge=1, le=10_000)
 
     @model_validator(mode="after")

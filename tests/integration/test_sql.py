@@ -421,10 +421,11 @@ def test_next_due_in_counts_a_lease_that_will_expire(db):
     assert 30 < next_due_in(db) <= 40
 
 
-# The functions 022_roles made SECURITY DEFINER with a fixed search_path.
+# The functions 022_roles (and 020, the insert trigger) made SECURITY DEFINER with a fixed search_path.
 DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats", "worker_settings",
                      "schema_version", "credential_keys", "expire_disabled_endpoint_rows",
-                     "ensure_log_partitions", "purge", "enqueue", "publish", "notify_workers")
+                     "ensure_log_partitions", "purge", "publish", "notify_workers",
+                     "fill_idempotency_key")
 
 
 def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):
@@ -437,5 +438,10 @@ def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(
         definer, settings = rows[name]
         assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
     assert "plan_cache_mode=force_generic_plan" in rows["acquire"][1]
+    for name in ("acquire", "finish", "enqueue", "expire_disabled_endpoint_rows"):
+        assert "jit=off" in rows[name][1], name
+    # the reserved event type check must see the inserting role, not the owner (031)
+    assert rows["refuse_reserved_event_type"][0] is False
+    assert rows["enqueue"][0] is False and "search_path=pg_catalog, webhooks, pg_temp" in rows["enqueue"][1]
     # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)
     assert "plan_cache_mode=auto" in rows["reap_expired_leases"][1]
