@@ -95,6 +95,12 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for process in started:
         process.kill()
+    # A worker that logged an error or a traceback the test did not ask for fails it, whatever else
+    # the test asserted: "the worker keeps going" must not hide a crash inside it.
+    unexpected = {p.name: p.unexpected_errors() for p in started}
+    unexpected = {name: lines for name, lines in unexpected.items() if lines}
+    if unexpected:
+        pytest.fail(f"workers logged errors the test did not expect: {unexpected}", pytrace=False)
 
 
 # Durable commits here: a crash (-m immediate) must lose nothing that was acknowledged.

@@ -118,6 +118,7 @@ class WorkerProcess:
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / f"{name}.log"
         self.name = name
+        self.expected_errors: set[str] = set()
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
         env.pop("DATABASE_URL", None)
         if keys:
@@ -140,6 +141,17 @@ class WorkerProcess:
             except json.JSONDecodeError:
                 lines.append({"event": line})
         return lines
+
+    def expect_errors(self, *events: str) -> None:
+        """Error lines with these events are part of what the test checks, not a failure."""
+        self.expected_errors.update(events)
+
+    def unexpected_errors(self) -> list[dict[str, Any]]:
+        """Lines at error level or above, or carrying a traceback, that the test did not expect."""
+        return [line for line in self.log_lines()
+                if (line.get("level") in ("error", "critical") or "exception" in line
+                    or "Traceback" in str(line.get("event", "")))
+                and line.get("event") not in self.expected_errors]
 
     def logged(self, event: str) -> bool:
         return any(line.get("event") == event for line in self.log_lines())

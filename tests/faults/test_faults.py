@@ -293,6 +293,7 @@ def test_a_poison_row_is_dead_lettered_as_internal_and_the_worker_keeps_going(db
               " WHERE id = %s", (poisoned,))
     [bad] = enqueue(db, poisoned)
     worker = spawn(db)
+    worker.expect_errors("delivery failed inside the worker")
     pid = worker.pid
     eventually(lambda: statuses(db, [bad])[bad] == "dead_letter", message="poison row dead-lettered")
     good = enqueue(db, healthy, count=20)

@@ -44,7 +44,7 @@ def test_pagerduty_events_are_signed_and_a_replay_keeps_the_dedup_key(db, receiv
 def test_a_payload_a_format_cannot_render_is_a_dead_letter_naming_the_field(db, receiver, spawn):
     endpoint = add_endpoint(db, receiver.url("/slack"), body_format="slack")
     delivery = insert(db, endpoint, {"severity": "critical"})
-    spawn(db)
+    spawn(db).expect_errors("payload cannot be rendered")
     eventually(lambda: statuses(db, [delivery])[delivery] == "dead_letter", message="dead letter")
     [(category, reason, attempts)] = query(db, "SELECT failure_category, dead_letter_reason, attempts"
                                                " FROM webhooks.alert_delivery_queue")

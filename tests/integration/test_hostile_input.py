@@ -118,6 +118,7 @@ def test_a_payload_too_deep_to_render_is_a_dead_letter_at_once_and_the_worker_ke
     [(too_deep,)] = query(db, "SELECT webhooks.enqueue(%s, 'alert.created', %s::jsonb)", (endpoint, deep))
     [fine] = enqueue(db, endpoint, {"ok": True})
     worker = spawn(db)
+    worker.expect_errors("payload cannot be rendered")
     eventually(lambda: all_final(db, [too_deep, fine]), message="both rows final")
     assert statuses(db, [too_deep, fine]) == {too_deep: "dead_letter", fine: "delivered"}
     [(attempts, reason)] = query(db, "SELECT attempts, last_error FROM webhooks.alert_delivery_queue"
