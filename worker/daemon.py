@@ -19,7 +19,7 @@ from psycopg_pool import PoolTimeout
 
 from worker import formats, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
-from worker.delivery import Sender, Sent, display_url
+from worker.delivery import Sender, Sent, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
@@ -392,6 +392,9 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - one bad delivery must never stop the worker (logged below)
             if isinstance(exc, PoisonRow):
                 self._row_log(row).error("delivery cannot be attempted", error=str(exc))
+            elif carries_transport_text(exc):
+                # its text, and so its traceback, may quote the endpoint's URL: the type only
+                self._row_log(row).error("delivery failed inside the worker", error=error_text(exc))
             else:
                 self._row_log(row).exception("delivery failed inside the worker")
             finished = Finished(
@@ -402,7 +405,7 @@ class Worker:
                 retry_after_s=row.schedule.delay(row.attempt),
                 failure_category="internal",
                 error=(str(exc) if isinstance(exc, PoisonRow)
-                       else f"internal error: {type(exc).__name__}: {exc}")[:500],
+                       else f"internal error: {error_text(exc)}")[:500],
             )
         finally:
             self._in_flight.pop(row.lease_token, None)
