@@ -147,6 +147,20 @@ def closes_soon_after_answering(low: float, high: float, seed: int = 1) -> Handl
     return handler
 
 
+def answers_once_then_closes(delay: float, closed: threading.Event) -> Handler:
+    """Answers one request, advertising keep-alive, hangs up `delay` seconds later and sets `closed`."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await _read_request(reader):
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(delay)
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
+    return handler
+
+
 class DropsReusedConnections:
     """Answers the first request on each connection, advertising keep-alive, then reads the next
     request on it and hangs up without answering: every reused connection is closed under a request.

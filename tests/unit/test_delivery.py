@@ -2,6 +2,7 @@
 
 import asyncio
 import socket
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -80,15 +81,22 @@ def test_an_os_error_is_described_by_its_errno_not_its_text():
     assert message == "ClientOSError: Connection reset by peer"
 
 
-def write_failure_on_a_dropped_keepalive_connection(url: str) -> BaseException:
+def write_failure_on_a_dropped_keepalive_connection(url: str, closed: threading.Event) -> BaseException:
     """The real exception of issue 16: the receiver closes a kept-alive connection just as the
     client sends on it; aiohttp raises ClientOSError("Can not write request body for <url>").
-    Made certain here by holding the client while the receiver's FIN arrives, then letting the
-    event loop see the FIN in the same round as the request's write is scheduled."""
+    Made certain here: the second request, on the kept-alive connection, holds the event loop until
+    the receiver has hung up, so the loop sees the hang-up in the same round as it schedules the
+    request's write."""
+    requests = 0
 
     async def hold_until_closed(session: object, context: object, params: object) -> None:
-        time.sleep(0.15)  # noqa: ASYNC251 - on purpose: the FIN reaches the socket, unseen by the loop
-        await asyncio.sleep(0)
+        nonlocal requests
+        requests += 1
+        if requests == 2:
+            # blocking on purpose: the FIN reaches the socket while the loop cannot see it
+            assert closed.wait(10), "the receiver never hung up"
+            time.sleep(0.05)  # noqa: ASYNC251 - loopback delivery of the FIN, with the loop held
+            await asyncio.sleep(0)
 
     async def run() -> BaseException:
         trace = aiohttp.TraceConfig()
@@ -105,10 +113,11 @@ def write_failure_on_a_dropped_keepalive_connection(url: str) -> BaseException:
 
 
 def test_a_real_write_failure_on_a_dropped_keepalive_connection_is_described_without_its_url():
-    server = TcpServer(misbehaving.closes_soon_after_answering(0.05, 0.05)).start()
+    closed = threading.Event()
+    server = TcpServer(misbehaving.answers_once_then_closes(0.3, closed)).start()
     try:
         url = server.url("/services/T0/B0/SECRETPATH?t=SECRETQUERY")
-        exc = write_failure_on_a_dropped_keepalive_connection(url)
+        exc = write_failure_on_a_dropped_keepalive_connection(url, closed)
     finally:
         server.stop()
     assert "SECRETPATH" in str(exc) and "SECRETQUERY" in str(exc)  # aiohttp's own text holds the URL
