@@ -52,17 +52,6 @@ async def resets(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
     writer.transport.abort()
 
 
-async def resets_during_upload(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Hangs up with a reset as soon as the request's head arrived, while its body is still coming."""
-    try:
-        await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return
-    sock = writer.get_extra_info("socket")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
-    writer.transport.abort()
-
-
 async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await _read_request(reader)
     writer.write(b"\x16\x03\x01 this is not HTTP at all\r\n\r\n")
