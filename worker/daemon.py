@@ -271,8 +271,8 @@ class Worker:
             if len(rows) < want:
                 claimed_at = loop.time()
                 quiet = quiet_after_claim(quiet, found_rows=bool(rows))
+                # (Woken while claiming: no need to ask when rows fall due; claim again after the hold.)
                 if not self._wake.is_set():
-                    # (Woken while claiming: claim again without asking when rows fall due.)
                     await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
                 if not self._wake.is_set():
                     quiet = 0.0  # a quiet spell, not a storm: the next wake-up is answered at once
