@@ -19,7 +19,7 @@ from psycopg_pool import PoolTimeout
 
 from worker import formats, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
-from worker.delivery import Sender, Sent, display_url
+from worker.delivery import Sender, Sent, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
@@ -37,6 +37,11 @@ SCHEMA_TOO_OLD = (f"schema older than version {schema.MIN_SUPPORTED_VERSION} (or
 # When rows are due but another worker got them first, look again soon, but never spin.
 MIN_IDLE_SECONDS = 0.05
 HOUSEKEEPING_INTERVAL_SECONDS = 30.0
+# Wake-ups that come within this long of a claim that found nothing are held and merged into one
+# claim; the window doubles with each such claim, up to the cap, so anyone able to NOTIFY (a role
+# with only CONNECT can) makes a worker claim a few times a second at most, not once per NOTIFY.
+WAKE_QUIET_MIN_SECONDS = 0.005
+WAKE_QUIET_MAX_SECONDS = 0.25
 # After the shutdown grace: at most this long to release what is left, then to write the last
 # outcomes. The termination grace period in k8s/ is checked against the sum.
 RELEASE_SECONDS = 2.0
@@ -229,6 +234,8 @@ class Worker:
         # claims rather than one claim per finished request.
         refill_at = max(1, batch_size // 2)
         backoff = Backoff()
+        loop = asyncio.get_running_loop()
+        quiet = 0.0
         while not self._stopping.is_set():
             free = concurrency - len(self._in_flight)
             if self._in_flight and free < refill_at:
@@ -254,15 +261,23 @@ class Worker:
                 return
             if rows:
                 self.metrics.claim_batch.observe(len(rows))
+            if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
             for row in rows:
                 # unnamed: naming a task costs a string and a call per delivery (1% of the worker's
                 # CPU in a drain), and _in_flight already maps each task to its row
                 task = asyncio.create_task(self._deliver(row))
                 self._in_flight[row.lease_token] = (row, task)
-            if len(rows) < want and not self._wake.is_set():
-                # (Woken while claiming: claim again at once, without asking when rows fall due.)
-                await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
+            if len(rows) < want:
+                claimed_at = loop.time()
+                quiet = quiet_after_claim(quiet, found_rows=bool(rows))
+                # (Woken while claiming: no need to ask when rows fall due; claim again after the hold.)
+                if not self._wake.is_set():
+                    await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
+                if not self._wake.is_set():
+                    quiet = 0.0  # a quiet spell, not a storm: the next wake-up is answered at once
+                elif (hold := claimed_at + quiet - loop.time()) > 0:
+                    await self._sleep(hold)  # wake-ups meanwhile are merged into the next claim
 
     async def _idle_seconds(self) -> float:
         """Sleep until the earliest due retry or lease expiry, capped by the polling interval."""
@@ -392,6 +407,9 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - one bad delivery must never stop the worker (logged below)
             if isinstance(exc, PoisonRow):
                 self._row_log(row).error("delivery cannot be attempted", error=str(exc))
+            elif carries_transport_text(exc):
+                # its text, and so its traceback, may quote the endpoint's URL: the type only
+                self._row_log(row).error("delivery failed inside the worker", error=error_text(exc))
             else:
                 self._row_log(row).exception("delivery failed inside the worker")
             finished = Finished(
@@ -402,7 +420,7 @@ class Worker:
                 retry_after_s=row.schedule.delay(row.attempt),
                 failure_category="internal",
                 error=(str(exc) if isinstance(exc, PoisonRow)
-                       else f"internal error: {type(exc).__name__}: {exc}")[:500],
+                       else f"internal error: {error_text(exc)}")[:500],
             )
         finally:
             self._in_flight.pop(row.lease_token, None)
@@ -561,6 +579,14 @@ class Worker:
             self.log.info("released claimed rows", released=released, reason=why)
         except DATABASE_ERRORS as exc:
             self.log.error("release failed; rows return after the lease", error=_brief(exc))
+
+
+def quiet_after_claim(previous: float, found_rows: bool) -> float:
+    """How long after a claim further wake-ups are held and merged into one claim: nothing after a
+    claim that found rows; after one that found nothing a few ms, doubling each time, up to a cap."""
+    if found_rows:
+        return 0.0
+    return min(max(previous * 2, WAKE_QUIET_MIN_SECONDS), WAKE_QUIET_MAX_SECONDS)
 
 
 def _cannot_render(row: Claimed, reason: str) -> Finished:

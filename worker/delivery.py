@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -89,30 +91,71 @@ def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]
 
 
 def transport_failure(exc: BaseException) -> tuple[Category, str]:
-    """Which failure category a transport exception belongs to, and a message safe to log."""
+    """Which failure category a transport exception belongs to, and a message safe to store and log.
+
+    Never the exception's own text: aiohttp puts the request URL, path and query included, into
+    several of its messages ("Can not write request body for <url>"), and a Slack-style URL carries
+    its token in the path. Messages are built from the type, the errno and fixed words only.
+    """
     cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
     if isinstance(cause, BlockedDestination):
-        return Category.BLOCKED, str(cause)
+        return Category.BLOCKED, str(cause)  # our own reason, naming the refused address
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return Category.TIMEOUT, "request timed out"
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return Category.DNS, f"DNS lookup failed: {exc.os_error.strerror or type(exc.os_error).__name__}"
+        return Category.DNS, f"DNS lookup failed{_lookup_reason(exc.os_error)}"
     if isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
         return Category.TLS, f"TLS error: {type(exc).__name__}"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return Category.CONNECT, f"connection failed: {exc.os_error.strerror or type(exc.os_error).__name__}"
+        return Category.CONNECT, f"connection failed: {os_error_text(exc.os_error)}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return Category.CONNECT, "server disconnected before answering"
     if isinstance(exc, aiohttp.ClientResponseError):
-        return Category.CONNECT, f"invalid HTTP response ({exc.status})"
+        # The status aiohttp reports here (400) is its parser's, not the receiver's: leave it out.
+        return Category.PROTOCOL, "invalid HTTP response"
     if isinstance(exc, aiohttp.InvalidURL):
         return Category.INTERNAL, "invalid endpoint URL"
-    # Never str(exc) here: several aiohttp errors carry the full URL, which may hold a secret.
-    if isinstance(exc, OSError) and exc.strerror:
-        return Category.CONNECT, f"{type(exc).__name__}: {exc.strerror}"
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return Category.CONNECT, type(exc).__name__
+        return Category.CONNECT, os_error_text(exc)
     return Category.INTERNAL, type(exc).__name__
+
+
+def os_error_text(exc: BaseException) -> str:
+    """The exception's type, and the system's text for its errno when it has one ("ClientOSError:
+    Connection reset by peer"); never the exception's own message, which may quote a URL."""
+    errno = exc.errno if isinstance(exc, OSError) else None
+    if isinstance(errno, int) and errno > 0:
+        return f"{type(exc).__name__}: {os.strerror(errno)}"
+    return type(exc).__name__
+
+
+def _lookup_reason(exc: BaseException) -> str:
+    # getaddrinfo's own text ("Name or service not known") is one of libc's fixed strings.
+    for error in (exc, exc.__cause__):
+        if isinstance(error, socket.gaierror) and error.strerror:
+            return f": {error.strerror}"
+    return ""
+
+
+def carries_transport_text(exc: BaseException) -> bool:
+    """Whether the exception, or one it was raised from, is an aiohttp or OS error, whose text may
+    quote a URL: such an exception is logged and stored by type only, never with its traceback."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # chains are short; the bound only guards against a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, aiohttp.ClientError | OSError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return True
+
+
+def error_text(exc: BaseException) -> str:
+    """An unexpected exception as one line that may be stored and logged."""
+    if carries_transport_text(exc):
+        return os_error_text(exc)
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 class CheckedResolver(AbstractResolver):
@@ -137,6 +180,25 @@ class CheckedResolver(AbstractResolver):
         await self._inner.close()
 
 
+class _RequestConnections:
+    """What one request did about connections: the socket factory notes each socket it opens."""
+
+    __slots__ = ("opened",)
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+
+# The request being sent in this task. aiohttp opens a request's sockets in the request's own task
+# (or tasks it starts, which copy this context), so a request that fails having opened no socket
+# went out on a kept-alive connection: aiohttp does not tell whether it reused one.
+_current_request: contextvars.ContextVar[_RequestConnections | None] = contextvars.ContextVar(
+    "current_request", default=None)
+# Failures of a request whose kept-alive connection the receiver closed under it, before answering.
+_DROPPED_CONNECTION = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
+                       aiohttp.ClientConnectionResetError)
+
+
 def checked_socket_factory(policy: DestinationPolicy) -> Callable[[AddrInfoType], socket.socket]:
     """A socket factory that checks the exact address about to be connected to. aiohttp skips the
     resolver for IP literals, so this is the check no URL form can go around."""
@@ -146,13 +208,28 @@ def checked_socket_factory(policy: DestinationPolicy) -> Callable[[AddrInfoType]
         reason = address_blocked(str(sockaddr[0]), policy)
         if reason is not None:
             raise BlockedDestination(reason)
+        request = _current_request.get()
+        if request is not None:
+            request.opened += 1
         return socket.socket(family=family, type=type_, proto=proto)
 
     return make
 
 
+def dropped_keepalive(exc: BaseException, opened_sockets: int) -> bool:
+    """Whether a request failed because the receiver closed its kept-alive connection before a
+    byte of the answer arrived (the race of receivers that close idle connections): such a request
+    is sent again at once on a new connection, as browsers and most HTTP clients do."""
+    if opened_sockets or not isinstance(exc, _DROPPED_CONNECTION):
+        return False
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False  # connecting failed: that was a new connection
+    # With part of an answer parsed, aiohttp passes it as the message: the receiver did answer.
+    return not isinstance(exc, aiohttp.ServerDisconnectedError) or isinstance(exc.message, str)
+
+
 class Sender:
-    """Owns the HTTP session; every attempt goes through send()."""
+    """Owns the HTTP sessions; every attempt goes through send()."""
 
     def __init__(
         self,
@@ -171,16 +248,23 @@ class Sender:
         self._max_header_bytes = max_header_bytes
         self._resolver = resolver
         self._session: aiohttp.ClientSession | None = None
+        # Only for a request sent again after its kept-alive connection was dropped: its
+        # connections are never reused, so the second try cannot meet the same race.
+        self._fresh_session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
+        self._session = self._new_session(force_close=False)
+        self._fresh_session = self._new_session(force_close=True)
+
+    def _new_session(self, force_close: bool) -> aiohttp.ClientSession:
         resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), self._policy)
         connector = aiohttp.TCPConnector(
             limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60, resolver=resolver,
-            socket_factory=checked_socket_factory(self._policy),
+            socket_factory=checked_socket_factory(self._policy), force_close=force_close,
             # aiohttp's own verifying default unless a private CA is added to the system's
             ssl=tls_context(self._ca_bundle_file) if self._ca_bundle_file else True,
         )
-        self._session = aiohttp.ClientSession(
+        return aiohttp.ClientSession(
             connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False,
             # A receiver's status line and each header line; and no more headers than this many.
             max_line_size=self._max_header_bytes, max_field_size=self._max_header_bytes,
@@ -188,8 +272,9 @@ class Sender:
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._fresh_session):
+            if session is not None:
+                await session.close()
 
     async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
         headers = request_headers(row, int(time.time()), body)
@@ -201,29 +286,36 @@ class Sender:
         connect_timeout: float | None,
     ) -> Sent:
         """One POST under the destination rules and bounds; every outcome is a Sent, never a raise."""
-        assert self._session is not None, "Sender.start() first"
+        assert self._session is not None and self._fresh_session is not None, "Sender.start() first"
         started = time.monotonic()
         problem = url_problem(url, self._policy)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
-        timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=connect_timeout)
+        request = _RequestConnections()
+        token = _current_request.set(request)
         try:
-            # The whole attempt, body included, within the timeout: a receiver that trickles its
-            # answer a byte at a time cannot hold a request open past it.
-            async with asyncio.timeout(timeout_seconds), self._session.post(
-                url,
-                data=body,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                excerpt = await _read_excerpt(response, self._max_response_bytes)
-                result = AttemptResult(
-                    status=response.status, retry_after=response.headers.get("Retry-After")
-                )
+            # The whole attempt, body and a second try included, within the timeout: a receiver
+            # that trickles its answer a byte at a time cannot hold a request open past it.
+            async with asyncio.timeout(timeout_seconds):
+                try:
+                    response = await self._session.post(
+                        url, data=body, headers=headers, allow_redirects=False,
+                        timeout=aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=connect_timeout))
+                except _DROPPED_CONNECTION as exc:
+                    if not dropped_keepalive(exc, request.opened):
+                        raise
+                    left = max(timeout_seconds - (time.monotonic() - started), 0.001)
+                    response = await self._fresh_session.post(
+                        url, data=body, headers=headers, allow_redirects=False,
+                        timeout=aiohttp.ClientTimeout(total=left, sock_connect=connect_timeout))
+                async with response:
+                    excerpt = await _read_excerpt(response, self._max_response_bytes)
+            result = AttemptResult(status=response.status, retry_after=response.headers.get("Retry-After"))
         except Exception as exc:  # noqa: BLE001 - every transport failure becomes a category
             category, message = transport_failure(exc)
             result, excerpt = AttemptResult(failure=category, error=message), None
+        finally:
+            _current_request.reset(token)
         return Sent(result, int((time.monotonic() - started) * 1000), excerpt)
 
 

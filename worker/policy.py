@@ -24,6 +24,7 @@ class Category(enum.StrEnum):
     CONNECT = "connect"
     DNS = "dns"
     TLS = "tls"
+    PROTOCOL = "protocol"  # the answer was not valid HTTP (or broke the status and header bounds)
     HTTP_4XX = "http_4xx"
     HTTP_5XX = "http_5xx"
     REDIRECT = "redirect"

@@ -16,16 +16,28 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\no
 
 async def _read_request(reader: asyncio.StreamReader) -> bool:
     """Read one HTTP request (headers and Content-Length body); False at end of stream."""
+    return await _read_request_head(reader) is not None
+
+
+async def _read_request_head(reader: asyncio.StreamReader) -> bytes | None:
+    """Read one HTTP request and return its head (request line and headers); None at end of stream."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except (asyncio.IncompleteReadError, ConnectionError):
-        return False
+        return None
     length = 0
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":", 1)[1])
     await reader.readexactly(length)
-    return True
+    return head
+
+
+def _header(head: bytes, name: bytes) -> str:
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(name + b":"):
+            return line.split(b":", 1)[1].strip().decode()
+    return ""
 
 
 async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -107,6 +119,63 @@ def closes_keepalive_at_random(probability: float, seed: int = 1) -> Handler:
                 break
         writer.close()
     return handler
+
+
+def closes_soon_after_answering(low: float, high: float, seed: int = 1) -> Handler:
+    """Answers one request per connection, advertising keep-alive, and hangs up `low` to `high`
+    seconds later whatever arrived meanwhile: the keep-alive race of receivers that close idle
+    connections (issue 16's reproduction)."""
+    rng = random.Random(seed)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await _read_request(reader):
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(rng.uniform(low, high))
+        writer.close()
+    return handler
+
+
+def answers_once_then_closes(delay: float, closed: threading.Event) -> Handler:
+    """Answers one request, advertising keep-alive, hangs up `delay` seconds later and sets `closed`."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await _read_request(reader):
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(delay)
+        writer.close()
+        await writer.wait_closed()
+        closed.set()
+    return handler
+
+
+class DropsReusedConnections:
+    """Answers the first request on each connection, advertising keep-alive, then reads the next
+    request on it and hangs up without answering: every reused connection is closed under a request.
+    Records (connection number, delivery id, webhook-attempt header) of what it answered and dropped."""
+
+    def __init__(self) -> None:
+        self.answered: list[tuple[int, int, str]] = []
+        self.dropped: list[tuple[int, int, str]] = []
+        self._connections = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
+        number = self._connections
+        head = await _read_request_head(reader)
+        if head is not None:
+            self.answered.append(_seen(number, head))
+            writer.write(OK)
+            await writer.drain()
+            head = await _read_request_head(reader)
+            if head is not None:
+                self.dropped.append(_seen(number, head))
+        writer.close()
+
+
+def _seen(connection: int, head: bytes) -> tuple[int, int, str]:
+    return connection, int(_header(head, b"webhook-delivery-id")), _header(head, b"webhook-attempt")
 
 
 class TcpServer:

@@ -222,11 +222,11 @@ def test_a_paused_worker_s_late_outcomes_are_fenced_off(db, receiver, spawn):
     ("behaviour", "handler", "category"),
     [("never answers", misbehaving.never_answers, "timeout"),
      ("resets the connection", misbehaving.resets, "connect"),
-     ("answers garbage", misbehaving.garbage, "connect"),
+     ("answers garbage", misbehaving.garbage, "protocol"),
      ("answers 200 after the timeout", misbehaving.answers_late(3.0), "timeout"),
      ("answers one byte a second", misbehaving.trickles, "timeout"),
-     ("sends a 100 KB header line", misbehaving.huge_header, "connect"),
-     ("sends headers without end", misbehaving.endless_headers, "connect")],
+     ("sends a 100 KB header line", misbehaving.huge_header, "protocol"),
+     ("sends headers without end", misbehaving.endless_headers, "protocol")],
 )
 def test_misbehaving_receivers_are_classified_and_others_keep_flowing(db, receiver, spawn, behaviour,
                                                                       handler, category):

@@ -1,6 +1,9 @@
 """The pure parts of the HTTP side: what may be logged, what is stored, which headers are sent."""
 
+import asyncio
 import socket
+import threading
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -8,8 +11,18 @@ import aiohttp
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
+from tests.faults import misbehaving
+from tests.faults.misbehaving import TcpServer
 from worker import signing
-from worker.delivery import display_url, excerpt_text, request_headers, transport_failure
+from worker.delivery import (
+    carries_transport_text,
+    display_url,
+    dropped_keepalive,
+    error_text,
+    excerpt_text,
+    request_headers,
+    transport_failure,
+)
 from worker.policy import Category, RetrySchedule
 from worker.queue import Claimed
 
@@ -41,7 +54,13 @@ def key() -> ConnectionKey:
     [(TimeoutError(), Category.TIMEOUT),
      (aiohttp.ClientConnectorDNSError(key(), socket.gaierror(-2, "Name or service not known")), Category.DNS),
      (aiohttp.ClientConnectorError(key(), ConnectionRefusedError(111, "refused")), Category.CONNECT),
+     (aiohttp.ClientConnectorError(key(), ConnectionRefusedError(111, "Connect call failed /SECRET")),
+      Category.CONNECT),
      (aiohttp.ServerDisconnectedError(), Category.CONNECT),
+     (aiohttp.ClientOSError(104, "Can not write request body for https://x.test/SECRET"), Category.CONNECT),
+     (aiohttp.ClientOSError(None, "Can not write request body for https://x.test/SECRET"), Category.CONNECT),
+     (aiohttp.ClientPayloadError("https://x.test/SECRET"), Category.CONNECT),
+     (OSError(None, "https://x.test/SECRET"), Category.CONNECT),
      (aiohttp.InvalidUrlClientError("https://x.test/SECRET"), Category.INTERNAL),
      (RuntimeError("https://x.test/SECRET"), Category.INTERNAL)],
 )
@@ -49,6 +68,92 @@ def test_transport_failures_are_categorised_without_echoing_the_url(exc, categor
     found, message = transport_failure(exc)
     assert found is category
     assert "SECRET" not in message
+
+
+def test_an_invalid_http_answer_is_a_protocol_failure_without_the_parser_s_400():
+    exc = aiohttp.ClientResponseError(None, (), status=400, message="Bad status line 'SECRET'")  # type: ignore[arg-type]
+    category, message = transport_failure(exc)
+    assert (category, message) == (Category.PROTOCOL, "invalid HTTP response")
+
+
+def test_an_os_error_is_described_by_its_errno_not_its_text():
+    _, message = transport_failure(aiohttp.ClientOSError(104, "Can not write request body for /SECRET"))
+    assert message == "ClientOSError: Connection reset by peer"
+
+
+def write_failure_on_a_dropped_keepalive_connection(url: str, closed: threading.Event) -> BaseException:
+    """The real exception of issue 16: the receiver closes a kept-alive connection just as the
+    client sends on it; aiohttp raises ClientOSError("Can not write request body for <url>").
+    Made certain here: the second request, on the kept-alive connection, holds the event loop until
+    the receiver has hung up, so the loop sees the hang-up in the same round as it schedules the
+    request's write."""
+    requests = 0
+
+    async def hold_until_closed(session: object, context: object, params: object) -> None:
+        nonlocal requests
+        requests += 1
+        if requests == 2:
+            # blocking on purpose: the FIN reaches the socket while the loop cannot see it
+            assert closed.wait(10), "the receiver never hung up"
+            time.sleep(0.05)  # noqa: ASYNC251 - loopback delivery of the FIN, with the loop held
+            await asyncio.sleep(0)
+
+    async def run() -> BaseException:
+        trace = aiohttp.TraceConfig()
+        trace.on_request_headers_sent.append(hold_until_closed)
+        async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+            async with session.post(url, data=b"{}") as first:
+                await first.read()
+            with pytest.raises(aiohttp.ClientOSError) as caught:
+                async with session.post(url, data=b"{}"):
+                    pass
+            return caught.value
+
+    return asyncio.run(run())
+
+
+def test_a_real_write_failure_on_a_dropped_keepalive_connection_is_described_without_its_url():
+    closed = threading.Event()
+    server = TcpServer(misbehaving.answers_once_then_closes(0.3, closed)).start()
+    try:
+        url = server.url("/services/T0/B0/SECRETPATH?t=SECRETQUERY")
+        exc = write_failure_on_a_dropped_keepalive_connection(url, closed)
+    finally:
+        server.stop()
+    assert "SECRETPATH" in str(exc) and "SECRETQUERY" in str(exc)  # aiohttp's own text holds the URL
+    category, message = transport_failure(exc)
+    assert (category, message) == (Category.CONNECT, "ClientOSError")
+    assert error_text(exc) == "ClientOSError" and carries_transport_text(exc)
+    # no socket opened for the request: it went out on the kept-alive connection, and is sent again
+    assert dropped_keepalive(exc, opened_sockets=0)
+    assert not dropped_keepalive(exc, opened_sockets=1)
+
+
+@pytest.mark.parametrize(
+    ("exc", "again"),
+    [(aiohttp.ServerDisconnectedError(), True),
+     (aiohttp.ClientOSError(104, "reset"), True),
+     (aiohttp.ClientConnectionResetError("Cannot write to closing transport"), True),
+     # part of an answer arrived: the receiver saw the request
+     (aiohttp.ServerDisconnectedError(object()), False),  # type: ignore[arg-type]
+     (aiohttp.ClientConnectorError(key(), ConnectionRefusedError(111, "refused")), False),
+     (TimeoutError(), False),
+     (aiohttp.ClientResponseError(None, (), status=400), False)],  # type: ignore[arg-type]
+)
+def test_only_a_kept_alive_connection_closed_before_the_answer_is_sent_again(exc, again):
+    assert dropped_keepalive(exc, opened_sockets=0) is again
+
+
+def test_an_unexpected_error_keeps_its_message_unless_it_comes_from_the_transport():
+    assert error_text(ValueError("a signing secret is 'whsec_' followed by base64\nmore")) == (
+        "ValueError: a signing secret is 'whsec_' followed by base64")
+    try:
+        try:
+            raise aiohttp.ClientOSError(None, "Can not write request body for https://x.test/SECRET")
+        except aiohttp.ClientError as inner:
+            raise RuntimeError(f"wrapped: {inner}") from inner
+    except RuntimeError as outer:
+        assert carries_transport_text(outer) and error_text(outer) == "RuntimeError"
 
 
 def test_request_headers_are_signed_and_custom_headers_cannot_replace_ours():

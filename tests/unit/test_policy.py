@@ -46,7 +46,8 @@ def test_410_dead_letters_and_disables_the_endpoint():
     assert decision.outcome is Outcome.DEAD_LETTER and decision.disable_endpoint
 
 
-@pytest.mark.parametrize("category", [Category.TIMEOUT, Category.CONNECT, Category.DNS, Category.TLS])
+@pytest.mark.parametrize("category", [Category.TIMEOUT, Category.CONNECT, Category.DNS, Category.TLS,
+                                      Category.PROTOCOL])
 def test_transport_failures_retry_with_their_category(category):
     decision = classify(AttemptResult(failure=category, error="x"))
     assert (decision.outcome, decision.category) == (Outcome.RETRY, category)

@@ -1,0 +1,62 @@
+"""The HTTP side against receivers that close kept-alive connections (issue 16): no URL text in what
+is stored or logged, and a request dropped with its reused connection is sent again, not failed."""
+
+import json
+
+from tests.faults import misbehaving
+from tests.faults.misbehaving import TcpServer
+from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+
+FAST_RETRY = {"delays": [0.1]}
+LEAKS = ("SECRETPATH", "SECRETQUERY", "/services/T0")
+
+
+def test_the_keepalive_race_costs_no_attempt_and_puts_no_url_into_error_columns_or_logs(db, spawn):
+    # issue 16's reproduction: 200 with Content-Length and keep-alive, then a hang-up 60-110 ms later
+    server = TcpServer(misbehaving.closes_soon_after_answering(0.06, 0.11)).start()
+    try:
+        endpoint = add_endpoint(db, server.url("/services/T0/B0/SECRETPATH?token=SECRETQUERY"),
+                                max_in_flight=1, retry_schedule=FAST_RETRY)
+        ids = enqueue(db, endpoint, count=80)
+        worker = spawn(db)
+        eventually(lambda: all_final(db, ids), timeout=90, message="every row final")
+        assert set(statuses(db, ids).values()) == {"delivered"}
+        queue_errors = query(db, "SELECT last_error, dead_letter_reason FROM webhooks.alert_delivery_queue")
+        log_errors = query(db, "SELECT error FROM webhooks.alert_delivery_log")
+        logs = worker.log_path.read_text()
+        print(f"keep-alive race: {server.connections} connections, "
+              f"{sum(1 for (e,) in log_errors if e)} failed attempts")
+        for text in (json.dumps(queue_errors), json.dumps(log_errors), logs):
+            for leak in LEAKS:
+                assert leak not in text
+        # the requests that met a closing connection were sent again at once, not failed
+        assert log_errors == [(None,)] * len(ids)
+        assert worker.process.poll() is None
+    finally:
+        server.stop()
+
+
+def test_a_request_dropped_with_its_reused_connection_is_sent_again_on_a_new_one(db, spawn):
+    receiver = misbehaving.DropsReusedConnections()
+    server = TcpServer(receiver).start()
+    try:
+        # one request at a time, so each delivery after the first goes out on a kept-alive connection
+        endpoint = add_endpoint(db, server.url("/hook"), max_in_flight=1, retry_schedule=FAST_RETRY)
+        ids = enqueue(db, endpoint, count=20)
+        spawn(db)
+        eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+        print(f"reused connections dropped under a request: {len(receiver.dropped)}")
+
+        assert receiver.dropped, "no kept-alive connection was closed under a request"
+        # no attempt failed because of it: each delivery took exactly one attempt, logged once
+        assert set(statuses(db, ids).values()) == {"delivered"}
+        assert query(db, "SELECT DISTINCT attempts FROM webhooks.alert_delivery_queue") == [(1,)]
+        assert query(db, "SELECT outcome, attempt, count(*) FROM webhooks.alert_delivery_log GROUP BY 1, 2"
+                     ) == [("delivered", 1, len(ids))]
+        # each dropped request was sent again, as the same attempt, on another connection
+        answered = {(delivery, attempt): connection for connection, delivery, attempt in receiver.answered}
+        for connection, delivery, attempt in receiver.dropped:
+            assert attempt == "1"
+            assert answered[(delivery, attempt)] != connection
+    finally:
+        server.stop()

@@ -1,0 +1,19 @@
+"""Coalescing wake-ups: how long after a claim further wake-ups are held and merged into one."""
+
+from worker.daemon import WAKE_QUIET_MAX_SECONDS, WAKE_QUIET_MIN_SECONDS, quiet_after_claim
+
+
+def test_wake_ups_after_a_claim_that_found_rows_are_answered_at_once():
+    assert quiet_after_claim(WAKE_QUIET_MAX_SECONDS, found_rows=True) == 0.0
+
+
+def test_the_window_starts_at_a_few_ms_and_doubles_while_claims_find_nothing_up_to_the_cap():
+    windows = []
+    quiet = 0.0
+    for _ in range(12):
+        quiet = quiet_after_claim(quiet, found_rows=False)
+        windows.append(quiet)
+    assert windows[0] == WAKE_QUIET_MIN_SECONDS and windows[1] == 2 * WAKE_QUIET_MIN_SECONDS
+    assert windows == sorted(windows) and windows[-1] == WAKE_QUIET_MAX_SECONDS
+    # so a storm of wake-ups lasting ten seconds costs at most about 10 / cap claims, plus the ramp
+    assert sum(1 for w in windows if w < WAKE_QUIET_MAX_SECONDS) <= 7
