@@ -624,6 +624,7 @@ async def serve(config: Config) -> None:
         config.database.connect_timeout_seconds,
         config.worker.id,
         keyring,
+        require_sealed=config.security.require_sealed,
     )
     worker = Worker(config, queue, sender_for(config))
     loop = asyncio.get_running_loop()
