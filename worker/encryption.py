@@ -18,6 +18,7 @@ import base64
 import binascii
 import functools
 import hashlib
+import hmac
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ NONCE_BYTES = 12
 KEYS_ENV = "WEBHOOK_WORKER_ENCRYPTION_KEYS"
 URL = "url"
 SIGNING_SECRET = "signing_secret"
+FINGERPRINT_CHARS = 8
 
 
 def setting(name: str) -> str:
@@ -89,10 +91,18 @@ class Keyring:
     """Keys in order of preference: the first seals new values, all of them open stored ones."""
 
     def __init__(self, keys: Iterable[bytes]) -> None:
+        keys = list(keys)
         self._keys = {key_id(k): AESGCM(k) for k in keys}
         if not self._keys:
             raise KeyringError("no encryption key")
         self.primary_id = next(iter(self._keys))
+        self._fingerprint_key = hashlib.sha256(b"webhook-worker url fingerprint\x00" + keys[0]).digest()
+
+    def fingerprint(self, text: str) -> str:
+        """Eight hex digits that tell two URLs apart without revealing either: an HMAC under a key
+        derived from the primary key, so without the key no guess at a path can be checked against
+        it (a plain hash of a short path could be found by trying candidates)."""
+        return hmac.new(self._fingerprint_key, text.encode(), hashlib.sha256).hexdigest()[:FINGERPRINT_CHARS]
 
     @property
     def key_ids(self) -> tuple[str, ...]:

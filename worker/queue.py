@@ -478,6 +478,41 @@ def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
     return summary
 
 
+def endpoint_format_and_settings(
+    conn: psycopg.Connection, endpoint_id: int, keyring: Keyring
+) -> tuple[str | None, dict[str, str]]:
+    """The endpoint's body format and its secret settings opened, for a change that keeps them."""
+    row = conn.execute("SELECT body_format FROM webhooks.endpoint_summary WHERE id = %s",
+                       (endpoint_id,)).fetchone()
+    stored = stored_credentials(conn, endpoint_id)
+    if row is None or stored is None:
+        return None, {}
+    try:
+        settings = keyring.open_settings(stored.secret_settings, endpoint_id, allow_plaintext=True)
+    except DecryptionError as exc:
+        raise InvalidEndpoint(f"secret_settings: the stored settings cannot be opened: {exc}") from None
+    return str(row[0]), settings
+
+
+def url_fingerprints(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 500) -> dict[int, str]:
+    """Each endpoint's URL fingerprint (Keyring.fingerprint), or '?' where the URL cannot be opened."""
+    fingerprints: dict[int, str] = {}
+    after = 0
+    while True:
+        rows = conn.execute(
+            "SELECT id, url FROM webhooks.endpoint_credentials(%s, %s)", (after, batch_size)
+        ).fetchall()
+        for endpoint_id, url in rows:
+            try:
+                fingerprints[endpoint_id] = keyring.fingerprint(
+                    keyring.open(url, encryption.URL, endpoint_id, allow_plaintext=True))
+            except DecryptionError:
+                fingerprints[endpoint_id] = "?"
+        if len(rows) < batch_size:
+            return fingerprints
+        after = rows[-1][0]
+
+
 def update_endpoint(
     conn: psycopg.Connection, endpoint_id: int, changes: dict[str, Any], keyring: Keyring
 ) -> None:
