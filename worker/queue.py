@@ -499,8 +499,10 @@ def url_fingerprints(conn: psycopg.Connection, keyring: Keyring, batch_size: int
     fingerprints: dict[int, str] = {}
     after = 0
     while True:
+        # A plain read (the operator CLI runs as the schema owner): endpoint_credentials() would lock
+        # the rows, and a listing must not hold up a worker disabling an endpoint.
         rows = conn.execute(
-            "SELECT id, url FROM webhooks.endpoint_credentials(%s, %s)", (after, batch_size)
+            "SELECT id, url FROM webhooks.endpoints WHERE id > %s ORDER BY id LIMIT %s", (after, batch_size)
         ).fetchall()
         for endpoint_id, url in rows:
             try:

@@ -2,12 +2,14 @@
 
 import json
 
+import psycopg
 import pytest
 
 from tests.acceptance.test_cli import cli
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, eventually, query, statuses
 from worker import encryption
 from worker.encryption import DecryptionError
+from worker.queue import InvalidEndpoint, update_endpoint
 
 FAST_RETRY = {"delays": [0.2]}
 
@@ -121,3 +123,31 @@ def test_values_sealed_before_binding_still_deliver_and_keys_rotate_binds_them(d
     assert "cannot be decrypted" in eventually(lambda: dead_letter_reason(db, moved[0]), message="moved")
     assert len(receiver.to("/old")) == 2
     assert receiver.to("/other") == []
+
+
+def test_registration_stores_every_credential_sealed_and_bound_to_its_row(db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/sealed"), headers={"Authorization": "Bearer t"},
+                            body_format="pagerduty", secret_settings={"routing_key": "R0UTE"})
+    [(url, secrets, headers, settings)] = query(
+        db, "SELECT url, signing_secrets, headers, secret_settings FROM webhooks.endpoints WHERE id = %s",
+        (endpoint,))
+    values = [(url, encryption.URL), (secrets[0]["secret"], encryption.SIGNING_SECRET),
+              (headers["Authorization"], encryption.header("Authorization")),
+              (settings["routing_key"], encryption.setting("routing_key"))]
+    for value, purpose in values:
+        assert encryption.is_sealed(value) and TEST_KEYRING.is_bound(value, purpose, endpoint), purpose
+
+
+@pytest.mark.parametrize(("url", "headers", "expected"), [
+    ("https://hooks.example.test/x", {"Transfer-Encoding": "chunked"}, "Transfer-Encoding"),
+    ("https://hooks.example.test/x", {"X-A B": "1"}, "HTTP token"),
+    ("https://u:p@hooks.example.test/x", {"Authorization": "Bearer t"}, "URL carries credentials"),
+])
+def test_the_python_api_refuses_headers_the_rules_refuse_and_stores_nothing(db, url, headers, expected):
+    with pytest.raises(InvalidEndpoint, match=expected):
+        add_endpoint(db, url, headers=headers)
+    ok = add_endpoint(db, "https://u:p@hooks.example.test/x")
+    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(InvalidEndpoint):
+        update_endpoint(conn, ok, {"headers": {"Authorization": "Bearer t"}}, TEST_KEYRING)
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(1,)]
+    assert query(db, "SELECT headers FROM webhooks.endpoints") == [({},)]
