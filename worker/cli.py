@@ -195,11 +195,12 @@ def _check_url(url: str, config: Config) -> None:
     from worker.daemon import destination_policy
 
     policy = destination_policy(config)
-    parts = urlsplit(url)
     problem = url_problem(url, policy)
     if problem is not None:
-        literal = ip_literal(parts.hostname or "")
+        # only an IP literal's address is refused here, and a URL with one parses
+        literal = ip_literal(urlsplit(url).hostname or "") if "not a public address" in problem else None
         raise UsageError(f"--url: {problem}{allow_networks_hint(problem, literal)}")
+    parts = urlsplit(url)
     host = parts.hostname or ""
     if ip_literal(host) is not None:
         return
