@@ -623,9 +623,11 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     keyring = _keyring(config)
     with _connect(args) as conn:
         in_use = db.credential_keys(conn)
+        unbound = db.unbound_credentials(conn, keyring)
     missing = keyring.missing(in_use)
+    # unbound: plaintext, or sealed before values were bound to their endpoint (`keys rotate` binds)
     report = {"primary_key": keyring.primary_id, "held_keys": list(keyring.key_ids),
-              "credentials_by_key": in_use, "missing_keys": missing}
+              "credentials_by_key": in_use, "missing_keys": missing, "unbound_credentials": unbound}
     _emit(args, report)
     if missing:
         print(f"webhook-worker: credentials sealed with {', '.join(missing)} cannot be opened with "

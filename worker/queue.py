@@ -570,6 +570,27 @@ def credential_keys(conn: psycopg.Connection) -> dict[str, int]:
     return {str(k): int(n) for k, n in conn.execute("SELECT * FROM webhooks.credential_keys()").fetchall()}
 
 
+def unbound_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 500) -> int:
+    """How many stored credentials are not sealed bound to their endpoint (plaintext, sealed before
+    binding, or not opening with these keys): what `keys rotate` would still change or cannot."""
+    count, after = 0, 0
+    while True:
+        # A plain read, like url_fingerprints: a status query must not lock endpoints.
+        rows = conn.execute(
+            "SELECT id, url, signing_secrets, secret_settings, headers FROM webhooks.endpoints"
+            " WHERE id > %s ORDER BY id LIMIT %s", (after, batch_size)
+        ).fetchall()
+        for endpoint_id, url, stored_secrets, settings, headers in rows:
+            values = [(url, encryption.URL)]
+            values += [(entry["secret"], encryption.SIGNING_SECRET) for entry in stored_secrets]
+            values += [(str(v), encryption.setting(name)) for name, v in settings.items()]
+            values += [(str(v), encryption.header(name)) for name, v in headers.items()]
+            count += sum(not keyring.is_bound(value, purpose, endpoint_id) for value, purpose in values)
+        if len(rows) < batch_size:
+            return count
+        after = rows[-1][0]
+
+
 def reseal_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 100) -> int:
     """Re-seal every endpoint's credentials under the keyring's primary key, bound to their endpoint
     (sealing any stored in plaintext, binding any sealed before binding existed), one committed batch

@@ -109,9 +109,13 @@ def test_values_sealed_before_binding_still_deliver_and_keys_rotate_binds_them(d
     eventually(lambda: statuses(db, first) == {first[0]: "delivered"}, message="a legacy value delivered")
     worker.stop()
 
+    status = cli("keys", "status", "--json", env={"DATABASE_URL": db})
+    assert json.loads(status.stdout)["unbound_credentials"] == 2  # the URL and the secret
     rotated = cli("keys", "rotate", "--json", env={"DATABASE_URL": db})
     assert rotated.returncode == 0, rotated.stderr
     assert json.loads(rotated.stdout)["endpoints_changed"] == 1  # the other was bound already
+    status = cli("keys", "status", "--json", env={"DATABASE_URL": db})
+    assert json.loads(status.stdout)["unbound_credentials"] == 0
     url = stored_url(db, endpoint)
     assert TEST_KEYRING.is_bound(url, encryption.URL, endpoint)
     # once bound, the value no longer opens on another endpoint's row
