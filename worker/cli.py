@@ -250,6 +250,8 @@ def _check_routing_key(body_format: str | None, routing_key: str | None, stored_
     """A routing key only with the PagerDuty format (it would be ignored otherwise), and that format
     only with one. `stored_*` describe the endpoint an update changes."""
     effective = body_format or stored_format
+    if routing_key is not None and not routing_key.strip():
+        raise UsageError("--routing-key: must not be empty")
     if routing_key is not None and effective != "pagerduty":
         raise UsageError(f"--routing-key: only with --format pagerduty (the format is {effective or 'raw'})")
     if body_format == "pagerduty" and routing_key is None and not stored_key:

@@ -182,6 +182,8 @@ def test_update_sets_format_routing_key_and_ttl(db):
 def test_add_refuses_a_routing_key_without_the_pagerduty_format(db):
     assert "--routing-key: only with --format pagerduty" in refused(
         db, "endpoints", "add", "--name", "r", "--url", URL, "--routing-key", "R1")
+    assert "--routing-key: must not be empty" in refused(
+        db, "endpoints", "add", "--name", "r", "--url", URL, "--format", "pagerduty", "--routing-key", "")
     assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
 
 
