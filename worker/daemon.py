@@ -201,7 +201,9 @@ class Worker:
                 f"worker does not hold (it holds {', '.join(held)}); check the key it was given"
             )
         if in_use.get("plaintext"):
-            self.log.warning("credentials stored unsealed; run `webhook-worker keys rotate`",
+            self.log.warning("credentials stored unsealed; run `webhook-worker keys rotate`"
+                             + ("; until then their deliveries are refused (security.require_sealed)"
+                                if self.queue.require_sealed else ""),
                              credentials=in_use["plaintext"])
 
     async def _startup_settings(self) -> DeliverySettings | None:

@@ -77,6 +77,8 @@ def test_a_plaintext_url_is_refused_until_keys_rotate_seals_it(db, receiver, spa
     assert "stored unsealed" in error and "keys rotate" in error and "require_sealed" in error
     assert "/legacy" not in error
     assert receiver.to("/legacy") == []
+    assert any("their deliveries are refused (security.require_sealed)" in line.get("event", "")
+               for line in worker.log_lines())  # said at start-up, before any delivery
 
     rotated = cli("keys", "rotate", "--json", env={"DATABASE_URL": db})
     assert rotated.returncode == 0, rotated.stderr
