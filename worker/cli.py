@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,9 +22,9 @@ import psycopg
 from worker import __version__, schema, signing
 from worker import queue as db
 from worker.config import Config, ConfigError, load_config
-from worker.delivery import RESERVED_HEADERS, Sent, display_url
-from worker.destinations import address_blocked, ip_literal, url_problem
-from worker.encryption import Keyring, generate_key, load_keyring
+from worker.delivery import Sent, display_url
+from worker.destinations import Address, address_blocked, ip_literal, url_problem
+from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
 from worker.observability import configure_logging
 from worker.policy import RetrySchedule
 from worker.queue import (
@@ -34,6 +35,7 @@ from worker.queue import (
     set_circuit,
     set_endpoint_active,
 )
+from worker.registration import header_problem, headers_problem
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -67,18 +69,71 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_headers(values: Sequence[str]) -> dict[str, str]:
-    headers = {}
-    for value in values:
+def _parse_headers(values: Sequence[str], option: str = "--header") -> dict[str, str]:
+    """'Name: value' items as a mapping, each checked by the registration rules; a message names the
+    option and the header (or its position, when the name is unusable), never the value."""
+    headers: dict[str, str] = {}
+    for position, value in enumerate(values, start=1):
         name, sep, content = value.partition(":")
-        if not sep or not name.strip():
-            raise UsageError("--header: expected 'Name: value'")  # never echo it: it may be a credential
-        if not (name + content).isprintable():
-            raise UsageError(f"--header {name.strip()!r}: control characters are not allowed")
-        if name.strip().lower() in RESERVED_HEADERS:
-            raise UsageError(f"--header {name.strip()}: set by webhook-worker, cannot be overridden")
-        headers[name.strip()] = content.strip()
+        name, content = name.strip(), content.strip(" \t")
+        if not sep or not name:
+            raise UsageError(f"{option} {position}: expected 'Name: value'")  # never echo: a credential
+        problem = header_problem(name, content)
+        if problem is not None:
+            raise UsageError(f"{option} {position}: {problem}")
+        if name.lower() in (n.lower() for n in headers):
+            raise UsageError(f"{option} {name}: given twice (header names are case-insensitive)")
+        headers[name] = content
     return headers
+
+
+def _headers(args: argparse.Namespace, inputs: SecretInputs) -> dict[str, str] | None:
+    """The headers of --header and --header-file together; None when neither was given."""
+    if not args.header and args.header_file is None:
+        return None
+    headers = _parse_headers(args.header or [])
+    if args.header_file is not None:
+        lines = [line for line in inputs.read("--header-file", args.header_file).splitlines() if line.strip()]
+        from_file = _parse_headers(lines, "--header-file line")
+        for name in from_file:
+            if name.lower() in (n.lower() for n in headers):
+                raise UsageError(f"--header-file {name}: also given with --header")
+        headers.update(from_file)
+    return headers
+
+
+class SecretInputs:
+    """Values read from files or standard input (`-`), so credentials stay out of the process list
+    and the shell history. Standard input can be read once, by one option."""
+
+    def __init__(self) -> None:
+        self._stdin_option: str | None = None
+
+    def read(self, option: str, path: str) -> str:
+        if path == "-":
+            if self._stdin_option is not None:
+                raise UsageError(f"{option} -: standard input is already read by {self._stdin_option} -")
+            self._stdin_option = option
+            return sys.stdin.read()
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{option}: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{option}: {path} is not UTF-8 text") from None
+
+    def value(self, args: argparse.Namespace, name: str) -> str | None:
+        """--NAME, or the first line of --NAME-file's content with surrounding whitespace removed."""
+        option = "--" + name.replace("_", "-")
+        path = getattr(args, f"{name}_file", None)
+        if path is None:
+            return getattr(args, name)  # type: ignore[no-any-return]
+        text = self.read(f"{option}-file", path).strip()
+        if not text:
+            raise UsageError(f"{option}-file: empty")
+        if "\n" in text:
+            raise UsageError(f"{option}-file: expected one line")
+        return text
 
 
 def verify_endpoint(url: str, secret: str, timeout: float, config: Config) -> str | None:
@@ -142,7 +197,9 @@ def _check_url(url: str, config: Config) -> None:
     policy = destination_policy(config)
     problem = url_problem(url, policy)
     if problem is not None:
-        raise UsageError(f"--url: {problem}")
+        # only an IP literal's address is refused here, and a URL with one parses
+        literal = ip_literal(urlsplit(url).hostname or "") if "not a public address" in problem else None
+        raise UsageError(f"--url: {problem}{allow_networks_hint(problem, literal)}")
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ip_literal(host) is not None:
@@ -155,7 +212,17 @@ def _check_url(url: str, config: Config) -> None:
         return
     reasons = [address_blocked(str(info[4][0]), policy) for info in infos]
     if all(reasons):
-        raise UsageError(f"--url: {host} resolves to a refused address: {reasons[0]}")
+        hint = allow_networks_hint(reasons[0] or "", ip_literal(str(infos[0][4][0])))
+        raise UsageError(f"--url: {host} resolves to a refused address: {reasons[0]}{hint}")
+
+
+def allow_networks_hint(problem: str, address: Address | None) -> str:
+    """How to allow a refused private address, for a message that says it was refused."""
+    if "not a public address" not in problem:
+        return ""
+    network = f"{address}/{address.max_prefixlen}" if address is not None else "its network (a CIDR)"
+    return (f"; to deliver there, list {network} under security.allow_networks in the config file "
+            "given with --config")
 
 
 def _check_endpoint_options(args: argparse.Namespace, require_name: bool = True) -> None:
@@ -178,21 +245,50 @@ def _check_endpoint_options(args: argparse.Namespace, require_name: bool = True)
             raise UsageError("--event-type: must not be empty")
 
 
+def _check_routing_key(body_format: str | None, routing_key: str | None, stored_format: str | None = None,
+                       stored_key: bool = False) -> None:
+    """A routing key only with the PagerDuty format (it would be ignored otherwise), and that format
+    only with one. `stored_*` describe the endpoint an update changes."""
+    effective = body_format or stored_format
+    if routing_key is not None and not routing_key.strip():
+        raise UsageError("--routing-key: must not be empty")
+    if routing_key is not None and effective != "pagerduty":
+        raise UsageError(f"--routing-key: only with --format pagerduty (the format is {effective or 'raw'})")
+    if body_format == "pagerduty" and routing_key is None and not stored_key:
+        raise UsageError("--routing-key: required with --format pagerduty")
+
+
+def _check_ttl(ttl_seconds: float | None) -> None:
+    if ttl_seconds is not None and not 0 < ttl_seconds <= 365 * 86400:
+        raise UsageError("--ttl-seconds: expected a number of seconds above 0, at most a year")
+
+
 def cmd_endpoints_add(args: argparse.Namespace) -> int:
     config = _config(args)
     keyring = _keyring(config)
-    _check_url(args.url, config)
+    inputs = SecretInputs()
+    url = inputs.value(args, "url")
+    if url is None:
+        raise UsageError("--url or --url-file: required")
+    _check_url(url, config)
     _check_endpoint_options(args)
-    secret = args.secret or signing.generate_secret()
+    _check_ttl(args.ttl_seconds)
+    secret = inputs.value(args, "secret") or signing.generate_secret()
     _check_secret(secret)
+    routing_key = inputs.value(args, "routing_key")
+    _check_routing_key(args.format, routing_key)
+    headers = _headers(args, inputs) or {}
+    problem = headers_problem(url, headers)
+    if problem is not None:
+        raise UsageError(f"--header {problem}")
     schedule = _schedule(args.retry_delays) if args.retry_delays else None
     spec = EndpointSpec(
         name=args.name,
-        url=args.url,
-        url_display=display_url(args.url),
+        url=url,
+        url_display=display_url(url),
         signing_secrets=(secret,),
         event_types=tuple(args.event_type or ["*"]),
-        headers=_parse_headers(args.header or []),
+        headers=headers,
         max_attempts=args.max_attempts,
         timeout_ms=int(args.timeout_seconds * 1000) if args.timeout_seconds else None,
         retry_schedule=schedule,
@@ -200,11 +296,9 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         rate_limit_burst=args.burst,
         max_in_flight=args.max_in_flight,
         body_format=args.format,
-        secret_settings={"routing_key": args.routing_key} if args.routing_key else {},
+        secret_settings={"routing_key": routing_key} if routing_key else {},
         active=not args.verify,
     )
-    if args.format == "pagerduty" and not args.routing_key:
-        raise UsageError("--routing-key: required with --format pagerduty")
     with psycopg.connect(config.database.url, autocommit=True) as conn:
         try:
             endpoint_id = register_endpoint(conn, spec, keyring)
@@ -212,10 +306,12 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
             raise UsageError(f"--name {args.name!r}: an endpoint with this name exists") from None
         except psycopg.errors.CheckViolation as exc:
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
+        except db.InvalidEndpoint as exc:
+            raise UsageError(str(exc)) from None
         if args.ttl_seconds:
             db.update_endpoint(conn, endpoint_id, {"delivery_ttl": f"{args.ttl_seconds} seconds"}, keyring)
         if args.verify:
-            problem = verify_endpoint(args.url, secret, timeout=10.0, config=config)
+            problem = verify_endpoint(url, secret, timeout=10.0, config=config)
             if problem:
                 print(f"endpoint {endpoint_id} registered but left disabled: verification failed: {problem}",
                       file=sys.stderr)
@@ -267,13 +363,21 @@ def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
 
 def cmd_endpoints_list(args: argparse.Namespace) -> int:
     config = _config(args)
+    try:
+        keyring: Keyring | None = _keyring(config)
+    except KeyringError as exc:
+        keyring = None  # the list is still useful without the keys; only the fingerprints need them
+        print(f"webhook-worker: URL fingerprints not shown: {exc}", file=sys.stderr)
     with psycopg.connect(config.database.url, autocommit=True) as conn:
         rows = list_endpoints(conn)
+        fingerprints = db.url_fingerprints(conn, keyring) if keyring is not None else {}
+    for row in rows:
+        row["url_fingerprint"] = fingerprints.get(row["id"])
     if args.json:
         print(json.dumps(rows, default=str))
         return 0
-    columns = ["id", "name", "url_display", "active", "event_types", "health_status", "circuit_state",
-               "successes", "failures"]
+    columns = ["id", "name", "url_display", "url_fingerprint", "active", "event_types", "health_status",
+               "circuit_state", "successes", "failures"]
     print_table(columns, [[_cell(row[c]) for c in columns] for row in rows])
     return 0
 
@@ -313,16 +417,20 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
 def cmd_endpoints_update(args: argparse.Namespace) -> int:
     config = _config(args)
     keyring = _keyring(config)
+    inputs = SecretInputs()
     changes: dict[str, Any] = {}
-    if args.url is not None:
-        _check_url(args.url, config)
-        changes["url"] = args.url
-        changes["url_display"] = display_url(args.url)
+    url = inputs.value(args, "url")
+    if url is not None:
+        _check_url(url, config)
+        changes["url"] = url
+        changes["url_display"] = display_url(url)
     _check_endpoint_options(args, require_name=False)
+    _check_ttl(args.ttl_seconds)
     if args.event_type:
         changes["event_types"] = args.event_type
-    if args.header:
-        changes["headers"] = _parse_headers(args.header)
+    headers = _headers(args, inputs)
+    if headers is not None:
+        changes["headers"] = headers
     for option, column in (("max_attempts", "max_attempts"), ("rate_limit", "rate_limit_per_second"),
                            ("burst", "rate_limit_burst"), ("max_in_flight", "max_in_flight")):
         if getattr(args, option) is not None:
@@ -331,18 +439,32 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
         changes["timeout_ms"] = int(args.timeout_seconds * 1000)
     if args.retry_delays:
         changes["retry_schedule"] = _schedule(args.retry_delays)
-    if not changes:
+    if args.ttl_seconds is not None:
+        changes["delivery_ttl"] = f"{args.ttl_seconds} seconds"
+    if args.format is not None:
+        changes["body_format"] = args.format
+    routing_key = inputs.value(args, "routing_key")
+    if not changes and routing_key is None:
         raise UsageError("nothing to change: give at least one option")
     with _connect(args) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
-        db.update_endpoint(conn, endpoint_id, changes, keyring)
-    print(f"endpoint {endpoint_id} updated: {', '.join(sorted(k for k in changes if k != 'url_display'))}")
+        if routing_key is not None or args.format == "pagerduty":
+            stored_format, stored_settings = db.endpoint_format_and_settings(conn, endpoint_id, keyring)
+            _check_routing_key(args.format, routing_key, stored_format, "routing_key" in stored_settings)
+            if routing_key is not None:
+                changes["secret_settings"] = {**stored_settings, "routing_key": routing_key}
+        try:
+            db.update_endpoint(conn, endpoint_id, changes, keyring)
+        except db.InvalidEndpoint as exc:
+            raise UsageError(str(exc)) from None
+    changed = sorted({"routing_key" if k == "secret_settings" else k for k in changes if k != "url_display"})
+    print(f"endpoint {endpoint_id} updated: {', '.join(changed)}")
     return 0
 
 
 def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
     keyring = _keyring(_config(args))
-    secret = args.secret or signing.generate_secret()
+    secret = SecretInputs().value(args, "secret") or signing.generate_secret()
     _check_secret(secret)
     expire_at = None
     if args.expire_old_after is not None:
@@ -503,9 +625,11 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     keyring = _keyring(config)
     with _connect(args) as conn:
         in_use = db.credential_keys(conn)
+        unbound = db.unbound_credentials(conn, keyring)
     missing = keyring.missing(in_use)
+    # unbound: plaintext, or sealed before values were bound to their endpoint (`keys rotate` binds)
     report = {"primary_key": keyring.primary_id, "held_keys": list(keyring.key_ids),
-              "credentials_by_key": in_use, "missing_keys": missing}
+              "credentials_by_key": in_use, "missing_keys": missing, "unbound_credentials": unbound}
     _emit(args, report)
     if missing:
         print(f"webhook-worker: credentials sealed with {', '.join(missing)} cannot be opened with "
@@ -556,6 +680,22 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
+BODY_FORMATS = ["raw", "envelope", "slack", "mattermost", "pagerduty"]
+FROM_FILE = "read {} from FILE ('-': standard input), keeping it out of the process list and shell history"
+
+
+def add_header_options(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--header", action="append", metavar="'NAME: VALUE'", help=text)
+    parser.add_argument("--header-file", metavar="FILE",
+                        help=FROM_FILE.format("headers, one 'Name: value' a line,"))
+
+
+def add_routing_key_options(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--routing-key", help="PagerDuty integration key (with --format pagerduty)")
+    source.add_argument("--routing-key-file", metavar="FILE", help=FROM_FILE.format("the routing key"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     config_help = "YAML config file (DATABASE_URL and WEBHOOK_WORKER_* variables override it)"
     parser = argparse.ArgumentParser(
@@ -593,12 +733,16 @@ def build_parser() -> argparse.ArgumentParser:
     endpoint_commands = group("endpoints", "register and list endpoints", "Register and list endpoints.")
     add = command(endpoint_commands, "add", cmd_endpoints_add, "register an endpoint; prints its id")
     add.add_argument("--name", required=True, help="unique name")
-    add.add_argument("--url", required=True, help="where to POST (kept out of logs)")
+    url_source = add.add_mutually_exclusive_group(required=True)
+    url_source.add_argument("--url", help="where to POST (kept out of logs; visible in the process list: "
+                            "prefer --url-file)")
+    url_source.add_argument("--url-file", metavar="FILE", help=FROM_FILE.format("the URL"))
     add.add_argument("--event-type", action="append", metavar="TYPE",
                      help="subscribe to this event type (repeatable; default: all)")
-    add.add_argument("--header", action="append", metavar="'NAME: VALUE'",
-                     help="custom request header (repeatable)")
-    add.add_argument("--secret", help="signing secret whsec_<base64> (default: generated)")
+    add_header_options(add, "custom request header (repeatable)")
+    secret_source = add.add_mutually_exclusive_group()
+    secret_source.add_argument("--secret", help="signing secret whsec_<base64> (default: generated)")
+    secret_source.add_argument("--secret-file", metavar="FILE", help=FROM_FILE.format("the signing secret"))
     add.add_argument("--max-attempts", type=int, help="override the global max attempts")
     add.add_argument("--timeout-seconds", type=float, help="override the request timeout")
     add.add_argument("--retry-delays", metavar="S,S,...", help="override the retry delays (seconds)")
@@ -606,10 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="at most this many requests per second, fleet-wide")
     add.add_argument("--burst", type=int, help="requests allowed at once above the rate")
     add.add_argument("--max-in-flight", type=int, help="at most this many requests open at once, fleet-wide")
-    add.add_argument("--format", choices=["raw", "envelope", "slack", "mattermost", "pagerduty"],
+    add.add_argument("--format", choices=BODY_FORMATS,
                      default="raw", help="request body: the payload as queued (raw, the default), the "
                      "Standard Webhooks envelope, or a Slack, Mattermost or PagerDuty Events v2 message")
-    add.add_argument("--routing-key", help="PagerDuty integration key (with --format pagerduty)")
+    add_routing_key_options(add)
     add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add.add_argument("--verify", action="store_true",
                      help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
@@ -636,9 +780,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print JSON")
     update = command(endpoint_commands, "update", cmd_endpoints_update, "change an endpoint's settings")
     update.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
-    update.add_argument("--url", help="new URL (kept out of logs)")
+    new_url = update.add_mutually_exclusive_group()
+    new_url.add_argument("--url", help="new URL (kept out of logs; prefer --url-file)")
+    new_url.add_argument("--url-file", metavar="FILE", help=FROM_FILE.format("the new URL"))
     update.add_argument("--event-type", action="append", metavar="TYPE", help="replace the subscriptions")
-    update.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="replace the headers")
+    add_header_options(update, "replace the headers (repeatable)")
     for option, kind, text in (("--max-attempts", int, "max attempts"),
                                ("--timeout-seconds", float, "request timeout"),
                                ("--rate-limit", float, "requests per second"),
@@ -646,10 +792,15 @@ def build_parser() -> argparse.ArgumentParser:
                                ("--max-in-flight", int, "requests open at once")):
         update.add_argument(option, type=kind, help=text)
     update.add_argument("--retry-delays", metavar="S,S,...", help="retry delays (seconds)")
+    update.add_argument("--format", choices=BODY_FORMATS, help="request body format (see `endpoints add`)")
+    add_routing_key_options(update)
+    update.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     rotate = command(endpoint_commands, "rotate-secret", cmd_endpoints_rotate_secret,
                      "add a new signing secret; the old ones stay active until --expire-old-after")
     rotate.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
-    rotate.add_argument("--secret", help="the new secret, whsec_<base64> (default: generated)")
+    new_secret = rotate.add_mutually_exclusive_group()
+    new_secret.add_argument("--secret", help="the new secret, whsec_<base64> (default: generated)")
+    new_secret.add_argument("--secret-file", metavar="FILE", help=FROM_FILE.format("the new secret"))
     rotate.add_argument("--expire-old-after", type=float, metavar="HOURS",
                         help="the current secrets stop being used this many hours from now")
     rotate.add_argument("--json", action="store_true", help="print JSON")

@@ -88,6 +88,9 @@ class SecurityConfig(_Section):
     # A mounted file (a Kubernetes Secret) of keys, one per line, the first sealing new values.
     # WEBHOOK_WORKER_ENCRYPTION_KEYS, when set, takes precedence.
     encryption_keys_file: str | None = None
+    # Refuse credentials stored in plaintext (rows written before sealing existed, or by hand in
+    # SQL): their deliveries fail with a clear error until `webhook-worker keys rotate` seals them.
+    require_sealed: bool = True
     # Destinations resolving to loopback, private, link-local, CGNAT, multicast or reserved addresses
     # are refused unless listed here (CIDRs, e.g. "10.20.0.0/16" for an internal receiver).
     allow_networks: list[str] = Field(default_factory=list)

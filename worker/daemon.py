@@ -206,7 +206,9 @@ class Worker:
                 f"worker does not hold (it holds {', '.join(held)}); check the key it was given"
             )
         if in_use.get("plaintext"):
-            self.log.warning("credentials stored unsealed; run `webhook-worker keys rotate`",
+            self.log.warning("credentials stored unsealed; run `webhook-worker keys rotate`"
+                             + ("; until then their deliveries are refused (security.require_sealed)"
+                                if self.queue.require_sealed else ""),
                              credentials=in_use["plaintext"])
 
     async def _startup_settings(self) -> DeliverySettings | None:
@@ -650,6 +652,7 @@ async def serve(config: Config) -> None:
         config.database.connect_timeout_seconds,
         config.worker.id,
         keyring,
+        require_sealed=config.security.require_sealed,
     )
     worker = Worker(config, queue, sender_for(config))
     loop = asyncio.get_running_loop()

@@ -3,8 +3,13 @@
 An envelope is `enc:v1:<key id>:<base64url(nonce || ciphertext || tag)>`. The key id is derived from
 the key itself, so a worker tells at once whether it holds the key a value was sealed with. Each
 value is bound to what it is (its "purpose": the URL, a signing secret, a named setting) as the
-associated data, so ciphertext copied from one column to another does not decrypt. The first key of
-a keyring seals; every key opens, which is what lets a fleet switch keys while it keeps running.
+associated data together with the id of the endpoint it belongs to, so ciphertext copied from one
+column, or one endpoint's row, to another does not decrypt. The first key of a keyring seals; every
+key opens, which is what lets a fleet switch keys while it keeps running.
+
+Values sealed before they were bound to their endpoint (the purpose alone as associated data) still
+open, and `webhook-worker keys rotate` re-seals them bound. A value stored in plaintext opens only
+where the caller allows it (security.require_sealed: false).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import base64
 import binascii
 import functools
 import hashlib
+import hmac
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,6 +34,7 @@ NONCE_BYTES = 12
 KEYS_ENV = "WEBHOOK_WORKER_ENCRYPTION_KEYS"
 URL = "url"
 SIGNING_SECRET = "signing_secret"
+FINGERPRINT_CHARS = 8
 
 
 def setting(name: str) -> str:
@@ -46,6 +53,17 @@ class KeyringError(ConfigError):
 
 class DecryptionError(Exception):
     """A stored value cannot be opened with this keyring (unknown key, or tampered)."""
+
+
+class UnsealedValue(DecryptionError):
+    """A stored value is plaintext where only sealed values are accepted."""
+
+
+def bound(purpose: str, endpoint_id: int) -> str:
+    """The associated data of a value that belongs to one endpoint. Purposes never contain NUL
+    (PostgreSQL's jsonb cannot store it; header names are tokens), so no purpose of an unbound value
+    can equal a bound one."""
+    return f"endpoint\x00{endpoint_id}\x00{purpose}"
 
 
 def generate_key() -> str:
@@ -73,10 +91,18 @@ class Keyring:
     """Keys in order of preference: the first seals new values, all of them open stored ones."""
 
     def __init__(self, keys: Iterable[bytes]) -> None:
+        keys = list(keys)
         self._keys = {key_id(k): AESGCM(k) for k in keys}
         if not self._keys:
             raise KeyringError("no encryption key")
         self.primary_id = next(iter(self._keys))
+        self._fingerprint_key = hashlib.sha256(b"webhook-worker url fingerprint\x00" + keys[0]).digest()
+
+    def fingerprint(self, text: str) -> str:
+        """Eight hex digits that tell two URLs apart without revealing either: an HMAC under a key
+        derived from the primary key, so without the key no guess at a path can be checked against
+        it (a plain hash of a short path could be found by trying candidates)."""
+        return hmac.new(self._fingerprint_key, text.encode(), hashlib.sha256).hexdigest()[:FINGERPRINT_CHARS]
 
     @property
     def key_ids(self) -> tuple[str, ...]:
@@ -105,48 +131,83 @@ class Keyring:
             raise KeyringError(f"{source}: no key found")
         return cls(keys)
 
-    def seal(self, plaintext: str, purpose: str) -> str:
+    def seal(self, plaintext: str, purpose: str, endpoint_id: int | None = None) -> str:
+        """The envelope of plaintext for this purpose; bound to the endpoint when one is given (every
+        credential the product stores is; unbound is the form of values sealed before binding)."""
+        aad = purpose if endpoint_id is None else bound(purpose, endpoint_id)
         nonce = os.urandom(NONCE_BYTES)
-        sealed = self._keys[self.primary_id].encrypt(nonce, plaintext.encode(), purpose.encode())
+        sealed = self._keys[self.primary_id].encrypt(nonce, plaintext.encode(), aad.encode())
         return f"{PREFIX}{self.primary_id}:{base64.urlsafe_b64encode(nonce + sealed).decode()}"
 
-    def open(self, value: str, purpose: str) -> str:
-        """The plaintext of an envelope. A value stored before encryption existed is returned as it
-        is, so an upgraded fleet keeps delivering until `webhook-worker keys rotate` seals it."""
+    def open(self, value: str, purpose: str, endpoint_id: int | None = None,
+             allow_plaintext: bool = False) -> str:
+        """The plaintext of an envelope. With an endpoint id, a value bound to that endpoint opens,
+        and so does one sealed before values were bound (until `keys rotate` binds it); one bound to
+        another endpoint does not. A plaintext value (stored before encryption existed) is returned
+        as it is only with allow_plaintext; otherwise UnsealedValue."""
         if not is_sealed(value):
-            return value
-        return self._open(value, purpose)
+            if allow_plaintext:
+                return value
+            raise UnsealedValue(
+                f"{purpose} is stored unsealed and security.require_sealed refuses plaintext; "
+                "run `webhook-worker keys rotate` to seal it")
+        if endpoint_id is None:
+            return self._open(value, purpose)
+        try:
+            return self._open(value, bound(purpose, endpoint_id))
+        except DecryptionError:
+            try:
+                return self._open(value, purpose)  # sealed before values were bound to their endpoint
+            except DecryptionError:
+                pass
+            raise
+
+    def is_bound(self, value: str, purpose: str, endpoint_id: int) -> bool:
+        """Whether the value is sealed bound to this endpoint (not plaintext, not an older form)."""
+        try:
+            self._open(value, bound(purpose, endpoint_id))
+        except DecryptionError:
+            return False
+        return is_sealed(value)
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one keyring per process; bounded by maxsize
-    def _open(self, value: str, purpose: str) -> str:
+    def _open(self, value: str, aad: str) -> str:
+        if not is_sealed(value):
+            raise DecryptionError("not a sealed value")
         kid, _, blob = value[len(PREFIX) :].partition(":")
         aead = self._keys.get(kid)
         if aead is None:
             raise DecryptionError(f"sealed with key {kid}, which this keyring does not hold")
         try:
             raw = base64.urlsafe_b64decode(blob)
-            return aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], purpose.encode()).decode()
+            return aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], aad.encode()).decode()
         except (InvalidTag, binascii.Error, ValueError):
-            raise DecryptionError(f"a value sealed with key {kid} does not open (tampered or moved)") \
-                from None
+            raise DecryptionError(
+                f"a value sealed with key {kid} does not open (tampered or moved from another field "
+                "or endpoint)") from None
 
-    def reseal(self, value: str, purpose: str) -> str:
-        """The value sealed with the primary key (unchanged if it already is)."""
-        if sealed_key_id(value) == self.primary_id:
+    def reseal(self, value: str, purpose: str, endpoint_id: int) -> str:
+        """The value sealed with the primary key and bound to its endpoint (unchanged if it already
+        is); plaintext and values sealed before binding are sealed bound."""
+        if sealed_key_id(value) == self.primary_id and self.is_bound(value, purpose, endpoint_id):
             return value
-        return self.seal(self.open(value, purpose), purpose)
+        return self.seal(self.open(value, purpose, endpoint_id, allow_plaintext=True), purpose, endpoint_id)
 
-    def seal_settings(self, settings: Mapping[str, str]) -> dict[str, str]:
-        return {name: self.seal(str(value), setting(name)) for name, value in settings.items()}
+    def seal_settings(self, settings: Mapping[str, str], endpoint_id: int) -> dict[str, str]:
+        return {name: self.seal(str(value), setting(name), endpoint_id) for name, value in settings.items()}
 
-    def open_settings(self, settings: Mapping[str, str]) -> dict[str, str]:
-        return {name: self.open(str(value), setting(name)) for name, value in settings.items()}
+    def open_settings(self, settings: Mapping[str, str], endpoint_id: int,
+                      allow_plaintext: bool = False) -> dict[str, str]:
+        return {name: self.open(str(value), setting(name), endpoint_id, allow_plaintext)
+                for name, value in settings.items()}
 
-    def seal_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
-        return {name: self.seal(str(value), header(name)) for name, value in headers.items()}
+    def seal_headers(self, headers: Mapping[str, str], endpoint_id: int) -> dict[str, str]:
+        return {name: self.seal(str(value), header(name), endpoint_id) for name, value in headers.items()}
 
-    def open_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
-        return {str(name): self.open(str(value), header(name)) for name, value in headers.items()}
+    def open_headers(self, headers: Mapping[str, str], endpoint_id: int,
+                     allow_plaintext: bool = False) -> dict[str, str]:
+        return {str(name): self.open(str(value), header(name), endpoint_id, allow_plaintext)
+                for name, value in headers.items()}
 
 
 def _tokens(text: str) -> list[str]:

@@ -17,8 +17,9 @@ from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
 from worker import encryption
-from worker.encryption import DecryptionError, Keyring
+from worker.encryption import DecryptionError, Keyring, UnsealedValue
 from worker.policy import RetryPolicy, RetrySchedule
+from worker.registration import headers_problem, url_has_userinfo
 
 APPLICATION_NAME = "webhook-worker"
 NOTIFY_CHANNEL = "webhooks_queue"
@@ -124,30 +125,33 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
     return tuple(result)
 
 
-def _endpoint_settings(row: dict[str, Any], keyring: Keyring) -> dict[str, Any]:
+def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bool) -> dict[str, Any]:
     """What a claimed row's request needs from its endpoint: the same for every row of the endpoint
     in a batch, so it is opened and parsed once per endpoint, not once per row. The JSON columns
-    arrive as text (see Queue.acquire)."""
+    arrive as text (see Queue.acquire). Each credential opens only on its own endpoint's row."""
 
     def parsed(column: str) -> Any:
         value = row[column]
         return json.loads(value) if isinstance(value, str) else value
 
+    endpoint_id, plaintext = row["webhook_id"], not require_sealed
     return {
-        "url": keyring.open(row["endpoint_url"], encryption.URL),
+        "url": keyring.open(row["endpoint_url"], encryption.URL, endpoint_id, plaintext),
         "signing_secrets": tuple(
-            keyring.open(s, encryption.SIGNING_SECRET) for s in active_secrets(parsed("signing_secrets"))
+            keyring.open(s, encryption.SIGNING_SECRET, endpoint_id, plaintext)
+            for s in active_secrets(parsed("signing_secrets"))
         ),
-        "headers": keyring.open_headers(parsed("headers")),
+        "headers": keyring.open_headers(parsed("headers"), endpoint_id, plaintext),
         "timeout_seconds": None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
         "schedule": RetrySchedule.from_json(parsed("retry_schedule"), row["retry_jitter"]),
         "body_format": row["body_format"],
-        "secret_settings": keyring.open_settings(parsed("secret_settings") or {}),
+        "secret_settings": keyring.open_settings(parsed("secret_settings") or {}, endpoint_id, plaintext),
         "retry_policy": RetryPolicy.from_json(parsed("retry_policy")),
     }
 
 
-def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[str, Any] | str]) -> Claimed:
+def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[str, Any] | str],
+             require_sealed: bool = True) -> Claimed:
     """A claimed row; if its endpoint's settings cannot be read, a row carrying the problem instead
     (it then fails alone as `internal`, without a request). `endpoints` memoises per batch."""
     identity = {
@@ -158,7 +162,9 @@ def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[st
     settings = endpoints.get(row["webhook_id"])
     if settings is None:
         try:
-            settings = _endpoint_settings(row, keyring)
+            settings = _endpoint_settings(row, keyring, require_sealed)
+        except UnsealedValue as exc:
+            settings = f"endpoint credentials refused: {exc}"
         except DecryptionError as exc:
             settings = f"endpoint credentials cannot be decrypted: {exc}"
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -180,15 +186,18 @@ def _unusable(identity: dict[str, Any], problem: str) -> Claimed:
 class Queue:
     """The worker's handle on the queue: a small pool, and one method per SQL function it calls."""
 
-    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any], keyring: Keyring) -> None:
+    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any], keyring: Keyring,
+                 require_sealed: bool = True) -> None:
         self.pool = pool
         self._listen_kwargs = listen_kwargs
         self.keyring = keyring
+        # security.require_sealed: a credential stored in plaintext fails its delivery, not the fleet.
+        self.require_sealed = require_sealed
 
     @classmethod
     def create(
         cls, conninfo: str, min_size: int, max_size: int, connect_timeout: float, worker_id: str,
-        keyring: Keyring,
+        keyring: Keyring, require_sealed: bool = True,
     ) -> Queue:
         kwargs: dict[str, Any] = {
             "autocommit": True,
@@ -214,7 +223,7 @@ class Queue:
             "conninfo": conninfo,
             "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63],
         }
-        return cls(pool, listen_kwargs, keyring)
+        return cls(pool, listen_kwargs, keyring, require_sealed)
 
     async def open(self) -> None:
         # wait=False: the pool keeps trying in the background while the database is unreachable.
@@ -283,7 +292,7 @@ class Queue:
             )
             rows = await cur.fetchall()
         endpoints: dict[int, dict[str, Any] | str] = {}
-        return [_claimed(row, self.keyring, endpoints) for row in rows]
+        return [_claimed(row, self.keyring, endpoints, self.require_sealed) for row in rows]
 
     async def finish(self, worker_id: str, outcomes: Sequence[Finished]) -> list[FinishResult]:
         payload = outcomes_document(outcomes)
@@ -341,34 +350,76 @@ class EndpointSpec:
     active: bool = True
 
 
+class InvalidEndpoint(ValueError):
+    """Endpoint settings that cannot be stored; the message names the field, never a credential."""
+
+
 def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Keyring) -> int:
-    """Store an endpoint; its URL, signing secrets and secret settings are sealed before they leave."""
+    """Store an endpoint. Its URL, signing secrets, headers and secret settings are sealed bound to
+    its id, so the row is inserted first and its credentials stored in the same transaction: nothing
+    in plaintext, and nothing sealed without its row, is ever committed."""
+    problem = headers_problem(spec.url, spec.headers)
+    if problem is not None:
+        raise InvalidEndpoint(f"headers: {problem}")
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s)",
+            (
+                spec.name,
+                "",  # the credentials follow once the id they are bound to is known
+                spec.url_display,
+                "[]",
+                list(spec.event_types),
+                "{}",
+                spec.max_attempts,
+                spec.timeout_ms,
+                json.dumps(spec.retry_schedule) if spec.retry_schedule is not None else None,
+                spec.rate_limit_per_second,
+                spec.rate_limit_burst,
+                spec.max_in_flight,
+                json.dumps(spec.circuit_policy),
+                spec.body_format,
+                "{}",
+                spec.active,
+            ),
+        ).fetchone()
+        assert row is not None
+        endpoint_id = int(row[0])
+        conn.execute(
+            "SELECT webhooks.store_endpoint_credentials(%s, %s, %s, %s, %s)",
+            (
+                endpoint_id,
+                keyring.seal(spec.url, encryption.URL, endpoint_id),
+                json.dumps([
+                    {"secret": keyring.seal(s, encryption.SIGNING_SECRET, endpoint_id), "expires_at": None}
+                    for s in spec.signing_secrets
+                ]),
+                json.dumps(keyring.seal_settings(spec.secret_settings, endpoint_id)),
+                json.dumps(keyring.seal_headers(spec.headers, endpoint_id)),
+            ),
+        )
+    return endpoint_id
+
+
+@dataclass(frozen=True)
+class StoredCredentials:
+    """An endpoint's credentials as stored (sealed), read for a change that depends on them."""
+
+    url: str = field(repr=False)
+    signing_secrets: list[dict[str, Any]] = field(repr=False)
+    secret_settings: dict[str, str] = field(repr=False)
+    headers: dict[str, str] = field(repr=False)
+
+
+def stored_credentials(conn: psycopg.Connection, endpoint_id: int) -> StoredCredentials | None:
+    """The endpoint's sealed credentials, locked until the caller's transaction ends."""
     row = conn.execute(
-        "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (
-            spec.name,
-            keyring.seal(spec.url, encryption.URL),
-            spec.url_display,
-            json.dumps([
-                {"secret": keyring.seal(s, encryption.SIGNING_SECRET), "expires_at": None}
-                for s in spec.signing_secrets
-            ]),
-            list(spec.event_types),
-            json.dumps(keyring.seal_headers(spec.headers)),
-            spec.max_attempts,
-            spec.timeout_ms,
-            json.dumps(spec.retry_schedule) if spec.retry_schedule is not None else None,
-            spec.rate_limit_per_second,
-            spec.rate_limit_burst,
-            spec.max_in_flight,
-            json.dumps(spec.circuit_policy),
-            spec.body_format,
-            json.dumps(keyring.seal_settings(spec.secret_settings)),
-            spec.active,
-        ),
+        "SELECT * FROM webhooks.endpoint_credentials(%s, 1)", (endpoint_id - 1,)
     ).fetchone()
-    assert row is not None
-    return int(row[0])
+    if row is None or row[0] != endpoint_id:
+        return None
+    return StoredCredentials(row[1], row[2], row[3], row[4])
 
 
 def find_endpoint(conn: psycopg.Connection, name_or_id: str) -> int | None:
@@ -427,17 +478,82 @@ def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
     return summary
 
 
+def endpoint_format_and_settings(
+    conn: psycopg.Connection, endpoint_id: int, keyring: Keyring
+) -> tuple[str | None, dict[str, str]]:
+    """The endpoint's body format and its secret settings opened, for a change that keeps them."""
+    row = conn.execute("SELECT body_format FROM webhooks.endpoint_summary WHERE id = %s",
+                       (endpoint_id,)).fetchone()
+    stored = stored_credentials(conn, endpoint_id)
+    if row is None or stored is None:
+        return None, {}
+    try:
+        settings = keyring.open_settings(stored.secret_settings, endpoint_id, allow_plaintext=True)
+    except DecryptionError as exc:
+        raise InvalidEndpoint(f"secret_settings: the stored settings cannot be opened: {exc}") from None
+    return str(row[0]), settings
+
+
+def url_fingerprints(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 500) -> dict[int, str]:
+    """Each endpoint's URL fingerprint (Keyring.fingerprint), or '?' where the URL cannot be opened."""
+    fingerprints: dict[int, str] = {}
+    after = 0
+    while True:
+        # A plain read (the operator CLI runs as the schema owner): endpoint_credentials() would lock
+        # the rows, and a listing must not hold up a worker disabling an endpoint.
+        rows = conn.execute(
+            "SELECT id, url FROM webhooks.endpoints WHERE id > %s ORDER BY id LIMIT %s", (after, batch_size)
+        ).fetchall()
+        for endpoint_id, url in rows:
+            try:
+                fingerprints[endpoint_id] = keyring.fingerprint(
+                    keyring.open(url, encryption.URL, endpoint_id, allow_plaintext=True))
+            except DecryptionError:
+                fingerprints[endpoint_id] = "?"
+        if len(rows) < batch_size:
+            return fingerprints
+        after = rows[-1][0]
+
+
 def update_endpoint(
     conn: psycopg.Connection, endpoint_id: int, changes: dict[str, Any], keyring: Keyring
 ) -> None:
+    """Apply changes (webhooks.update_endpoint's fields); a new URL, headers or secret settings are
+    sealed bound to the endpoint, and headers are checked against the URL they will go with."""
     changes = dict(changes)
-    if changes.get("url") is not None:
-        changes["url"] = keyring.seal(changes["url"], encryption.URL)
-    if changes.get("secret_settings") is not None:
-        changes["secret_settings"] = keyring.seal_settings(changes["secret_settings"])
-    if changes.get("headers") is not None:
-        changes["headers"] = keyring.seal_headers(changes["headers"])
-    conn.execute("SELECT webhooks.update_endpoint(%s, %s)", (endpoint_id, json.dumps(changes)))
+    with conn.transaction():
+        if changes.get("url") is not None or changes.get("headers") is not None:
+            _check_url_and_headers(conn, endpoint_id, changes, keyring)
+        if changes.get("url") is not None:
+            changes["url"] = keyring.seal(changes["url"], encryption.URL, endpoint_id)
+        if changes.get("secret_settings") is not None:
+            changes["secret_settings"] = keyring.seal_settings(changes["secret_settings"], endpoint_id)
+        if changes.get("headers") is not None:
+            changes["headers"] = keyring.seal_headers(changes["headers"], endpoint_id)
+        conn.execute("SELECT webhooks.update_endpoint(%s, %s)", (endpoint_id, json.dumps(changes)))
+
+
+def _check_url_and_headers(
+    conn: psycopg.Connection, endpoint_id: int, changes: dict[str, Any], keyring: Keyring
+) -> None:
+    stored = stored_credentials(conn, endpoint_id)
+    if stored is None:
+        return  # no such endpoint: the update changes nothing
+    url = changes.get("url")
+    if url is None:
+        try:
+            url = keyring.open(stored.url, encryption.URL, endpoint_id, allow_plaintext=True)
+        except DecryptionError as exc:
+            raise InvalidEndpoint(f"url: the stored URL cannot be opened: {exc}") from None
+    headers = changes.get("headers")
+    if headers is not None:
+        problem = headers_problem(url, headers)
+    elif url_has_userinfo(url) and any(name.lower() == "authorization" for name in stored.headers):
+        problem = headers_problem(url, {"Authorization": "x"})
+    else:
+        problem = None
+    if problem is not None:
+        raise InvalidEndpoint(f"headers: {problem}")
 
 
 def rotate_secret(
@@ -445,7 +561,7 @@ def rotate_secret(
 ) -> int:
     row = conn.execute(
         "SELECT webhooks.rotate_secret(%s, %s, %s)",
-        (endpoint_id, keyring.seal(secret, encryption.SIGNING_SECRET), old_expire_at),
+        (endpoint_id, keyring.seal(secret, encryption.SIGNING_SECRET, endpoint_id), old_expire_at),
     ).fetchone()
     return 0 if row is None else int(row[0])
 
@@ -454,9 +570,31 @@ def credential_keys(conn: psycopg.Connection) -> dict[str, int]:
     return {str(k): int(n) for k, n in conn.execute("SELECT * FROM webhooks.credential_keys()").fetchall()}
 
 
+def unbound_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 500) -> int:
+    """How many stored credentials are not sealed bound to their endpoint (plaintext, sealed before
+    binding, or not opening with these keys): what `keys rotate` would still change or cannot."""
+    count, after = 0, 0
+    while True:
+        # A plain read, like url_fingerprints: a status query must not lock endpoints.
+        rows = conn.execute(
+            "SELECT id, url, signing_secrets, secret_settings, headers FROM webhooks.endpoints"
+            " WHERE id > %s ORDER BY id LIMIT %s", (after, batch_size)
+        ).fetchall()
+        for endpoint_id, url, stored_secrets, settings, headers in rows:
+            values = [(url, encryption.URL)]
+            values += [(entry["secret"], encryption.SIGNING_SECRET) for entry in stored_secrets]
+            values += [(str(v), encryption.setting(name)) for name, v in settings.items()]
+            values += [(str(v), encryption.header(name)) for name, v in headers.items()]
+            count += sum(not keyring.is_bound(value, purpose, endpoint_id) for value, purpose in values)
+        if len(rows) < batch_size:
+            return count
+        after = rows[-1][0]
+
+
 def reseal_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: int = 100) -> int:
-    """Re-seal every endpoint's credentials under the keyring's primary key (and seal any stored in
-    plaintext), one committed batch of endpoints at a time; returns how many endpoints changed."""
+    """Re-seal every endpoint's credentials under the keyring's primary key, bound to their endpoint
+    (sealing any stored in plaintext, binding any sealed before binding existed), one committed batch
+    of endpoints at a time; returns how many endpoints changed."""
     changed, after = 0, 0
     while True:
         with conn.transaction():
@@ -464,17 +602,18 @@ def reseal_credentials(conn: psycopg.Connection, keyring: Keyring, batch_size: i
                 "SELECT * FROM webhooks.endpoint_credentials(%s, %s)", (after, batch_size)
             ).fetchall()
             for endpoint_id, url, stored_secrets, settings, headers in rows:
-                new_url = keyring.reseal(url, encryption.URL)
+                new_url = keyring.reseal(url, encryption.URL, endpoint_id)
                 new_secrets = [
-                    {**entry, "secret": keyring.reseal(entry["secret"], encryption.SIGNING_SECRET)}
+                    {**entry,
+                     "secret": keyring.reseal(entry["secret"], encryption.SIGNING_SECRET, endpoint_id)}
                     for entry in stored_secrets
                 ]
                 new_settings = {
-                    name: keyring.reseal(str(value), encryption.setting(name))
+                    name: keyring.reseal(str(value), encryption.setting(name), endpoint_id)
                     for name, value in settings.items()
                 }
                 new_headers = {
-                    name: keyring.reseal(str(value), encryption.header(name))
+                    name: keyring.reseal(str(value), encryption.header(name), endpoint_id)
                     for name, value in headers.items()
                 }
                 new = (new_url, new_secrets, new_settings, new_headers)

@@ -36,7 +36,7 @@ def test_endpoints_show_update_and_rotate_secret(db):
     rotated = as_json(db, "endpoints", "rotate-secret", "ops", "--expire-old-after", "24")
     assert rotated["secrets"] == 2 and rotated["signing_secret"].startswith("whsec_")
     secrets = query(db, "SELECT signing_secrets FROM webhooks.endpoints")[0][0]
-    assert TEST_KEYRING.open(secrets[0]["secret"], SIGNING_SECRET) == rotated["signing_secret"]
+    assert TEST_KEYRING.open(secrets[0]["secret"], SIGNING_SECRET, shown["id"]) == rotated["signing_secret"]
     assert secrets[0]["expires_at"] is None
     assert secrets[1]["expires_at"] is not None
     text = run(db, "endpoints", "show", "ops")

@@ -378,7 +378,7 @@ def test_a_producer_cannot_borrow_the_owners_rights_through_the_fan_out_trigger(
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="reserved"):
             conn.execute("SELECT webhooks.publish('webhook.endpoint.disabled', '{\"forged\": true}')")
     [(url,)] = query(db, "SELECT url FROM webhooks.endpoints WHERE id = %s", (endpoint,))
-    assert TEST_KEYRING.open(url, "url") == receiver.url("/victim")
+    assert TEST_KEYRING.open(url, "url", endpoint) == receiver.url("/victim")
 
 
 def test_the_readme_producer_statements_work_for_a_producer(db, receiver):

@@ -62,10 +62,56 @@ def test_a_value_sealed_for_one_purpose_does_not_open_as_another():
 
 def test_settings_are_bound_to_their_name():
     ring = keyring(new_key())
-    sealed = ring.seal_settings({"token": "t0ken", "password": "pw"})
-    assert ring.open_settings(sealed) == {"token": "t0ken", "password": "pw"}
+    sealed = ring.seal_settings({"token": "t0ken", "password": "pw"}, 7)
+    assert ring.open_settings(sealed, 7) == {"token": "t0ken", "password": "pw"}
     with pytest.raises(DecryptionError):
-        ring.open_settings({"password": sealed["token"]})
+        ring.open_settings({"password": sealed["token"]}, 7)
+
+
+def test_a_value_bound_to_one_endpoint_does_not_open_on_another():
+    ring = keyring(new_key())
+    for purpose in (*PURPOSES, encryption.header("Authorization")):
+        sealed = ring.seal("https://hooks.example.com/team-a", purpose, 41)
+        assert ring.open(sealed, purpose, 41) == "https://hooks.example.com/team-a"
+        for elsewhere in (42, 4, 411):
+            with pytest.raises(DecryptionError, match="moved"):
+                ring.open(sealed, purpose, elsewhere)
+        with pytest.raises(DecryptionError):
+            ring.open(sealed, purpose)  # nor as an unbound value
+
+
+def test_headers_and_settings_are_bound_to_their_endpoint():
+    ring = keyring(new_key())
+    headers = ring.seal_headers({"Authorization": "Bearer t0ken"}, 3)
+    settings = ring.seal_settings({"routing_key": "R0UTING"}, 3)
+    assert ring.open_headers(headers, 3) == {"Authorization": "Bearer t0ken"}
+    assert ring.open_settings(settings, 3) == {"routing_key": "R0UTING"}
+    with pytest.raises(DecryptionError):
+        ring.open_headers(headers, 4)
+    with pytest.raises(DecryptionError):
+        ring.open_settings(settings, 4)
+
+
+def test_a_value_sealed_before_binding_still_opens_on_its_endpoint():
+    ring = keyring(new_key())
+    legacy = ring.seal("whsec_old", encryption.SIGNING_SECRET)  # the form written before binding
+    assert ring.open(legacy, encryption.SIGNING_SECRET, 9) == "whsec_old"
+    assert not ring.is_bound(legacy, encryption.SIGNING_SECRET, 9)
+    with pytest.raises(DecryptionError):
+        ring.open(legacy, encryption.URL, 9)  # still bound to its purpose
+
+
+def test_a_plaintext_value_is_refused_unless_allowed_and_the_error_hides_it():
+    ring = keyring(new_key())
+    with pytest.raises(encryption.UnsealedValue) as excinfo:
+        ring.open("https://hooks.example.com/secret-path", encryption.URL, 5)
+    message = str(excinfo.value)
+    assert "secret-path" not in message
+    assert "url" in message and "keys rotate" in message and "require_sealed" in message
+    with pytest.raises(encryption.UnsealedValue, match=r"headers\.authorization"):
+        ring.open_headers({"Authorization": "Bearer x"}, 5)
+    assert ring.open("https://hooks.example.com/x", encryption.URL, 5, allow_plaintext=True) == \
+        "https://hooks.example.com/x"
 
 
 @pytest.mark.parametrize("where", ["nonce", "ciphertext", "tag"])
@@ -108,9 +154,9 @@ def test_a_value_sealed_with_a_key_the_keyring_lacks_names_the_key_id():
 @pytest.mark.parametrize(
     "plaintext", ["https://hooks.example.com/x", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "", "enc:v2:x"]
 )
-def test_open_returns_a_plaintext_value_unchanged(plaintext):
+def test_open_returns_a_plaintext_value_unchanged_when_allowed(plaintext):
     ring = keyring(new_key())
-    assert ring.open(plaintext, encryption.URL) == plaintext
+    assert ring.open(plaintext, encryption.URL, allow_plaintext=True) == plaintext
     assert encryption.sealed_key_id(plaintext) is None
 
 
@@ -188,24 +234,35 @@ def test_keyring_parse_never_echoes_a_bad_key(token):
 
 def test_reseal_moves_a_value_to_the_new_primary():
     old, new = new_key(), new_key()
-    sealed = keyring(old).seal("whsec_x", encryption.SIGNING_SECRET)
+    sealed = keyring(old).seal("whsec_x", encryption.SIGNING_SECRET, 3)
     ring = keyring(new, old)
-    resealed = ring.reseal(sealed, encryption.SIGNING_SECRET)
+    resealed = ring.reseal(sealed, encryption.SIGNING_SECRET, 3)
     assert encryption.sealed_key_id(resealed) == ring.primary_id
-    assert keyring(new).open(resealed, encryption.SIGNING_SECRET) == "whsec_x"
+    assert keyring(new).open(resealed, encryption.SIGNING_SECRET, 3) == "whsec_x"
 
 
-def test_reseal_leaves_a_value_under_the_primary_unchanged():
+def test_reseal_leaves_a_bound_value_under_the_primary_unchanged():
     ring = keyring(new_key(), new_key())
-    sealed = ring.seal("whsec_x", encryption.SIGNING_SECRET)
-    assert ring.reseal(sealed, encryption.SIGNING_SECRET) is sealed
+    sealed = ring.seal("whsec_x", encryption.SIGNING_SECRET, 3)
+    assert ring.reseal(sealed, encryption.SIGNING_SECRET, 3) is sealed
 
 
-def test_reseal_seals_a_plaintext_value():
+def test_reseal_binds_a_value_sealed_before_binding_to_its_endpoint():
     ring = keyring(new_key())
-    resealed = ring.reseal("https://example.com/hook", encryption.URL)
+    legacy = ring.seal("whsec_x", encryption.SIGNING_SECRET)
+    resealed = ring.reseal(legacy, encryption.SIGNING_SECRET, 3)
+    assert resealed != legacy
+    assert ring.is_bound(resealed, encryption.SIGNING_SECRET, 3)
+    with pytest.raises(DecryptionError):
+        ring.open(resealed, encryption.SIGNING_SECRET, 4)
+
+
+def test_reseal_seals_a_plaintext_value_bound_to_its_endpoint():
+    ring = keyring(new_key())
+    resealed = ring.reseal("https://example.com/hook", encryption.URL, 3)
     assert encryption.sealed_key_id(resealed) == ring.primary_id
-    assert ring.open(resealed, encryption.URL) == "https://example.com/hook"
+    assert ring.open(resealed, encryption.URL, 3) == "https://example.com/hook"
+    assert ring.is_bound(resealed, encryption.URL, 3)
 
 
 def test_load_keyring_prefers_the_environment_over_the_file(tmp_path):

@@ -1,0 +1,204 @@
+"""`webhook-worker endpoints add|update|list|rotate-secret` as a user runs them: credentials from files
+and standard input, header rules, format options, the loopback hint and URL fingerprints."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, TEST_KEYRING, TEST_KEYS, query
+from worker import encryption, signing
+from worker.encryption import KEYS_ENV
+
+URL = "https://hooks.example.test/services/T0/B0/PATHCANARY"
+
+
+def cli(db, *args, stdin=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_") and k != "DATABASE_URL"}
+    return subprocess.run([sys.executable, "-m", "worker", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120, env={**env, KEYS_ENV: TEST_KEYS, "DATABASE_URL": db},
+                          cwd=ROOT, check=False)
+
+
+def ok(db, *args, stdin=None):
+    result = cli(db, *args, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def refused(db, *args, stdin=None):
+    result = cli(db, *args, stdin=stdin)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+def stored(db, name):
+    [(endpoint, url, secrets, headers, settings, body_format, ttl)] = query(
+        db, "SELECT id, url, signing_secrets, headers, secret_settings, body_format, delivery_ttl"
+            " FROM webhooks.endpoints WHERE name = %s", (name,))
+    return {
+        "id": endpoint,
+        "url": TEST_KEYRING.open(url, encryption.URL, endpoint),
+        "secrets": [TEST_KEYRING.open(s["secret"], encryption.SIGNING_SECRET, endpoint) for s in secrets],
+        "headers": TEST_KEYRING.open_headers(headers, endpoint),
+        "settings": TEST_KEYRING.open_settings(settings, endpoint),
+        "format": body_format,
+        "ttl": ttl,
+    }
+
+
+def test_credentials_are_read_from_files(db, tmp_path):
+    secret = signing.generate_secret()
+    (tmp_path / "url").write_text(URL + "\n")
+    (tmp_path / "secret").write_text(secret + "\n")
+    (tmp_path / "headers").write_text("Authorization: Bearer t0ken\n\nX-Team: ops\n")
+    (tmp_path / "routing").write_text("R0UTINGKEY\n")
+    ok(db, "endpoints", "add", "--name", "files", "--url-file", str(tmp_path / "url"),
+       "--secret-file", str(tmp_path / "secret"), "--header-file", str(tmp_path / "headers"),
+       "--format", "pagerduty", "--routing-key-file", str(tmp_path / "routing"))
+    endpoint = stored(db, "files")
+    assert endpoint["url"] == URL and endpoint["secrets"] == [secret]
+    assert endpoint["headers"] == {"Authorization": "Bearer t0ken", "X-Team": "ops"}
+    assert endpoint["settings"] == {"routing_key": "R0UTINGKEY"}
+
+    (tmp_path / "url2").write_text(URL + "/v2")
+    (tmp_path / "headers2").write_text("X-Other: 1\r\n")
+    ok(db, "endpoints", "update", "files", "--url-file", str(tmp_path / "url2"),
+       "--header-file", str(tmp_path / "headers2"))
+    endpoint = stored(db, "files")
+    assert endpoint["url"] == URL + "/v2" and endpoint["headers"] == {"X-Other": "1"}
+
+    new_secret = signing.generate_secret()
+    (tmp_path / "new-secret").write_text(new_secret)
+    ok(db, "endpoints", "rotate-secret", "files", "--secret-file", str(tmp_path / "new-secret"))
+    assert stored(db, "files")["secrets"][0] == new_secret
+
+
+def test_credentials_are_read_from_standard_input(db):
+    secret = signing.generate_secret()
+    added = ok(db, "endpoints", "add", "--name", "piped", "--url-file", "-", "--secret", secret, "--json",
+               stdin=URL + "\n")
+    assert json.loads(added.stdout)["signing_secret"] == secret
+    assert stored(db, "piped")["url"] == URL
+    ok(db, "endpoints", "update", "piped", "--header-file", "-", stdin="Authorization: Bearer piped\n")
+    assert stored(db, "piped")["headers"] == {"Authorization": "Bearer piped"}
+    new_secret = signing.generate_secret()
+    rotated = ok(db, "endpoints", "rotate-secret", "piped", "--secret-file", "-", "--json",
+                 stdin=new_secret + "\n")
+    assert json.loads(rotated.stdout)["signing_secret"] == new_secret
+    assert stored(db, "piped")["secrets"][0] == new_secret
+    ok(db, "endpoints", "update", "piped", "--format", "pagerduty", "--routing-key-file", "-",
+       stdin="R0UTE\n")
+    assert stored(db, "piped")["settings"] == {"routing_key": "R0UTE"}
+    ok(db, "endpoints", "add", "--name", "piped-secret", "--url", URL, "--secret-file", "-",
+       stdin=secret + "\n")
+    assert stored(db, "piped-secret")["secrets"] == [secret]
+
+
+def test_bad_credential_inputs_are_refused_clearly(db, tmp_path):
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "two-lines").write_text(URL + "\n" + URL + "\n")
+    assert "--url-file: empty" in refused(db, "endpoints", "add", "--name", "x", "--url-file",
+                                          str(tmp_path / "empty"))
+    assert "--url-file: expected one line" in refused(db, "endpoints", "add", "--name", "x", "--url-file",
+                                                      str(tmp_path / "two-lines"))
+    message = refused(db, "endpoints", "add", "--name", "x", "--url-file", str(tmp_path / "missing"))
+    assert "--url-file: cannot read" in message
+    message = refused(db, "endpoints", "add", "--name", "x", "--url-file", "-", "--secret-file", "-",
+                      stdin=URL)
+    assert "standard input is already read by --url-file" in message
+    assert "not allowed with" in refused(db, "endpoints", "add", "--name", "x", "--url", URL,
+                                         "--url-file", "-")
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("Transfer-Encoding: chunked", "Transfer-Encoding: a framing, hop-by-hop or proxy header"),
+    ("Connection: close", "hop-by-hop"),
+    ("TE: trailers", "hop-by-hop"),
+    ("Upgrade: websocket", "hop-by-hop"),
+    ("Proxy-Authorization: Basic eA==", "proxy header"),
+    ("Host: internal.example", "Host: set by webhook-worker"),
+    ("webhook-signature: v1,forged", "cannot be overridden"),
+    ("X-A B: v4lue", "HTTP token"),
+    ("X-Naïve: v4lue", "HTTP token"),
+    ("X-Token: café", "must be ASCII"),
+], ids=lambda v: v if isinstance(v, str) and ":" in v else None)
+def test_a_header_the_rules_refuse_is_refused_at_add_and_update(db, header, expected):
+    message = refused(db, "endpoints", "add", "--name", "h", "--url", URL, "--header", header)
+    assert expected in message
+    assert header.partition(":")[2].strip() not in message  # the value never echoed
+    ok(db, "endpoints", "add", "--name", "h", "--url", URL)
+    assert expected in refused(db, "endpoints", "update", "h", "--header-file", "-", stdin=header + "\n")
+    assert stored(db, "h")["headers"] == {}
+
+
+def test_url_credentials_and_an_authorization_header_are_refused_together(db):
+    with_userinfo = "https://user:pa55@hooks.example.test/x"
+    message = refused(db, "endpoints", "add", "--name", "u", "--url", with_userinfo,
+                      "--header", "Authorization: Bearer t")
+    assert "Authorization: the URL carries credentials" in message and "pa55" not in message
+    ok(db, "endpoints", "add", "--name", "u", "--url", URL, "--header", "Authorization: Bearer t")
+    assert "URL carries credentials" in refused(db, "endpoints", "update", "u", "--url", with_userinfo)
+    ok(db, "endpoints", "add", "--name", "v", "--url", with_userinfo)
+    assert "URL carries credentials" in refused(db, "endpoints", "update", "v", "--header",
+                                                "Authorization: Bearer t")
+    assert stored(db, "u")["url"] == URL and stored(db, "v")["headers"] == {}
+
+
+def test_a_loopback_url_is_refused_with_how_to_allow_it(db):
+    message = refused(db, "endpoints", "add", "--name", "local", "--url", "http://127.0.0.1:9/hook")
+    assert "destination 127.0.0.1 is not a public address" in message
+    assert "127.0.0.1/32 under security.allow_networks" in message and "--config" in message
+    message = refused(db, "endpoints", "add", "--name", "local", "--url", "http://localhost:9/hook")
+    assert "security.allow_networks" in message
+    message = refused(db, "endpoints", "add", "--name", "local", "--url", "ftp://hooks.example.test/x")
+    assert "allow_networks" not in message  # only where it would help
+
+
+def test_update_sets_format_routing_key_and_ttl(db):
+    ok(db, "endpoints", "add", "--name", "pd", "--url", URL)
+    assert "--routing-key: required with --format pagerduty" in refused(
+        db, "endpoints", "update", "pd", "--format", "pagerduty")
+    assert "--routing-key: only with --format pagerduty (the format is raw)" in refused(
+        db, "endpoints", "update", "pd", "--routing-key", "R1")
+    assert "--routing-key: only with --format pagerduty (the format is slack)" in refused(
+        db, "endpoints", "update", "pd", "--format", "slack", "--routing-key", "R1")
+    updated = ok(db, "endpoints", "update", "pd", "--format", "pagerduty", "--routing-key", "R1",
+                 "--ttl-seconds", "3600")
+    assert "body_format" in updated.stdout and "routing_key" in updated.stdout and "R1" not in updated.stdout
+    endpoint = stored(db, "pd")
+    assert endpoint["format"] == "pagerduty" and endpoint["settings"] == {"routing_key": "R1"}
+    assert endpoint["ttl"].total_seconds() == 3600
+    ok(db, "endpoints", "update", "pd", "--routing-key", "R2")  # the format is pagerduty already
+    assert stored(db, "pd")["settings"] == {"routing_key": "R2"}
+    assert "--ttl-seconds" in refused(db, "endpoints", "update", "pd", "--ttl-seconds", "0")
+
+
+def test_add_refuses_a_routing_key_without_the_pagerduty_format(db):
+    assert "--routing-key: only with --format pagerduty" in refused(
+        db, "endpoints", "add", "--name", "r", "--url", URL, "--routing-key", "R1")
+    assert "--routing-key: must not be empty" in refused(
+        db, "endpoints", "add", "--name", "r", "--url", URL, "--format", "pagerduty", "--routing-key", "")
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+
+
+def test_list_tells_endpoints_on_one_host_apart_without_showing_their_paths(db):
+    ok(db, "endpoints", "add", "--name", "team-a", "--url", "https://hooks.example.test/team-a")
+    ok(db, "endpoints", "add", "--name", "team-b", "--url", "https://hooks.example.test/team-b")
+    rows = json.loads(ok(db, "endpoints", "list", "--json").stdout)
+    prints = [row["url_fingerprint"] for row in rows]
+    assert len(set(prints)) == 2 and all(len(p) == 8 for p in prints)
+    assert {row["url_display"] for row in rows} == {"https://hooks.example.test"}
+    table = ok(db, "endpoints", "list").stdout
+    assert all(p in table for p in prints)
+    assert "/team-a" not in table and "/team-b" not in table
+    # keyed: a plain hash of a guessed URL does not match
+    for url in ("https://hooks.example.test/team-a", "https://hooks.example.test/team-b"):
+        assert hashlib.sha256(url.encode()).hexdigest()[:8] not in prints
+    # the same for the same URL, however often it is listed
+    assert [r["url_fingerprint"] for r in json.loads(ok(db, "endpoints", "list", "--json").stdout)] == prints

@@ -1,0 +1,75 @@
+"""The rules for an endpoint's custom headers: reserved names, HTTP tokens, values, URL credentials."""
+
+import pytest
+
+from worker.delivery import RESERVED_HEADERS
+from worker.registration import header_problem, headers_problem, is_reserved
+
+FRAMING = ["Transfer-Encoding", "transfer-encoding", "Connection", "Keep-Alive", "TE", "Trailer",
+           "Upgrade", "Host", "Content-Length", "Proxy-Authorization", "Proxy-Connection", "proxy-anything"]
+
+
+@pytest.mark.parametrize("name", FRAMING)
+def test_framing_hop_by_hop_and_proxy_headers_are_reserved(name):
+    assert is_reserved(name)
+    problem = header_problem(name, "chunked")
+    assert problem is not None and name in problem and "chunked" not in problem
+
+
+def test_every_header_the_sender_sets_is_reserved_here_too():
+    # delivery.RESERVED_HEADERS drops these at send time; registration must refuse each of them
+    assert all(is_reserved(name) for name in RESERVED_HEADERS)
+    assert "overridden" in (header_problem("webhook-signature", "v1,forged") or "")
+
+
+@pytest.mark.parametrize("name", ["X-A B", "X-Naïve", "X:A", "X(A)", "X\tA", "X-A\r\nX-B", "", "X/A",
+                                  "x" * 257])
+def test_a_name_that_is_not_an_http_token_is_refused_without_echoing_it(name):
+    problem = header_problem(name, "v")
+    assert problem is not None
+    assert "token" in problem or "empty" in problem
+    if name:
+        assert name not in problem
+
+
+@pytest.mark.parametrize("name", ["X-Team", "Authorization", "x-api-key", "X_Odd.Name!#$%&'*+^`|~1"])
+def test_token_names_are_accepted(name):
+    assert header_problem(name, "Bearer abc def") is None
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("a\r\nInjected: 1", "control characters"),
+    ("a\nb", "control characters"),
+    ("nul\x00", "control characters"),
+    ("del\x7f", "control characters"),
+    ("café", "ASCII"),
+    (" padded", "start or end"),
+    ("padded\t", "start or end"),
+    ("x" * 8193, "longer than"),
+])
+def test_a_bad_value_is_refused_naming_the_header_but_not_the_value(value, expected):
+    problem = header_problem("X-Token", value)
+    assert problem is not None and expected in problem and "X-Token" in problem
+    assert value.strip() not in problem
+
+
+def test_tabs_spaces_and_empty_values_are_accepted():
+    assert header_problem("X-A", "a\tb c") is None
+    assert header_problem("X-A", "") is None
+
+
+def test_url_credentials_and_an_authorization_header_are_refused_together():
+    problem = headers_problem("https://user:pw@hooks.example.com/x", {"authorization": "Bearer t"})
+    assert problem is not None and "Authorization" in problem and "pw" not in problem
+    assert headers_problem("https://user@hooks.example.com/x", {"Authorization": "Bearer t"}) is not None
+    assert headers_problem("https://hooks.example.com/x", {"Authorization": "Bearer t"}) is None
+    assert headers_problem("https://user:pw@hooks.example.com/x", {"X-Team": "ops"}) is None
+
+
+def test_a_name_given_twice_in_different_case_is_refused():
+    assert "twice" in (headers_problem("https://h.example/x", {"X-A": "1", "x-a": "2"}) or "")
+
+
+def test_headers_problem_reports_the_first_bad_header():
+    problem = headers_problem("https://h.example/x", {"X-Good": "1", "Transfer-Encoding": "chunked"})
+    assert problem is not None and "Transfer-Encoding" in problem
