@@ -201,13 +201,20 @@ class Run:
 
 
 def substitute_subshells(snippet: Snippet, session: Run, failures: list[str]) -> str:
-    """Run each `$(webhook-worker …)` and put its output in place, as the shell would."""
+    """Run each `$(webhook-worker …)` and put its output in place, then expand the variables this
+    session exported (outside single quotes), as the shell would. Other variables stay as written."""
     def evaluate(match: re.Match[str]) -> str:
         inner = Snippet(snippet.kind, match.group(1), snippet.line, snippet.section)
         result = run_program(inner, shlex.split(inner.text), {}, None, session, failures)
         return result.stdout.strip() if result is not None else ""
 
-    return re.sub(rf"\$\(({PROGRAM} [^()]*)\)", evaluate, snippet.text)
+    def expand(match: re.Match[str]) -> str:
+        return session.exported.get(match.group(1) or match.group(2), match.group(0))
+
+    text = re.sub(rf"\$\(({PROGRAM} [^()]*)\)", evaluate, snippet.text)
+    pieces = re.split(r"('[^']*')", text)  # odd pieces are single-quoted
+    return "".join(piece if at % 2 else re.sub(r"\$\{(\w+)\}|\$(\w+)", expand, piece)
+                   for at, piece in enumerate(pieces))
 
 
 @dataclass
