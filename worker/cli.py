@@ -37,7 +37,7 @@ from worker.queue import (
 
 # One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
 # database unreachable or refusing, what the command names does not exist, or its state refuses the
-# change); 2 the command line or the configuration is wrong, so nothing was tried.
+# change); 2 what the user gave is wrong: the command line or the configuration, keys included.
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
@@ -516,7 +516,7 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     if missing:
         print(f"webhook-worker: credentials sealed with {', '.join(missing)} cannot be opened with "
               "these keys", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE  # the keys given are configuration, and wrong
     return 0
 
 
@@ -526,7 +526,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         missing = keyring.missing(db.credential_keys(conn))
         if missing:
-            raise CommandFailed(
+            raise UsageError(
                 f"credentials are sealed with {', '.join(missing)}, which these keys do not include: "
                 "list the new key first and every old key after it")
         changed = db.reseal_credentials(conn, keyring)

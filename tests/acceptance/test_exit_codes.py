@@ -154,10 +154,10 @@ def test_a_failed_lookup_is_1_everywhere_in_the_same_words(as_user, db):
         EXIT_FAILURE, "webhook-worker: no such delivery\n")
 
 
-def test_keys_that_cannot_open_the_stored_credentials_exit_1(as_user, db, monkeypatch):
+def test_keys_that_cannot_open_the_stored_credentials_are_a_configuration_error(as_user, db, monkeypatch):
     as_user("endpoints", "add", "--name", "sealed", "--url", "https://hooks.example.test/x", database=db)
     monkeypatch.setenv(KEYS_ENV, generate_key())
     for command in (("keys", "status"), ("keys", "rotate")):
         status, stderr = as_user(*command, database=db)
-        assert status == EXIT_FAILURE, stderr
+        assert status == EXIT_USAGE, stderr  # as for a worker given them (tests/integration/test_security.py)
         assert "cannot be opened" in stderr or "do not include" in stderr
