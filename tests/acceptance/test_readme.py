@@ -44,6 +44,7 @@ NOT_RUN = {
 # Set for every command: where this machine differs from the one README imagines.
 MACHINE = {
     "WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": '["127.0.0.1/32"]',  # the receiver is on loopback
+    "WEBHOOK_WORKER_HTTP__HOST": "127.0.0.1",  # tests listen on loopback only
     "WEBHOOK_WORKER_HTTP__PORT": "0",  # 8080 may be taken
     "WEBHOOK_WORKER_LOGGING__FORMAT": "json",
 }
