@@ -37,12 +37,20 @@ from worker.queue import (
 )
 from worker.registration import header_problem, headers_problem
 
+# One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
+# database unreachable or refusing, what the command names does not exist, or its state refuses the
+# change); 2 what the user gave is wrong: the command line or the configuration, keys included.
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
 class UsageError(Exception):
     """A command-line value that cannot be used; the message names the option."""
+
+
+class CommandFailed(Exception):
+    """A well-formed command that could not be done: what it names does not exist, or the state of
+    the database refuses it."""
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -303,7 +311,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         try:
             endpoint_id = register_endpoint(conn, spec, keyring)
         except psycopg.errors.UniqueViolation:
-            raise UsageError(f"--name {args.name!r}: an endpoint with this name exists") from None
+            raise CommandFailed(f"--name {args.name!r}: an endpoint with this name exists") from None
         except psycopg.errors.CheckViolation as exc:
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
         except db.InvalidEndpoint as exc:
@@ -328,7 +336,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
 def _endpoint_id(conn: psycopg.Connection, name_or_id: str) -> int:
     endpoint_id = find_endpoint(conn, name_or_id)
     if endpoint_id is None:
-        raise UsageError(f"ENDPOINT {name_or_id!r}: no endpoint with this name or id")
+        raise CommandFailed(f"ENDPOINT {name_or_id!r}: no endpoint with this name or id")
     return endpoint_id
 
 
@@ -516,8 +524,7 @@ def cmd_deliveries_show(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         found = db.find_deliveries(conn, args.id, args.key)
     if not found:
-        print("no such delivery", file=sys.stderr)
-        return EXIT_FAILURE
+        raise CommandFailed("no such delivery")
     if args.json:
         _emit(args, found)
         return 0
@@ -560,8 +567,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         if args.id is not None:
             if not db.replay_one(conn, args.id):
-                print(f"delivery {args.id} is not a dead letter or delivered row", file=sys.stderr)
-                return EXIT_FAILURE
+                raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
             print(f"delivery {args.id} queued again (same webhook-id)")
             return 0
         if not args.all:
@@ -634,7 +640,7 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     if missing:
         print(f"webhook-worker: credentials sealed with {', '.join(missing)} cannot be opened with "
               "these keys", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE  # the keys given are configuration, and wrong
     return 0
 
 
@@ -883,6 +889,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _first_line(exc: psycopg.Error) -> str:
+    """The server's primary message only: its DETAIL may quote a whole row, credentials included."""
+    message = exc.diag.message_primary or str(exc).strip() or type(exc).__name__
+    return message.splitlines()[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -893,9 +905,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"webhook-worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except CommandFailed as exc:
+        print(f"webhook-worker: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except psycopg.OperationalError as exc:
         first_line = (str(exc).strip().splitlines() or ["connection failed"])[0]
         print(f"webhook-worker: database unreachable: {first_line}", file=sys.stderr)
+        return EXIT_FAILURE
+    except psycopg.errors.DataError as exc:  # SQLSTATE class 22: a value given was unusable
+        print(f"webhook-worker: invalid value: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except psycopg.Error as exc:
+        print(f"webhook-worker: the database refused: {_first_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

@@ -20,6 +20,8 @@ STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap")
 TRACER_PROVIDER_RECHECK_SECONDS = 1.0
 DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
+# The `operation` label of webhook_worker_database_errors_total: every value the worker counts.
+DATABASE_OPERATIONS = ("claim", "finish", "stats")
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -28,18 +30,31 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         renderer = structlog.dev.ConsoleRenderer()
     else:
         renderer = structlog.processors.JSONRenderer()
+    level_number = logging.getLevelName(level.upper())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level_number),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # Libraries log through the standard module (psycopg-pool, asyncio, aiohttp) and warnings go
+    # there too: render their records with the same processors, so that with `json` every line of
+    # stderr is one JSON object (a multi-line message or traceback becomes an escaped string).
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer],
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level_number)
+    logging.captureWarnings(True)
 
 
 def get_logger(**context: Any) -> Any:
@@ -119,6 +134,8 @@ class Metrics:
         self.database_errors = Counter(
             "webhook_worker_database_errors", "Failed database calls, by operation.", ["operation"],
             registry=r)
+        for operation in DATABASE_OPERATIONS:  # at zero from the start, like the outcomes above
+            self.database_errors.labels(operation)
         self.queue_depth = Gauge(
             "webhook_worker_queue_depth", "Queue rows by status (sampled by one worker at a time).",
             ["status"], registry=r)

@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -375,7 +376,8 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
                 spec.max_attempts,
                 spec.timeout_ms,
                 json.dumps(spec.retry_schedule) if spec.retry_schedule is not None else None,
-                spec.rate_limit_per_second,
+                # numeric in SQL: a float would arrive as double precision, which matches no signature
+                None if spec.rate_limit_per_second is None else Decimal(str(spec.rate_limit_per_second)),
                 spec.rate_limit_burst,
                 spec.max_in_flight,
                 json.dumps(spec.circuit_policy),

@@ -121,7 +121,7 @@ def test_endpoints_add_and_list(db):
     assert "SECRETPATH" not in listed.stdout
 
     duplicate = cli("endpoints", "add", "--name", "ops-slack", "--url", "https://x.test/", env=env)
-    assert duplicate.returncode == 2 and "exists" in duplicate.stderr
+    assert duplicate.returncode == 1 and "exists" in duplicate.stderr  # refused by what exists
     reserved = cli("endpoints", "add", "--name", "b", "--url", "https://x.test/", "--header",
                    "webhook-id: forged", env=env)
     assert reserved.returncode == 2 and "cannot be overridden" in reserved.stderr

@@ -17,10 +17,12 @@ from worker.daemon import FINAL_FLUSH_SECONDS, RELEASE_SECONDS
 from worker.observability import Metrics
 
 K8S = ROOT / "k8s"
+BASE = K8S / "base"
 CORE = ["configmap.yaml", "deployment.yaml", "service.yaml", "pdb.yaml", "hpa.yaml", "migrate-job.yaml",
         "secret.yaml"]
-CUSTOM = {"keda/scaledobject.yaml": ["ScaledObject", "TriggerAuthentication"],
+CUSTOM = {"base/keda/scaledobject.yaml": ["ScaledObject", "TriggerAuthentication"],
           "servicemonitor.yaml": ["ServiceMonitor"], "prometheusrule.yaml": ["PrometheusRule"]}
+OPERATOR_API = "monitoring.coreos.com/"
 
 
 def tool(name: str) -> str:
@@ -51,7 +53,7 @@ def test_the_compose_file_is_valid():
 
 @pytest.mark.parametrize("name", CORE)
 def test_core_manifests_validate_against_the_kubernetes_schemas(name):
-    result = subprocess.run([tool("kubernetes-validate"), "--strict", "--quiet", str(K8S / name)],
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", "--quiet", str(BASE / name)],
                             capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -65,22 +67,53 @@ def test_custom_resources_validate_against_their_schemas(name):
         jsonschema.validate(document, schema)
 
 
-def test_the_kustomization_lists_files_that_exist():
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    for resource in kustomization["resources"]:
-        assert (K8S / resource).is_file(), resource
-    for generator in kustomization["configMapGenerator"]:
+def rendered(directory: Path) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of what `kubectl apply -k DIRECTORY` would apply, read as kustomize
+    reads it: listed files, listed directories (kustomizations themselves) and generated ConfigMaps."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    found = []
+    for resource in kustomization.get("resources", []):
+        path = directory / resource
+        assert path.exists() and path.resolve().is_relative_to(directory.resolve()), resource
+        if path.is_dir():
+            found += rendered(path)
+        else:
+            found += [(d["apiVersion"], d["kind"], d["metadata"]["name"])
+                      for d in yaml.safe_load_all(path.read_text())]
+    for generator in kustomization.get("configMapGenerator", []):
         for file in generator["files"]:
-            assert (K8S / file).is_file(), file
+            assert (directory / file).is_file(), file
+        found.append(("v1", "ConfigMap", generator["name"]))
+    return sorted(found)
+
+
+def test_the_kustomizations_list_files_that_exist_and_base_needs_no_crd():
+    everything, base = rendered(K8S), rendered(BASE)
+    operator = [r for r in everything if r[0].startswith(OPERATOR_API)]
+    assert {kind for _, kind, _ in operator} == {"ServiceMonitor", "PrometheusRule"}
+    assert base == sorted(set(everything) - set(operator))
+    assert {kind for _, kind, _ in base} >= {"Deployment", "Job", "Service", "ConfigMap"}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its kustomize) is not installed")
+@pytest.mark.parametrize("directory", [K8S, BASE], ids=["k8s", "k8s/base"])
+def test_kubectl_kustomize_builds_what_the_kustomization_lists(directory):
+    # kustomize itself: it refuses cycles and files outside a kustomization's directory
+    result = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True,
+                            check=False, timeout=60)
+    assert result.returncode == 0, result.stderr
+    built = sorted((d["apiVersion"], d["kind"], d["metadata"]["name"])
+                   for d in yaml.safe_load_all(result.stdout))
+    assert built == rendered(directory)
 
 
 def test_the_termination_grace_outlasts_prestop_plus_the_worker_s_drain():
-    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    deployment = yaml.safe_load((BASE / "deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]
     [container] = pod["containers"]
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    configmap = yaml.safe_load((K8S / "configmap.yaml").read_text())
+    configmap = yaml.safe_load((BASE / "configmap.yaml").read_text())
     worker = yaml.safe_load(configmap["data"]["config.yaml"]).get("worker", {})
     shutdown_grace = worker.get("shutdown_grace_seconds", WorkerConfig().shutdown_grace_seconds)
     drain = float(pre_stop[1]) + shutdown_grace + RELEASE_SECONDS + FINAL_FLUSH_SECONDS
@@ -104,7 +137,7 @@ def test_every_metric_in_the_alerts_and_the_dashboard_is_exported():
     exported = exported_metric_names()
     rules = yaml.safe_load((K8S / "prometheusrule.yaml").read_text())
     expressions = [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
-    dashboard = json.loads((K8S / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((BASE / "grafana-dashboard.json").read_text())
     expressions += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {name for e in expressions for name in re.findall(r"webhook_worker_[a-z_]+", e)}
     assert used and used <= exported, used - exported
@@ -117,3 +150,10 @@ def test_every_alert_has_a_runbook():
         for rule in group["rules"]:
             anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
             assert f"## {rule['alert'].lower()}" in runbooks and anchor == rule["alert"].lower()
+
+
+def test_the_readme_names_the_oldest_compose_that_reads_the_compose_file():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    inline_configs = any("content" in config for config in compose.get("configs", {}).values())
+    oldest = "v2.23.1" if inline_configs else "v2"  # configs.*.content arrived in Compose 2.23.1
+    assert f"Docker Compose **{oldest} or later**" in (ROOT / "README.md").read_text()

@@ -148,4 +148,17 @@ def test_endpoints_disable_enable_and_circuit_control(db):
                        "circuit_forced_closed", "circuit_reset"]
     assert [e["name"] for e in as_json(db, "endpoints", "list")] == ["paging"]
     unknown = cli("endpoints", "circuit", "nobody", "reset", env={"DATABASE_URL": db})
-    assert unknown.returncode == 2 and "no endpoint" in unknown.stderr
+    assert unknown.returncode == 1 and "no endpoint" in unknown.stderr  # a lookup that finds nothing
+
+
+def test_endpoints_add_takes_the_rate_limit_options_as_readme_shows_them(db):
+    # the options arrive as a float and ints; the SQL function takes numeric (issue 17)
+    run(db, "endpoints", "add", "--name", "ops", "--url", "https://hooks.example.test/T0/x",
+        "--rate-limit", "20", "--burst", "5", "--max-in-flight", "2")
+    run(db, "endpoints", "add", "--name", "slow", "--url", "https://hooks.example.test/T0/y",
+        "--rate-limit", "0.5")
+    add_endpoint(db, "https://hooks.example.test/T0/z", name="python", rate_limit_per_second=2.5)
+    limits = query(db, "SELECT name, rate_limit_per_second, rate_limit_burst, max_in_flight"
+                       " FROM webhooks.endpoints ORDER BY id")
+    assert [(n, float(r), b, m) for n, r, b, m in limits] == [
+        ("ops", 20.0, 5, 2), ("slow", 0.5, None, None), ("python", 2.5, None, None)]

@@ -1,11 +1,13 @@
 """Metrics and probes, scraped over HTTP from running worker processes."""
 
 import json
+import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receiver import Reply
 from tests.support import (
+    ROOT,
     WORKER_LOGIN,
     add_endpoint,
     all_final,
@@ -15,6 +17,7 @@ from tests.support import (
     query,
     worker_dsn,
 )
+from worker.observability import DATABASE_OPERATIONS
 
 FAST_RETRY = {"delays": [0.1]}
 
@@ -61,6 +64,11 @@ def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
     assert value(samples, circuit, endpoint="ops-receiver", state="open") == 0
     body = worker.get("/metrics")[1]
     assert "127.0.0.1" not in body and "/flaky" not in body  # no URLs in labels
+    # libraries' own records reach the log from warning up at level info: psycopg-pool's per-call
+    # info lines ("connection given by …") would cost CPU on every database call
+    chatter = [line for line in worker.log_lines() if line.get("level") in ("debug", "info")
+               and not line.get("logger", "webhook-worker").startswith("webhook-worker")]
+    assert not chatter, chatter[:3]
 
 
 def test_probes_follow_the_database(own_pg, receiver, spawn):
@@ -90,6 +98,9 @@ def test_without_a_database_a_worker_is_started_and_alive_but_not_ready(unstarte
     # started and alive: a restart would not bring the database back; only readiness waits for it
     assert worker.get("/health")[0] == 200
     assert worker.get("/startup")[0] == 200
+    [startup_row] = [row for row in (ROOT / "README.md").read_text().splitlines()
+                     if row.startswith("| `/startup` |")]
+    assert "before it has reached the database" in startup_row  # README says what this probe means
     status, body = worker.get("/ready")
     assert (status, json.loads(body)["reason"]) == (503, "waiting for the database")
 
@@ -116,3 +127,42 @@ def test_sigterm_makes_the_worker_unready_at_once(db, receiver, spawn):
     assert (status, json.loads(body)["reason"]) == (503, "shutting down")
     receiver.release()
     assert worker.process.wait(30) == 0
+
+
+def test_a_fresh_worker_exports_every_database_error_operation_at_zero(db, spawn):
+    worker = spawn(db)
+    eventually(lambda: worker.logged("worker started"), message="started")
+    samples = scrape(worker)
+    exported = {dict(labels).get("operation") for name, labels in samples
+                if name == "webhook_worker_database_errors_total"}
+    assert exported == set(DATABASE_OPERATIONS)
+    assert all(value(samples, "webhook_worker_database_errors_total", operation=op) == 0
+               for op in DATABASE_OPERATIONS)
+
+
+def test_every_database_error_operation_counted_is_one_initialised_at_zero():
+    # the series are created from DATABASE_OPERATIONS; a label counted elsewhere would appear late
+    source = "\n".join(path.read_text() for path in (ROOT / "worker").glob("*.py"))
+    counted = set(re.findall(r"database_errors\.labels\(\s*[\"'](\w+)[\"']", source))
+    assert counted and counted <= set(DATABASE_OPERATIONS), counted - set(DATABASE_OPERATIONS)
+
+
+def test_with_json_logging_every_line_is_one_json_object_while_the_database_is_down(unstarted_pg, spawn):
+    worker = spawn(login_dsn(unstarted_pg.url, WORKER_LOGIN), as_role=False)
+    eventually(lambda: sum(1 for line in worker.log_lines()
+                           if line.get("event") == "database not reachable; retrying") >= 2,
+               timeout=30, message="the worker waiting for its database")
+    # psycopg-pool logs each failed connection attempt through the standard logging module
+    eventually(lambda: "error connecting" in worker.log_path.read_text(), timeout=30,
+               message="the connection pool's own messages")
+    assert worker.stop() == 0
+    lines = worker.log_path.read_text().splitlines()
+    parsed, not_json = [], []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError:
+            not_json.append(line)
+    assert lines and not not_json, f"{len(not_json)} of {len(lines)} lines are not JSON: {not_json[:5]}"
+    assert all(isinstance(e, dict) and {"event", "level", "timestamp"} <= e.keys() for e in parsed)
+    assert any(entry.get("logger", "").startswith("psycopg.pool") for entry in parsed)

@@ -1,0 +1,436 @@
+"""Every command README.md shows, run as a user would against throwaway databases (issue 17).
+
+README.md is read when the test runs, so a command added to it later is run too. Shell blocks are
+followed in order like a terminal session (exports carry on); each `##` section gets a fresh migrated
+database, since sections are separate stories. Only URLs, the database, the encryption key and the
+local port are substituted; a command that cannot run here must be listed in NOT_RUN with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.receiver import Receiver, Reply
+from tests.support import ROOT, TEST_KEYS
+from worker import signing
+from worker.cli import build_parser, cmd_run
+from worker.encryption import KEYS_ENV
+
+README = ROOT / "README.md"
+SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
+PROGRAM = "webhook-worker"
+# What README shows that cannot run on this machine or inside a test, by how the command starts.
+NOT_RUN = {
+    "bash scripts/demo.sh": "installs into .venv; test_cli.py runs the demo itself (`webhook-worker demo`)",
+    "bash scripts/test.sh": "the whole test suite, which this test is part of",
+    "bash scripts/bench.sh": "the benchmark takes about 20 minutes",
+    "docker ": "needs a Docker engine, and none runs here (test_deploy.py checks the Compose file offline)",
+    "kubectl ": "needs a Kubernetes cluster (test_deploy.py checks the manifests offline)",
+    "open ": "opens a browser on Prometheus, which runs only under Docker Compose",
+}
+# Set for every command: where this machine differs from the one README imagines.
+MACHINE = {
+    "WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": '["127.0.0.1/32"]',  # the receiver is on loopback
+    "WEBHOOK_WORKER_HTTP__HOST": "127.0.0.1",  # tests listen on loopback only
+    "WEBHOOK_WORKER_HTTP__PORT": "0",  # 8080 may be taken
+    "WEBHOOK_WORKER_LOGGING__FORMAT": "json",
+}
+WORKER_READY_SECONDS = 30.0
+COMMAND_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Snippet:
+    kind: str  # "shell", "inline" (a `webhook-worker …` code span in prose) or "sql"
+    text: str
+    line: int
+    section: str
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line} ({self.section}): {self.text}"
+
+
+def snippets(markdown: str) -> list[Snippet]:
+    """Every shell command, SQL statement and inline `webhook-worker …` span, in README order."""
+    found: list[Snippet] = []
+    lines = markdown.splitlines()
+    section, index = "top", 0
+    prose: list[tuple[int, str]] = []
+    while index < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[index])
+        if fence is None:
+            heading = re.match(r"^## (.+)", lines[index])
+            if heading:
+                found += inline_spans(prose, section)
+                section, prose = heading.group(1).strip(), []
+            prose.append((index + 1, lines[index]))
+            index += 1
+            continue
+        found += inline_spans(prose, section)
+        prose = []
+        body = []
+        index += 1
+        while index < len(lines) and not lines[index].startswith("```"):
+            body.append((index + 1, lines[index]))
+            index += 1
+        index += 1
+        if fence.group(1) in SHELL_LANGUAGES:
+            found += [Snippet("shell", text, line, section) for line, text in shell_lines(body)]
+        elif fence.group(1) == "sql":
+            found += [Snippet("sql", text, line, section) for line, text in sql_statements(body)]
+    return found + inline_spans(prose, section)
+
+
+def inline_spans(prose: list[tuple[int, str]], section: str) -> list[Snippet]:
+    text = "\n".join(line for _, line in prose)
+    spans = []
+    for match in re.finditer(r"`([^`]+)`", text):
+        content = " ".join(match.group(1).split())  # a span may wrap onto the next line
+        if content.startswith(PROGRAM + " "):
+            line = prose[0][0] + text.count("\n", 0, match.start())
+            spans.append(Snippet("inline", content, line, section))
+    return spans
+
+
+def shell_lines(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    """Logical command lines: continuations joined, comment-only and blank lines dropped."""
+    pending, start = "", 0
+    for line, text in body:
+        if not pending:
+            start = line
+        if text.rstrip().endswith("\\"):
+            pending += text.rstrip()[:-1] + " "
+            continue
+        command = (pending + text).strip()
+        pending = ""
+        if command and not command.startswith("#"):
+            yield start, command
+
+
+def sql_statements(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    """Statements split at semicolons outside quotes, comments dropped."""
+    statement, start, quoted = "", 0, False
+    for line, text in body:
+        index = 0
+        while index < len(text):
+            char = text[index]
+            if not quoted and text.startswith("--", index):
+                break
+            if not statement.strip():
+                start = line
+            if char == "'":
+                quoted = not quoted
+            if char == ";" and not quoted:
+                yield start, " ".join(statement.split()) + ";"
+                statement = ""
+            else:
+                statement += char
+            index += 1
+        statement += " "
+    assert not statement.strip(), f"README.md: an SQL statement without its semicolon: {statement}"
+
+
+def synopsis(text: str) -> bool:
+    """`webhook-worker endpoints circuit NAME reset|open [--until TIME]|close`: a form, not a command."""
+    return bool(re.search(r"[\[\]|]|\b[A-Z]{2,}\b", text))
+
+
+def synopsis_problem(text: str) -> str | None:
+    """Whether the commands and options a synopsis names exist."""
+    parser = build_parser()
+    words = [w for w in re.split(r"[\s|\[\]]+", text)[1:] if w]
+    for word in words:
+        groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if groups and word in groups[0].choices:
+            parser = groups[0].choices[word]
+    known = {option for action in parser._actions for option in action.option_strings}
+    unknown = [w for w in words if w.startswith("--") and w not in known]
+    return f"no such option {unknown} in `{parser.prog}`" if unknown else None
+
+
+@dataclass
+class Run:
+    """A terminal session following README: exports, one database per section, a receiver."""
+
+    receiver: Receiver
+    make_db: Callable[[], str]
+    workdir: Path
+    exported: dict[str, str] = field(default_factory=dict)
+    databases: dict[str, str] = field(default_factory=dict)
+    urls: int = 0
+
+    def database(self, section: str) -> str:
+        if section not in self.databases:
+            self.databases[section] = self.make_db()
+        return self.databases[section]
+
+    def receiver_url(self) -> str:
+        self.urls += 1
+        path = f"/readme/{self.urls}"
+        self.receiver.script(path, Reply(echo=True))  # echoes a --verify challenge too
+        return self.receiver.url(path)
+
+    def env_value(self, name: str, value: str, section: str) -> str:
+        if name == "DATABASE_URL":
+            return self.database(section)
+        if name == KEYS_ENV and "…" in value:
+            return self.exported.get(KEYS_ENV, TEST_KEYS)
+        return value
+
+    def placeholder(self, option: str) -> str:
+        """What a user would feed an option from a file or standard input."""
+        if "url" in option:
+            return self.receiver_url()
+        if "secret" in option:
+            return signing.generate_secret()
+        if "key" in option:  # the keys this session holds, so they open what it sealed
+            return self.exported.get(KEYS_ENV, TEST_KEYS)
+        return '{"test": true}'
+
+
+def substitute_subshells(snippet: Snippet, session: Run, failures: list[str]) -> str:
+    """Run each `$(webhook-worker …)` and put its output in place, then expand the variables this
+    session exported (outside single quotes), as the shell would. Other variables stay as written."""
+    def evaluate(match: re.Match[str]) -> str:
+        inner = Snippet(snippet.kind, match.group(1), snippet.line, snippet.section)
+        result = run_program(inner, shlex.split(inner.text), {}, None, session, failures)
+        return result.stdout.strip() if result is not None else ""
+
+    def expand(match: re.Match[str]) -> str:
+        return session.exported.get(match.group(1) or match.group(2), match.group(0))
+
+    text = re.sub(rf"\$\(({PROGRAM} [^()]*)\)", evaluate, snippet.text)
+    pieces = re.split(r"('[^']*')", text)  # odd pieces are single-quoted
+    return "".join(piece if at % 2 else re.sub(r"\$\{(\w+)\}|\$(\w+)", expand, piece)
+                   for at, piece in enumerate(pieces))
+
+
+@dataclass
+class Line:
+    """One shell command line, taken apart as the shell would."""
+
+    words: list[str]  # the program and its arguments
+    env: dict[str, str]  # NAME=value before the program, as written
+    stdin: str | None = None  # literal text fed on standard input
+    stdin_for: str | None = None  # or the option whose value the user feeds on standard input
+
+
+def parse_line(text: str) -> Line:
+    """Environment prefix, words, and standard input: a pipe from echo, a here-string or a typed
+    value is text when README spells it out; a file (`< file`), a variable, another program's output
+    or `-` alone is something of the user's, replaced by a placeholder for the option reading it."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars="|<;&")
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    tokens = list(lexer)
+    assert not {";", "&&", "||", "&"} & set(tokens), f"{text}: one command per line, please"
+    spelled_out: str | None = None
+    fed = False
+    if "|" in tokens:
+        producer, tokens = tokens[:tokens.index("|")], tokens[tokens.index("|") + 1:]
+        fed = True
+        if producer[0] == "echo" and not any("$" in w or "…" in w for w in producer):
+            spelled_out = " ".join(producer[1:]) + "\n"
+    if "<<<" in tokens:
+        at = tokens.index("<<<")
+        word, tokens, fed = tokens[at + 1], tokens[:at] + tokens[at + 2:], True
+        if "$" not in word and "…" not in word:
+            spelled_out = word + "\n"
+    elif "<" in tokens:
+        at = tokens.index("<")
+        tokens, fed = tokens[:at] + tokens[at + 2:], True
+    env = {}
+    while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):
+        name, _, value = tokens.pop(0).partition("=")
+        env[name] = value
+    if spelled_out is not None:
+        return Line(tokens, env, stdin=spelled_out)
+    if fed or "-" in tokens:
+        return Line(tokens, env, stdin_for=option_before(tokens, "-"))
+    return Line(tokens, env)
+
+
+def run_shell(snippet: Snippet, session: Run, failures: list[str]) -> str:
+    """Run one logical line; returns how it was handled."""
+    for prefix, reason in NOT_RUN.items():
+        if snippet.text.startswith(prefix):
+            substitute_subshells(snippet, session, failures)  # a command inside one still runs
+            return f"not run: {reason}"
+    expected = re.search(r"#\s*exits (\d+)", snippet.text)
+    line = parse_line(substitute_subshells(snippet, session, failures))
+    if line.words[0] == "export":
+        name, _, value = line.words[1].partition("=")
+        session.exported[name] = session.env_value(name, value, snippet.section)
+        return "ran: export"
+    env = {name: session.env_value(name, value, snippet.section) for name, value in line.env.items()}
+    if line.words[0] == "psql":
+        return run_psql(snippet, line.words, session, failures)
+    if line.words[0] != PROGRAM:
+        failures.append(f"{snippet}\n  neither `{PROGRAM}`, psql nor listed in NOT_RUN")
+        return "unclassified"
+    stdin = line.stdin
+    if line.stdin_for is not None:
+        stdin = session.placeholder(line.stdin_for) + "\n"
+    run_program(snippet, line.words, env, stdin, session, failures,
+                expected=int(expected.group(1)) if expected else 0)
+    return "ran"
+
+
+def option_before(tokens: list[str], value: str) -> str:
+    at = tokens.index(value) if value in tokens else 0
+    return tokens[at - 1] if at > 0 and tokens[at - 1].startswith("--") else ""
+
+
+def run_psql(snippet: Snippet, tokens: list[str], session: Run, failures: list[str]) -> str:
+    assert "-c" in tokens, f"{snippet}: only `psql … -c SQL` is understood here"
+    run_sql(Snippet("sql", tokens[tokens.index("-c") + 1], snippet.line, snippet.section), session, failures)
+    return "ran"
+
+
+def run_sql(snippet: Snippet, session: Run, failures: list[str]) -> str:
+    try:
+        with psycopg.connect(session.database(snippet.section), autocommit=True) as conn:
+            conn.execute(snippet.text)
+    except psycopg.Error as exc:
+        failures.append(f"{snippet}\n  {type(exc).__name__}: {exc}")
+    return "ran"
+
+
+def run_program(snippet: Snippet, tokens: list[str], env: dict[str, str], stdin: str | None, session: Run,
+                failures: list[str], expected: int = 0) -> subprocess.CompletedProcess[str] | None:
+    """`webhook-worker ARGS` as a subprocess with README's arguments; a worker is started, seen
+    started, and stopped with SIGTERM, which README says ends it with status 0."""
+    args = list(tokens[1:])
+    for at, arg in enumerate(args[:-1]):
+        if arg == "--url":
+            args[at + 1] = session.receiver_url()
+        elif arg == "--config" and not (session.workdir / args[at + 1]).exists():
+            # README: "a YAML file (see config.example.yaml)"
+            (session.workdir / args[at + 1]).write_text((ROOT / "config.example.yaml").read_text())
+        elif arg.endswith("-file") and args[at + 1] != "-" and not (session.workdir / args[at + 1]).exists():
+            placeholder = session.workdir / f"placeholder-{at}"
+            placeholder.write_text(session.placeholder(arg) + "\n")
+            args[at + 1] = str(placeholder)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith("WEBHOOK_WORKER_") and k != "DATABASE_URL"}
+    environment = {**clean, **session.exported, **env, **MACHINE}
+    if "DATABASE_URL" in environment:
+        environment["DATABASE_URL"] = session.database(snippet.section)
+    command = [sys.executable, "-m", "worker", *args]
+    if is_worker(args):
+        run_worker(snippet, command, environment, session, failures)
+        return None
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=environment,
+                            cwd=session.workdir, timeout=COMMAND_SECONDS, check=False)
+    if result.returncode != expected:
+        failures.append(f"{snippet}\n  ran {shlex.join(args)}: exit {result.returncode}, README expects "
+                        f"{expected}\n  stdout: {result.stdout.strip()}\n  stderr: {result.stderr.strip()}")
+    return result
+
+
+def is_worker(args: list[str]) -> bool:
+    """Whether these arguments run the worker (which runs until it is stopped)."""
+    try:
+        return bool(build_parser().parse_args(args).handler is cmd_run)
+    except SystemExit:  # a usage error: run it, and its status is reported
+        return False
+
+
+def run_worker(snippet: Snippet, command: list[str], environment: dict[str, str], session: Run,
+               failures: list[str]) -> None:
+    log = session.workdir / f"worker-{snippet.line}.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment,
+                                   cwd=session.workdir)
+    try:
+        deadline = time.monotonic() + WORKER_READY_SECONDS
+        while '"worker started"' not in log.read_text() and process.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        started = '"worker started"' in log.read_text()
+        process.send_signal(signal.SIGTERM)
+        status = process.wait(COMMAND_SECONDS)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    if not started or status != 0:
+        failures.append(f"{snippet}\n  the worker {'started' if started else 'did not start'}, then exited "
+                        f"{status} on SIGTERM (README: 0)\n  output: {log.read_text().strip()[-3000:]}")
+
+
+@pytest.fixture
+def session(tmp_path: Path, receiver: Receiver, template_db: str,
+            fresh_db: Callable[[bool], str]) -> Run:
+    return Run(receiver, lambda: fresh_db(True), tmp_path)
+
+
+def test_readme_shows_commands_of_every_kind() -> None:
+    found = snippets(README.read_text())
+    kinds = {s.kind for s in found}
+    assert kinds == {"shell", "sql", "inline"}, kinds
+    assert any(s.text.startswith(f"{PROGRAM} endpoints add") for s in found)
+
+
+def test_every_command_readme_shows_runs_as_written(session: Run):
+    failures: list[str] = []
+    handled: dict[Snippet, str] = {}
+    started = time.monotonic()
+    for snippet in snippets(README.read_text()):
+        if snippet.kind == "sql":
+            handled[snippet] = run_sql(snippet, session, failures)
+        elif snippet.kind == "inline" and synopsis(snippet.text):
+            problem = synopsis_problem(snippet.text)
+            if problem:
+                failures.append(f"{snippet}\n  {problem}")
+            handled[snippet] = "checked: a synopsis, its commands and options exist"
+        else:
+            handled[snippet] = run_shell(snippet, session, failures)
+    print(f"\n{len(handled)} README snippets in {time.monotonic() - started:.1f} s:")
+    for snippet, how in handled.items():
+        print(f"  {snippet}\n      {how}")
+    assert not failures, "\n\n".join(failures)
+    # nothing skipped silently: each was run, checked as a synopsis, or is listed in NOT_RUN
+    assert all(how.startswith(("ran", "checked", "not run: ")) for how in handled.values())
+    assert sum(how.startswith("ran") for how in handled.values()) >= 10
+
+
+@pytest.mark.parametrize(
+    ("text", "stdin", "stdin_for"),
+    [
+        ("webhook-worker endpoints add --name x --url https://… --secret-file - < secret.txt",
+         None, "--secret-file"),
+        ("printf '%s' \"$SECRET\" | webhook-worker endpoints add --name x --url-file -", None, "--url-file"),
+        ("cat keys.txt | webhook-worker keys status --keys-file -", None, "--keys-file"),
+        ("webhook-worker endpoints add --name x --secret-file - <<< \"$SECRET\"", None, "--secret-file"),
+        ("webhook-worker endpoints add --name x --secret-file -", None, "--secret-file"),
+        ("echo '{\"a\": 1}' | webhook-worker enqueue --endpoint x --payload -", '{"a": 1}\n', None),
+        ("webhook-worker enqueue --endpoint x --payload - <<< '{\"a\": 1}'", '{"a": 1}\n', None),
+        ("webhook-worker migrate   # comment | with < signs", None, None),
+    ],
+    ids=["file", "printf variable", "cat", "here-string variable", "typed", "echo", "here-string", "none"],
+)
+def test_standard_input_is_readme_s_text_or_a_placeholder_for_the_option_reading_it(text, stdin, stdin_for):
+    line = parse_line(text)
+    assert line.words[0] == PROGRAM and "<" not in line.words and "|" not in line.words
+    assert (line.stdin, line.stdin_for) == (stdin, stdin_for)
+
+
+def test_environment_prefixes_are_taken_apart_from_the_command() -> None:
+    line = parse_line("DATABASE_URL='postgresql://owner:…@…' WEBHOOK_WORKER_ENCRYPTION_KEYS='…' "
+                      "webhook-worker endpoints add --name ops --url https://…")
+    assert line.env == {"DATABASE_URL": "postgresql://owner:…@…", KEYS_ENV: "…"}
+    assert line.words == [PROGRAM, "endpoints", "add", "--name", "ops", "--url", "https://…"]
