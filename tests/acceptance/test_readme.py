@@ -105,10 +105,15 @@ def inline_spans(prose: list[tuple[int, str]], section: str) -> list[Snippet]:
     return spans
 
 
+HEREDOC = re.compile(r"(?<!<)<<-?\s*(['\"]?)(\w+)\1\s*$")
+
+
 def shell_lines(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
-    """Logical command lines: continuations joined, comment-only and blank lines dropped."""
+    """Logical command lines: continuations joined, comment-only and blank lines dropped, and a
+    here-document turned into the here-string of the same text."""
     pending, start = "", 0
-    for line, text in body:
+    lines = iter(body)
+    for line, text in lines:
         if not pending:
             start = line
         if text.rstrip().endswith("\\"):
@@ -116,6 +121,14 @@ def shell_lines(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
             continue
         command = (pending + text).strip()
         pending = ""
+        heredoc = HEREDOC.search(command)
+        if heredoc:
+            document = []
+            for _, text in lines:
+                if text.strip() == heredoc.group(2):
+                    break
+                document.append(text)
+            command = command[:heredoc.start()] + "<<< " + shlex.quote("\n".join(document))
         if command and not command.startswith("#"):
             yield start, command
 
@@ -196,6 +209,8 @@ class Run:
             return self.receiver_url()
         if "secret" in option:
             return signing.generate_secret()
+        if "header" in option:
+            return "X-Readme-Test: placeholder"
         if "key" in option:  # the keys this session holds, so they open what it sealed
             return self.exported.get(KEYS_ENV, TEST_KEYS)
         return '{"test": true}'
@@ -434,3 +449,12 @@ def test_environment_prefixes_are_taken_apart_from_the_command() -> None:
                       "webhook-worker endpoints add --name ops --url https://…")
     assert line.env == {"DATABASE_URL": "postgresql://owner:…@…", KEYS_ENV: "…"}
     assert line.words == [PROGRAM, "endpoints", "add", "--name", "ops", "--url", "https://…"]
+
+
+def test_a_here_document_is_fed_as_the_text_it_spells_out() -> None:
+    body = [(1, "webhook-worker endpoints update x --header-file - <<'EOF'"), (2, "X-A: 1"), (3, "X-B: 2"),
+            (4, "EOF"), (5, "webhook-worker status")]
+    commands = list(shell_lines(body))
+    assert commands == [(1, "webhook-worker endpoints update x --header-file - <<< 'X-A: 1\nX-B: 2'"),
+                        (5, "webhook-worker status")]
+    assert parse_line(commands[0][1]).stdin == "X-A: 1\nX-B: 2\n"

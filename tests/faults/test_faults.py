@@ -4,6 +4,7 @@ Each scenario runs `webhook-worker` processes against a real PostgreSQL and rece
 then checks the database and what the receivers recorded. Each prints a line of figures.
 """
 
+import json
 import random
 import signal
 import time
@@ -16,6 +17,7 @@ from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
 from tests.receiver import Reply
 from tests.support import (
+    TEST_KEYRING,
     WORKER_LOGIN,
     add_endpoint,
     all_final,
@@ -26,6 +28,7 @@ from tests.support import (
     statuses,
     worker_dsn,
 )
+from worker import encryption
 
 QUICK_LEASE = {"timeout_seconds": 1, "lease_seconds": 6}
 FAST_RETRY = {"delays": [0.1]}
@@ -288,9 +291,11 @@ def test_a_receiver_closing_keepalive_connections_at_random_still_gets_everythin
 def test_a_poison_row_is_dead_lettered_as_internal_and_the_worker_keeps_going(db, receiver, spawn):
     poisoned = add_endpoint(db, receiver.url("/poisoned"), retry_schedule=FAST_RETRY, max_attempts=3)
     healthy = add_endpoint(db, receiver.url("/fine"))
-    # a secret that cannot be used makes the worker's own signing code raise for this endpoint only
-    query(db, "UPDATE webhooks.endpoints SET signing_secrets = '[{\"secret\": \"whsec_%%%%\"}]'"
-              " WHERE id = %s", (poisoned,))
+    # a secret that cannot be used (sealed as the product seals it) makes the worker's own signing
+    # code raise for this endpoint only
+    unusable = TEST_KEYRING.seal("whsec_%%", encryption.SIGNING_SECRET, poisoned)
+    query(db, "UPDATE webhooks.endpoints SET signing_secrets = %s WHERE id = %s",
+          (json.dumps([{"secret": unusable, "expires_at": None}]), poisoned))
     [bad] = enqueue(db, poisoned)
     worker = spawn(db)
     worker.expect_errors("delivery failed inside the worker")
