@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -24,7 +24,7 @@ from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome, classify, retry_delay
-from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue
+from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue, Registration
 
 T = TypeVar("T")
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
@@ -42,6 +42,12 @@ HOUSEKEEPING_INTERVAL_SECONDS = 30.0
 RELEASE_SECONDS = 2.0
 FINAL_FLUSH_SECONDS = 5.0
 GC_YOUNG_THRESHOLD = 50_000
+# Liveness (issue 18): each worker checks its own liveness connection and reclaims the rows of lost
+# workers this often; a worker's lock must be missing for the grace before its rows are reclaimed,
+# which a cut liveness connection, noticed at once and reconnected, stays well within.
+LIVENESS_INTERVAL_SECONDS = 0.5
+LIVENESS_GRACE_SECONDS = 1.0
+LIVENESS_MAX_BACKOFF_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,11 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
+        # This process, as opposed to another process under the same worker id.
+        self._instance = uuid4()
+        # Set while this process's liveness is registered; claims wait for it.
+        self._alive = asyncio.Event()
+        self._liveness: psycopg.AsyncConnection[Any] | None = None
         self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
         self.metrics = Metrics()
         self.metrics.in_flight.set_function(lambda: len(self._in_flight))
@@ -159,6 +170,8 @@ class Worker:
                 return
             self.effective = Effective.resolve(self.config, settings)
             await self._check_keys()
+            if not await self._register_at_start():
+                return
             self.log.info(
                 "worker started",
                 concurrency=self.config.worker.concurrency,
@@ -167,6 +180,8 @@ class Worker:
                 claim_batch_size=self.effective.claim_batch_size,
             )
             finisher = asyncio.create_task(self._finish_loop(), name="finisher")
+            # Runs through the drain: outcomes written during the grace need the rows still ours.
+            liveness = asyncio.create_task(self._liveness_loop(), name="liveness")
             side_tasks = [
                 asyncio.create_task(self._listen_loop(), name="listener"),
                 asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
@@ -178,10 +193,16 @@ class Worker:
                 for task in side_tasks:
                     task.cancel()
                 await asyncio.gather(*side_tasks, return_exceptions=True)
-            await self._drain(finisher)
+            try:
+                await self._drain(finisher)
+            finally:
+                liveness.cancel()
+                await asyncio.gather(liveness, return_exceptions=True)
         finally:
             await self.sender.close()
             await self.queue.close()
+            # Last: whatever is still ours in the database stays ours until every outcome is written.
+            await self._close_liveness()
             await self._probes.stop()
             self.log.info("worker stopped")
 
@@ -219,6 +240,87 @@ class Worker:
                 await self._sleep(delay)
         return None
 
+    # --- liveness (issue 18) ------------------------------------------------------------------
+
+    async def _register(self) -> Registration:
+        """Open a liveness connection and register this process on it (see 035_worker_liveness)."""
+        await self._close_liveness()
+        conn = await self.queue.liveness_connection()
+        try:
+            registration = await self.queue.register_worker(conn, self.worker_id, self._instance)
+        except BaseException:
+            await conn.close()
+            raise
+        if not registration.registered:
+            await conn.close()
+            return registration
+        self._liveness = conn
+        self._alive.set()
+        if registration.reclaimed:
+            self.log.warning("reclaimed the rows an earlier process under this worker id left in flight",
+                             rows=registration.reclaimed)
+        return registration
+
+    async def _register_at_start(self) -> bool:
+        """Register before the first claim, waiting for the database; False if stopped meanwhile.
+        A second live process under the same worker id is refused with one clear error."""
+        backoff = Backoff(first=0.5)
+        while not self._stopping.is_set():
+            try:
+                registration = await self._register()
+            except DATABASE_ERRORS as exc:
+                delay = backoff.next()
+                self.log.warning("could not register the worker's liveness; retrying", error=_brief(exc),
+                                 retry_in=delay)
+                await self._sleep(delay)
+                continue
+            if not registration.registered:
+                raise ConfigError(_id_in_use(self.worker_id, registration))
+            return True
+        return False
+
+    async def _liveness_loop(self) -> None:
+        """Keep this process registered and reclaim lost workers' rows, about once a second. While
+        the liveness connection is down, claims wait: rows claimed then could be reclaimed."""
+        backoff = Backoff(first=0.05, cap=LIVENESS_MAX_BACKOFF_SECONDS)
+        while True:
+            try:
+                if self._liveness is None or self._liveness.closed:
+                    registration = await self._register()
+                    if not registration.registered:
+                        self.log.error(_id_in_use(self.worker_id, registration),
+                                       action="not claiming until the id is free")
+                        await asyncio.sleep(backoff.next())
+                        continue
+                    self.log.info("liveness registered again; claiming")
+                conn = self._liveness
+                assert conn is not None
+                reclaimed = await self.queue.reclaim_lost_workers(conn, LIVENESS_GRACE_SECONDS)
+                backoff.reset()
+                if reclaimed:
+                    self.log.warning("reclaimed the rows of lost workers", rows=reclaimed)
+                    self._wake.set()
+                # Reading the idle connection until the next round: a connection closed by the
+                # server (restart, pg_terminate_backend) is noticed at once, not a round later.
+                async for _ in conn.notifies(timeout=LIVENESS_INTERVAL_SECONDS):
+                    pass
+            except DATABASE_ERRORS as exc:
+                if self._alive.is_set():
+                    self.log.warning("liveness connection lost; claims wait until it is back",
+                                     error=_brief(exc))
+                self._alive.clear()
+                await self._close_liveness()
+                await asyncio.sleep(backoff.next())
+            except Exception:  # a side task must never die silently
+                self.log.exception("liveness check failed")
+                await asyncio.sleep(LIVENESS_INTERVAL_SECONDS)
+
+    async def _close_liveness(self) -> None:
+        conn, self._liveness = self._liveness, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
     # --- claim ---------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
@@ -230,6 +332,9 @@ class Worker:
         refill_at = max(1, batch_size // 2)
         backoff = Backoff()
         while not self._stopping.is_set():
+            if not self._alive.is_set():
+                await self._wait_for(self._alive)  # liveness lost: see _liveness_loop
+                continue
             free = concurrency - len(self._in_flight)
             if self._in_flight and free < refill_at:
                 self._slot_freed.clear()
@@ -561,6 +666,13 @@ class Worker:
             self.log.info("released claimed rows", released=released, reason=why)
         except DATABASE_ERRORS as exc:
             self.log.error("release failed; rows return after the lease", error=_brief(exc))
+
+
+def _id_in_use(worker_id: str, registration: Registration) -> str:
+    since = f" since {registration.holder_since:%Y-%m-%d %H:%M:%S %Z}" if registration.holder_since else ""
+    holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
+    return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
+            "give each worker process its own id")
 
 
 def _cannot_render(row: Claimed, reason: str) -> Finished:

@@ -103,6 +103,16 @@ def outcomes_document(outcomes: Sequence[Finished]) -> str:
 
 
 @dataclass(frozen=True)
+class Registration:
+    """What webhooks.register_worker() said: registered, or who holds the worker id."""
+
+    registered: bool
+    holder_pid: int | None
+    holder_since: datetime | None
+    reclaimed: int  # rows an earlier, dead process under the same id had in flight
+
+
+@dataclass(frozen=True)
 class FinishResult:
     delivery_id: int
     applied: bool
@@ -180,9 +190,11 @@ def _unusable(identity: dict[str, Any], problem: str) -> Claimed:
 class Queue:
     """The worker's handle on the queue: a small pool, and one method per SQL function it calls."""
 
-    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any], keyring: Keyring) -> None:
+    def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any], keyring: Keyring,
+                 liveness_kwargs: dict[str, Any] | None = None) -> None:
         self.pool = pool
         self._listen_kwargs = listen_kwargs
+        self._liveness_kwargs = liveness_kwargs or listen_kwargs
         self.keyring = keyring
 
     @classmethod
@@ -214,7 +226,11 @@ class Queue:
             "conninfo": conninfo,
             "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63],
         }
-        return cls(pool, listen_kwargs, keyring)
+        liveness_kwargs = {
+            **listen_kwargs,
+            "application_name": f"{APPLICATION_NAME} {worker_id} liveness"[:63],
+        }
+        return cls(pool, listen_kwargs, keyring, liveness_kwargs)
 
     async def open(self) -> None:
         # wait=False: the pool keeps trying in the background while the database is unreachable.
@@ -242,6 +258,28 @@ class Queue:
             yield None
             async for _notify in conn.notifies():
                 yield None
+
+    # --- Liveness: one connection per process, held for its whole life (issue 18) ----------------
+
+    async def liveness_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own, outside the pool: its session holds the worker id's lock."""
+        return await psycopg.AsyncConnection.connect(**self._liveness_kwargs)
+
+    @staticmethod
+    async def register_worker(
+        conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
+    ) -> Registration:
+        cur = await conn.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        row = await cur.fetchone()
+        assert row is not None
+        return Registration(bool(row[0]), row[1], row[2], int(row[3] or 0))
+
+    @staticmethod
+    async def reclaim_lost_workers(conn: psycopg.AsyncConnection[Any], grace_seconds: float) -> int:
+        """Reclaim the rows of workers whose session ended (see 035_worker_liveness.sql)."""
+        cur = await conn.execute("SELECT webhooks.reclaim_lost_workers(%s)", (grace_seconds,))
+        row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
 
     async def schema_version(self, wait_seconds: float) -> int | None:
         async with self.pool.connection(timeout=wait_seconds) as conn:

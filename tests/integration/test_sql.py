@@ -424,7 +424,8 @@ def test_next_due_in_counts_a_lease_that_will_expire(db):
 # The functions 022_roles made SECURITY DEFINER with a fixed search_path.
 DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats", "worker_settings",
                      "schema_version", "credential_keys", "expire_disabled_endpoint_rows",
-                     "ensure_log_partitions", "purge", "enqueue", "publish", "notify_workers")
+                     "ensure_log_partitions", "purge", "enqueue", "publish", "notify_workers",
+                     "register_worker", "reclaim_lost_workers")
 
 
 def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):
