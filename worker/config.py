@@ -17,6 +17,7 @@ ENV_PREFIX = "WEBHOOK_WORKER_"
 YAML_VALUE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
 # Seconds a lease must outlast the request timeout, so a slow request is not reclaimed mid-flight.
 LEASE_MARGIN_SECONDS = 5.0
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 60.0
 
 
 class ConfigError(Exception):
@@ -47,7 +48,10 @@ class WorkerConfig(_Section):
     concurrency: int = Field(default=200, ge=1, le=10_000)
     poll_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     finish_max_delay_seconds: float = Field(default=0.05, ge=0, le=10)
-    shutdown_grace_seconds: float = Field(default=25.0, ge=0, le=3600)
+    # Longer than any request under the default 60 s lease (at most 55 s, see check_lease): with
+    # the defaults a SIGTERM never cuts a request short. A request still open when the grace ends
+    # is recorded as an interrupted attempt and sent again (issue 18).
+    shutdown_grace_seconds: float = Field(default=DEFAULT_SHUTDOWN_GRACE_SECONDS, ge=0, le=3600)
 
 
 class DeliveryConfig(_Section):

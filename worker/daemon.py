@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +49,9 @@ GC_YOUNG_THRESHOLD = 50_000
 LIVENESS_INTERVAL_SECONDS = 0.5
 LIVENESS_GRACE_SECONDS = 1.0
 LIVENESS_MAX_BACKOFF_SECONDS = 1.0
+# The failure category of a request still open when the shutdown grace ran out: a retry, its
+# attempt counted; not an availability failure, so it never counts against the circuit.
+INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
+        # Rows whose request has started, by lease token: when (time.monotonic()) it started.
+        self._sending: dict[UUID, float] = {}
         # This process, as opposed to another process under the same worker id.
         self._instance = uuid4()
         # Set while this process's liveness is registered; claims wait for it.
@@ -172,6 +178,13 @@ class Worker:
             await self._check_keys()
             if not await self._register_at_start():
                 return
+            longest_request = self.effective.lease_seconds - LEASE_MARGIN_SECONDS
+            if self.config.worker.shutdown_grace_seconds < longest_request:
+                self.log.warning(
+                    "worker.shutdown_grace_seconds is shorter than the longest request the lease allows:"
+                    " a request still open when a shutdown's grace ends is interrupted and sent again",
+                    shutdown_grace_seconds=self.config.worker.shutdown_grace_seconds,
+                    longest_request_seconds=longest_request)
             self.log.info(
                 "worker started",
                 concurrency=self.config.worker.concurrency,
@@ -484,6 +497,7 @@ class Worker:
                     "webhook.delivery_id": row.delivery_id, "webhook.endpoint_id": row.webhook_id,
                     "webhook.attempt": row.attempt, "webhook.event_type": row.event_type,
                 }) as span:
+                    self._sending[row.lease_token] = time.monotonic()
                     sent = await self.sender.send(row, body, timeout)
                     if span is not None:
                         span.set_attribute("http.response.status_code", sent.result.status or 0)
@@ -511,6 +525,7 @@ class Worker:
             )
         finally:
             self._in_flight.pop(row.lease_token, None)
+            self._sending.pop(row.lease_token, None)
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
 
@@ -616,7 +631,8 @@ class Worker:
     # --- shutdown ------------------------------------------------------------------------------
 
     async def _drain(self, finisher: asyncio.Task[None]) -> None:
-        """Let requests in flight finish within the grace; release the rest; flush the outcomes."""
+        """Let requests in flight finish within the grace; then record each request still open as
+        an interrupted attempt, release the rows not yet sent, and flush the outcomes."""
         grace = self.config.worker.shutdown_grace_seconds
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
@@ -624,13 +640,23 @@ class Worker:
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
         leftover = list(self._in_flight.values())
+        # No task runs between this snapshot and the cancellations below (no await between them).
+        sending, interrupted_at = dict(self._sending), time.monotonic()
         for _, task in leftover:
             task.cancel()
         if leftover:
             await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
+            sent = [row for row, _ in leftover if row.lease_token in sending]
+            for row in sent:
+                latency_ms = int((interrupted_at - sending[row.lease_token]) * 1000)
+                self._outcomes.put_nowait(_interrupted(row, grace, latency_ms))
+            if sent:
+                self.log.warning("requests still open when the grace ran out: recorded as interrupted "
+                                 "attempts", requests=len(sent))
             try:
                 await asyncio.wait_for(
-                    self._release([row for row, _ in leftover], "shutdown grace ran out"),
+                    self._release([row for row, _ in leftover if row.lease_token not in sending],
+                                  "claimed, not yet sent when the grace ran out"),
                     timeout=max(deadline - loop.time(), RELEASE_SECONDS),
                 )
             except TimeoutError:
@@ -673,6 +699,20 @@ def _id_in_use(worker_id: str, registration: Registration) -> str:
     holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
     return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
             "give each worker process its own id")
+
+
+def _interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finished:
+    """A request still open when the shutdown grace ran out: it was sent, so it was an attempt."""
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=Outcome.RETRY,
+        retry_after_s=row.schedule.delay(row.attempt),
+        failure_category=INTERRUPTED,
+        error=f"interrupted: the worker shut down with the request open after its {grace_seconds:g} s grace",
+        latency_ms=latency_ms,
+    )
 
 
 def _cannot_render(row: Claimed, reason: str) -> Finished:
