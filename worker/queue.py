@@ -25,6 +25,13 @@ NOTIFY_CHANNEL = "webhooks_queue"
 RECONNECT_GIVE_UP_SECONDS = 8.0
 # Detect a silently dropped connection (no RST) within about a minute.
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+# The liveness connection, on both ends: a worker whose host vanishes without closing it (a node
+# failure) is seen dead by PostgreSQL, which then drops its lock, within about 11 s rather than the
+# operating system's two hours; and the worker notices as soon as the server does (issue 18).
+LIVENESS_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+                       "tcp_user_timeout": 11_000}
+LIVENESS_SERVER_SETTINGS = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2",
+                            "tcp_keepalives_count": "3", "tcp_user_timeout": "11000"}
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,7 @@ class Queue:
         }
         liveness_kwargs = {
             **listen_kwargs,
+            **LIVENESS_KEEPALIVES,
             "application_name": f"{APPLICATION_NAME} {worker_id} liveness"[:63],
         }
         return cls(pool, listen_kwargs, keyring, liveness_kwargs)
@@ -263,7 +271,15 @@ class Queue:
 
     async def liveness_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own, outside the pool: its session holds the worker id's lock."""
-        return await psycopg.AsyncConnection.connect(**self._liveness_kwargs)
+        conn = await psycopg.AsyncConnection.connect(**self._liveness_kwargs)
+        try:
+            # (ignored by PostgreSQL on a Unix-domain socket, where a peer cannot vanish unseen)
+            for name, value in LIVENESS_SERVER_SETTINGS.items():
+                await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     @staticmethod
     async def register_worker(
