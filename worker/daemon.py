@@ -49,6 +49,8 @@ GC_YOUNG_THRESHOLD = 50_000
 LIVENESS_INTERVAL_SECONDS = 0.5
 LIVENESS_GRACE_SECONDS = 1.0
 LIVENESS_MAX_BACKOFF_SECONDS = 1.0
+LIVENESS_SCHEMA_TOO_OLD = ("schema older than version 35 (worker liveness): not claiming until "
+                           "`webhook-worker migrate` has run")
 # The failure category of a request still open when the shutdown grace ran out: a retry, its
 # attempt counted; not an availability failure, so it never counts against the circuit.
 INTERRUPTED = "interrupted"
@@ -283,8 +285,12 @@ class Worker:
                 registration = await self._register()
             except DATABASE_ERRORS as exc:
                 delay = backoff.next()
-                self.log.warning("could not register the worker's liveness; retrying", error=_brief(exc),
-                                 retry_in=delay)
+                if isinstance(exc, SCHEMA_MISSING):
+                    # a worker of this release needs 035_worker_liveness: it waits for the migration
+                    self.log.warning(LIVENESS_SCHEMA_TOO_OLD, retry_in=delay)
+                else:
+                    self.log.warning("could not register the worker's liveness; retrying",
+                                     error=_brief(exc), retry_in=delay)
                 await self._sleep(delay)
                 continue
             if not registration.registered:
