@@ -30,6 +30,8 @@ def test_requests_open_when_the_grace_runs_out_are_interrupted_attempts(db, rece
 
     after_shutdown = query(db, "SELECT status, attempts, lease_token IS NULL"
                                " FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s)", (ids,))
+    circuit = query(db, "SELECT circuit_state, window_failures FROM webhooks.webhook_health_metrics"
+                        " WHERE webhook_id = %s", (endpoint,))
     audit = query(db, "SELECT outcome, failure_category, latency_ms, error, worker_id"
                       " FROM webhooks.alert_delivery_log WHERE delivery_id = ANY(%s)", (ids,))
     receiver.script("/slow", Reply(200))
@@ -39,12 +41,15 @@ def test_requests_open_when_the_grace_runs_out_are_interrupted_attempts(db, rece
     attempts_sent = Counter((r.headers["webhook-attempt"]) for r in receiver.to("/slow"))
     report("SIGTERM, requests outlasting the grace", grace_seconds=grace, exit_code=code,
            seconds_to_exit=round(exited_after, 2), audit=dict(Counter((o, c) for o, c, *_ in audit)),
-           latency_ms=[lat for _, _, lat, *_ in audit], webhook_attempt_headers=dict(attempts_sent))
+           latency_ms=[lat for _, _, lat, *_ in audit], webhook_attempt_headers=dict(attempts_sent),
+           circuit=circuit)
 
     assert code == 0 and exited_after < grace + 8
     # the attempt stays counted: the row is due again, held by nobody
     assert Counter(after_shutdown) == {("retrying", 1, True): 10}
     assert len(audit) == 10
+    # the receiver was slow, not down: interruptions say nothing against it
+    assert circuit == [("closed", 0)]
     for outcome, category, latency_ms, error, worker_id in audit:
         assert (outcome, category, worker_id) == ("retry", "interrupted", "first")
         assert "interrupted" in error
