@@ -299,8 +299,9 @@ class Worker:
         return False
 
     async def _liveness_loop(self) -> None:
-        """Keep this process registered and reclaim lost workers' rows, about once a second. While
-        the liveness connection is down, claims wait: rows claimed then could be reclaimed."""
+        """Keep this process registered and reclaim lost workers' rows, every
+        LIVENESS_INTERVAL_SECONDS. While the liveness connection is down, claims wait: rows claimed
+        then could be reclaimed by others."""
         backoff = Backoff(first=0.05, cap=LIVENESS_MAX_BACKOFF_SECONDS)
         while True:
             try:

@@ -226,3 +226,25 @@ def test_a_worker_newer_than_the_schema_waits_for_the_liveness_migration(fresh_d
     eventually(lambda: all_final(db, ids), timeout=30, message="delivered once migrated")
     report("schema before 035", waited_for_migration=True, delivered=len(ids))
     assert worker.process.poll() is None
+
+
+def test_a_restarted_process_under_the_same_id_takes_back_what_its_predecessor_left(db, receiver, spawn):
+    # A container restarted in its pod keeps its hostname, so the same worker.id: the new process
+    # holds the id's lock at once, and must not mistake the dead process's rows for its own.
+    endpoint = add_endpoint(db, receiver.url("/again"), max_in_flight=5)
+    receiver.script("/again", Reply(hold=True))
+    ids = enqueue(db, endpoint, count=5)
+    before = spawn(db, name="pod-a", worker={"concurrency": 5})
+    eventually(lambda: receiver.holding == 5, message="5 requests held")
+    receiver.script("/again", Reply(200))
+    before.signal(signal.SIGKILL)
+    killed_at = time.time()
+    before.process.wait(10)
+    receiver.release()
+    after = spawn(db, name="pod-a-restarted", worker={"id": "pod-a"})
+    eventually(lambda: all_final(db, ids), timeout=30, message="every row final")
+    resent = min(r.at - killed_at for r in receiver.to("/again") if r.headers["webhook-attempt"] == "2")
+    report("restart under the same id", seconds_to_resend=round(resent, 2), audit=dict(histories(db)))
+    assert after.logged("reclaimed the rows an earlier process under this worker id left in flight")
+    assert resent < DEFAULT_LEASE_SECONDS / 3
+    assert histories(db) == {("pod-a:lease_expired", "pod-a:delivered"): 5}
