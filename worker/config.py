@@ -22,6 +22,7 @@ LEASE_MARGIN_SECONDS = 5.0
 # crashed worker's rows for longer than an hour.
 MAX_LEASE_SECONDS = 3600
 MAX_CLAIM_BATCH_SIZE = 10_000
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 60.0
 
 
 class ConfigError(Exception):
@@ -52,7 +53,10 @@ class WorkerConfig(_Section):
     concurrency: int = Field(default=200, ge=1, le=10_000)
     poll_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
     finish_max_delay_seconds: float = Field(default=0.05, ge=0, le=10)
-    shutdown_grace_seconds: float = Field(default=25.0, ge=0, le=3600)
+    # Longer than any request under the default 60 s lease (at most 55 s, see check_lease): with
+    # the defaults a SIGTERM never cuts a request short. A request still open when the grace ends
+    # is recorded as an interrupted attempt and sent again (issue 18).
+    shutdown_grace_seconds: float = Field(default=DEFAULT_SHUTDOWN_GRACE_SECONDS, ge=0, le=3600)
 
 
 class DeliveryConfig(_Section):

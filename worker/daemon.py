@@ -8,11 +8,12 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -24,7 +25,7 @@ from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome, classify, retry_delay
-from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue
+from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue, Registration
 
 T = TypeVar("T")
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
@@ -47,6 +48,17 @@ WAKE_QUIET_MAX_SECONDS = 0.25
 RELEASE_SECONDS = 2.0
 FINAL_FLUSH_SECONDS = 5.0
 GC_YOUNG_THRESHOLD = 50_000
+# Liveness (issue 18): each worker checks its own liveness connection and reclaims the rows of lost
+# workers this often; a worker's lock must be missing for the grace before its rows are reclaimed,
+# which a cut liveness connection, noticed at once and reconnected, stays well within.
+LIVENESS_INTERVAL_SECONDS = 0.5
+LIVENESS_GRACE_SECONDS = 1.0
+LIVENESS_MAX_BACKOFF_SECONDS = 1.0
+LIVENESS_SCHEMA_TOO_OLD = ("schema older than version 35 (worker liveness): not claiming until "
+                           "`webhook-worker migrate` has run")
+# The failure category of a request still open when the shutdown grace ran out: a retry, its
+# attempt counted; not an availability failure, so it never counts against the circuit.
+INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,13 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
+        # Rows whose request has started, by lease token: when (time.monotonic()) it started.
+        self._sending: dict[UUID, float] = {}
+        # This process, as opposed to another process under the same worker id.
+        self._instance = uuid4()
+        # Set while this process's liveness is registered; claims wait for it.
+        self._alive = asyncio.Event()
+        self._liveness: psycopg.AsyncConnection[Any] | None = None
         self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
         self.metrics = Metrics()
         self.metrics.in_flight.set_function(lambda: len(self._in_flight))
@@ -164,6 +183,15 @@ class Worker:
                 return
             self.effective = Effective.resolve(self.config, settings)
             await self._check_keys()
+            if not await self._register_at_start():
+                return
+            longest_request = self.effective.lease_seconds - LEASE_MARGIN_SECONDS
+            if self.config.worker.shutdown_grace_seconds < longest_request:
+                self.log.warning(
+                    "worker.shutdown_grace_seconds is shorter than the longest request the lease allows:"
+                    " a request still open when a shutdown's grace ends is interrupted and sent again",
+                    shutdown_grace_seconds=self.config.worker.shutdown_grace_seconds,
+                    longest_request_seconds=longest_request)
             self.log.info(
                 "worker started",
                 concurrency=self.config.worker.concurrency,
@@ -172,6 +200,8 @@ class Worker:
                 claim_batch_size=self.effective.claim_batch_size,
             )
             finisher = asyncio.create_task(self._finish_loop(), name="finisher")
+            # Runs through the drain: outcomes written during the grace need the rows still ours.
+            liveness = asyncio.create_task(self._liveness_loop(), name="liveness")
             side_tasks = [
                 asyncio.create_task(self._listen_loop(), name="listener"),
                 asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
@@ -183,10 +213,16 @@ class Worker:
                 for task in side_tasks:
                     task.cancel()
                 await asyncio.gather(*side_tasks, return_exceptions=True)
-            await self._drain(finisher)
+            try:
+                await self._drain(finisher)
+            finally:
+                liveness.cancel()
+                await asyncio.gather(liveness, return_exceptions=True)
         finally:
             await self.sender.close()
             await self.queue.close()
+            # Last: whatever is still ours in the database stays ours until every outcome is written.
+            await self._close_liveness()
             await self._probes.stop()
             self.log.info("worker stopped")
 
@@ -226,6 +262,92 @@ class Worker:
                 await self._sleep(delay)
         return None
 
+    # --- liveness (issue 18) ------------------------------------------------------------------
+
+    async def _register(self) -> Registration:
+        """Open a liveness connection and register this process on it (see 035_worker_liveness)."""
+        await self._close_liveness()
+        conn = await self.queue.liveness_connection()
+        try:
+            registration = await self.queue.register_worker(conn, self.worker_id, self._instance)
+        except BaseException:
+            await conn.close()
+            raise
+        if not registration.registered:
+            await conn.close()
+            return registration
+        self._liveness = conn
+        self._alive.set()
+        if registration.reclaimed:
+            self.log.warning("reclaimed the rows an earlier process under this worker id left in flight",
+                             rows=registration.reclaimed)
+        return registration
+
+    async def _register_at_start(self) -> bool:
+        """Register before the first claim, waiting for the database; False if stopped meanwhile.
+        A second live process under the same worker id is refused with one clear error."""
+        backoff = Backoff(first=0.5)
+        while not self._stopping.is_set():
+            try:
+                registration = await self._register()
+            except DATABASE_ERRORS as exc:
+                delay = backoff.next()
+                if isinstance(exc, SCHEMA_MISSING):
+                    # a worker of this release needs 035_worker_liveness: it waits for the migration
+                    self.log.warning(LIVENESS_SCHEMA_TOO_OLD, retry_in=delay)
+                else:
+                    self.log.warning("could not register the worker's liveness; retrying",
+                                     error=_brief(exc), retry_in=delay)
+                await self._sleep(delay)
+                continue
+            if not registration.registered:
+                raise ConfigError(_id_in_use(self.worker_id, registration))
+            return True
+        return False
+
+    async def _liveness_loop(self) -> None:
+        """Keep this process registered and reclaim lost workers' rows, every
+        LIVENESS_INTERVAL_SECONDS. While the liveness connection is down, claims wait: rows claimed
+        then could be reclaimed by others."""
+        backoff = Backoff(first=0.05, cap=LIVENESS_MAX_BACKOFF_SECONDS)
+        while True:
+            try:
+                if self._liveness is None or self._liveness.closed:
+                    registration = await self._register()
+                    if not registration.registered:
+                        self.log.error(_id_in_use(self.worker_id, registration),
+                                       action="not claiming until the id is free")
+                        await asyncio.sleep(backoff.next())
+                        continue
+                    self.log.info("liveness registered again; claiming")
+                conn = self._liveness
+                assert conn is not None
+                reclaimed = await self.queue.reclaim_lost_workers(conn, LIVENESS_GRACE_SECONDS)
+                backoff.reset()
+                if reclaimed:
+                    self.log.warning("reclaimed the rows of lost workers", rows=reclaimed)
+                    self._wake.set()
+                # Reading the idle connection until the next round: a connection closed by the
+                # server (restart, pg_terminate_backend) is noticed at once, not a round later.
+                async for _ in conn.notifies(timeout=LIVENESS_INTERVAL_SECONDS):
+                    pass
+            except DATABASE_ERRORS as exc:
+                if self._alive.is_set():
+                    self.log.warning("liveness connection lost; claims wait until it is back",
+                                     error=_brief(exc))
+                self._alive.clear()
+                await self._close_liveness()
+                await asyncio.sleep(backoff.next())
+            except Exception:  # a side task must never die silently
+                self.log.exception("liveness check failed")
+                await asyncio.sleep(LIVENESS_INTERVAL_SECONDS)
+
+    async def _close_liveness(self) -> None:
+        conn, self._liveness = self._liveness, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
     # --- claim ---------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
@@ -239,6 +361,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         quiet = 0.0
         while not self._stopping.is_set():
+            if not self._alive.is_set():
+                await self._wait_for(self._alive)  # liveness lost: see _liveness_loop
+                continue
             free = concurrency - len(self._in_flight)
             if self._in_flight and free < refill_at:
                 self._slot_freed.clear()
@@ -396,6 +521,7 @@ class Worker:
                     "webhook.delivery_id": row.delivery_id, "webhook.endpoint_id": row.webhook_id,
                     "webhook.attempt": row.attempt, "webhook.event_type": row.event_type,
                 }) as span:
+                    self._sending[row.lease_token] = time.monotonic()
                     sent = await self.sender.send(row, body, timeout)
                     if span is not None:
                         span.set_attribute("http.response.status_code", sent.result.status or 0)
@@ -426,6 +552,7 @@ class Worker:
             )
         finally:
             self._in_flight.pop(row.lease_token, None)
+            self._sending.pop(row.lease_token, None)
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
 
@@ -531,7 +658,8 @@ class Worker:
     # --- shutdown ------------------------------------------------------------------------------
 
     async def _drain(self, finisher: asyncio.Task[None]) -> None:
-        """Let requests in flight finish within the grace; release the rest; flush the outcomes."""
+        """Let requests in flight finish within the grace; then record each request still open as
+        an interrupted attempt, release the rows not yet sent, and flush the outcomes."""
         grace = self.config.worker.shutdown_grace_seconds
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
@@ -539,13 +667,23 @@ class Worker:
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
         leftover = list(self._in_flight.values())
+        # No task runs between this snapshot and the cancellations below (no await between them).
+        sending, interrupted_at = dict(self._sending), time.monotonic()
         for _, task in leftover:
             task.cancel()
         if leftover:
             await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
+            sent = [row for row, _ in leftover if row.lease_token in sending]
+            for row in sent:
+                latency_ms = int((interrupted_at - sending[row.lease_token]) * 1000)
+                self._outcomes.put_nowait(_interrupted(row, grace, latency_ms))
+            if sent:
+                self.log.warning("requests still open when the grace ran out: recorded as interrupted "
+                                 "attempts", requests=len(sent))
             try:
                 await asyncio.wait_for(
-                    self._release([row for row, _ in leftover], "shutdown grace ran out"),
+                    self._release([row for row, _ in leftover if row.lease_token not in sending],
+                                  "claimed, not yet sent when the grace ran out"),
                     timeout=max(deadline - loop.time(), RELEASE_SECONDS),
                 )
             except TimeoutError:
@@ -589,6 +727,27 @@ def quiet_after_claim(previous: float, found_rows: bool) -> float:
     if found_rows:
         return 0.0
     return min(max(previous * 2, WAKE_QUIET_MIN_SECONDS), WAKE_QUIET_MAX_SECONDS)
+
+
+def _id_in_use(worker_id: str, registration: Registration) -> str:
+    since = f" since {registration.holder_since:%Y-%m-%d %H:%M:%S %Z}" if registration.holder_since else ""
+    holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
+    return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
+            "give each worker process its own id")
+
+
+def _interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finished:
+    """A request still open when the shutdown grace ran out: it was sent, so it was an attempt."""
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=Outcome.RETRY,
+        retry_after_s=row.schedule.delay(row.attempt),
+        failure_category=INTERRUPTED,
+        error=f"interrupted: the worker shut down with the request open after its {grace_seconds:g} s grace",
+        latency_ms=latency_ms,
+    )
 
 
 def _cannot_render(row: Claimed, reason: str) -> Finished:

@@ -27,6 +27,13 @@ NOTIFY_CHANNEL = "webhooks_queue"
 RECONNECT_GIVE_UP_SECONDS = 8.0
 # Detect a silently dropped connection (no RST) within about a minute.
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+# The liveness connection, on both ends: a worker whose host vanishes without closing it (a node
+# failure) is seen dead by PostgreSQL, which then drops its lock, within about 11 s rather than the
+# operating system's two hours; and the worker notices as soon as the server does (issue 18).
+LIVENESS_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+                       "tcp_user_timeout": 11_000}
+LIVENESS_SERVER_SETTINGS = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2",
+                            "tcp_keepalives_count": "3", "tcp_user_timeout": "11000"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,16 @@ def outcomes_document(outcomes: Sequence[Finished]) -> str:
              for f in fields(Finished)}
             for o in outcomes
         ])
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What webhooks.register_worker() said: registered, or who holds the worker id."""
+
+    registered: bool
+    holder_pid: int | None
+    holder_since: datetime | None
+    reclaimed: int  # rows an earlier, dead process under the same id had in flight
 
 
 @dataclass(frozen=True)
@@ -188,9 +205,10 @@ class Queue:
     """The worker's handle on the queue: a small pool, and one method per SQL function it calls."""
 
     def __init__(self, pool: AsyncConnectionPool, listen_kwargs: dict[str, Any], keyring: Keyring,
-                 require_sealed: bool = True) -> None:
+                 require_sealed: bool = True, liveness_kwargs: dict[str, Any] | None = None) -> None:
         self.pool = pool
         self._listen_kwargs = listen_kwargs
+        self._liveness_kwargs = liveness_kwargs or listen_kwargs
         self.keyring = keyring
         # security.require_sealed: a credential stored in plaintext fails its delivery, not the fleet.
         self.require_sealed = require_sealed
@@ -224,7 +242,12 @@ class Queue:
             "conninfo": conninfo,
             "application_name": f"{APPLICATION_NAME} {worker_id} listener"[:63],
         }
-        return cls(pool, listen_kwargs, keyring, require_sealed)
+        liveness_kwargs = {
+            **listen_kwargs,
+            **LIVENESS_KEEPALIVES,
+            "application_name": f"{APPLICATION_NAME} {worker_id} liveness"[:63],
+        }
+        return cls(pool, listen_kwargs, keyring, require_sealed, liveness_kwargs)
 
     async def open(self) -> None:
         # wait=False: the pool keeps trying in the background while the database is unreachable.
@@ -252,6 +275,36 @@ class Queue:
             yield None
             async for _notify in conn.notifies():
                 yield None
+
+    # --- Liveness: one connection per process, held for its whole life (issue 18) ----------------
+
+    async def liveness_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own, outside the pool: its session holds the worker id's lock."""
+        conn = await psycopg.AsyncConnection.connect(**self._liveness_kwargs)
+        try:
+            # (ignored by PostgreSQL on a Unix-domain socket, where a peer cannot vanish unseen)
+            for name, value in LIVENESS_SERVER_SETTINGS.items():
+                await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    async def register_worker(
+        conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
+    ) -> Registration:
+        cur = await conn.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        row = await cur.fetchone()
+        assert row is not None
+        return Registration(bool(row[0]), row[1], row[2], int(row[3] or 0))
+
+    @staticmethod
+    async def reclaim_lost_workers(conn: psycopg.AsyncConnection[Any], grace_seconds: float) -> int:
+        """Reclaim the rows of workers whose session ended (see 035_worker_liveness.sql)."""
+        cur = await conn.execute("SELECT webhooks.reclaim_lost_workers(%s)", (grace_seconds,))
+        row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
 
     async def schema_version(self, wait_seconds: float) -> int | None:
         async with self.pool.connection(timeout=wait_seconds) as conn:

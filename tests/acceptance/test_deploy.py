@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from worker.config import WorkerConfig
+from worker.config import LEASE_MARGIN_SECONDS, WorkerConfig
 from worker.daemon import FINAL_FLUSH_SECONDS, RELEASE_SECONDS
 from worker.observability import Metrics
 
@@ -108,6 +108,19 @@ def test_the_termination_grace_outlasts_prestop_plus_the_worker_s_drain():
     assert pod["terminationGracePeriodSeconds"] > drain
     probes = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
     assert probes == {"startupProbe": "/startup", "livenessProbe": "/health", "readinessProbe": "/ready"}
+
+
+def test_the_shutdown_grace_outlasts_the_longest_request_the_default_lease_allows():
+    # (issue 18) a request still open when the grace ends is interrupted and sent again
+    [lease] = re.findall(r"lease_seconds\s+integer\s+NOT NULL DEFAULT (\d+)",
+                         (ROOT / "sql" / "002_delivery_config.sql").read_text())
+    longest_request = int(lease) - LEASE_MARGIN_SECONDS
+    configmap = yaml.safe_load((BASE / "configmap.yaml").read_text())
+    worker = yaml.safe_load(configmap["data"]["config.yaml"]).get("worker", {})
+    example = yaml.safe_load((ROOT / "config.example.yaml").read_text())["worker"]
+    for grace in (WorkerConfig().shutdown_grace_seconds, worker.get("shutdown_grace_seconds"),
+                  example["shutdown_grace_seconds"]):
+        assert grace is not None and grace > longest_request
 
 
 def exported_metric_names() -> set[str]:

@@ -114,7 +114,8 @@ def test_sigterm_stops_claiming_and_writes_the_outcomes_of_requests_in_flight(db
     assert len(receiver.to("/held")) == 20
 
 
-def test_when_the_grace_runs_out_rows_are_released_with_their_attempt_given_back(db, receiver, spawn):
+def test_when_the_grace_runs_out_open_requests_are_recorded_as_interrupted_attempts(db, receiver, spawn):
+    # (issue 18: they were released with their attempt given back, and sent again as attempt 1)
     endpoint = add_endpoint(db, receiver.url("/stuck"))
     receiver.script("/stuck", Reply(hold=True))
     ids = enqueue(db, endpoint, count=10)
@@ -125,11 +126,11 @@ def test_when_the_grace_runs_out_rows_are_released_with_their_attempt_given_back
     assert worker.process.wait(30) == 0
     assert time.monotonic() - started < 10
 
-    assert Counter(statuses(db, ids).values()) == {"pending": 10}
+    assert Counter(statuses(db, ids).values()) == {"retrying": 10}
     assert query(db, "SELECT sum(attempts), count(lease_token) FROM webhooks.alert_delivery_queue") == [
-        (0, 0)]
-    assert query(db, "SELECT outcome, count(*) FROM webhooks.alert_delivery_log GROUP BY 1") == [
-        ("released", 10)]
+        (10, 0)]
+    assert query(db, "SELECT outcome, failure_category, count(*) FROM webhooks.alert_delivery_log"
+                     " GROUP BY 1, 2") == [("retry", "interrupted", 10)]
 
 
 def test_fan_out_from_an_application_table(db, receiver, spawn):

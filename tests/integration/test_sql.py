@@ -425,7 +425,7 @@ def test_next_due_in_counts_a_lease_that_will_expire(db):
 DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats", "worker_settings",
                      "schema_version", "credential_keys", "expire_disabled_endpoint_rows",
                      "ensure_log_partitions", "purge", "publish", "notify_workers",
-                     "fill_idempotency_key")
+                     "fill_idempotency_key", "register_worker", "reclaim_lost_workers")
 
 
 def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):

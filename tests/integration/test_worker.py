@@ -113,14 +113,17 @@ def test_no_transaction_or_row_lock_is_held_while_requests_are_in_flight(db, rec
     spawn(db, worker={"concurrency": 100}, database={"pool_max_size": 4})
     eventually(lambda: receiver.holding == 100, message="the receiver holds 100 requests")
 
-    sessions = query(db, "SELECT state, backend_xid, backend_xmin FROM pg_stat_activity"
-                         " WHERE application_name LIKE 'webhook-worker%%'")
-    assert 1 <= len(sessions) <= 4, sessions
-    assert all(state == "idle" for state, _, _ in sessions), sessions
-    assert all(xid is None and xmin is None for _, xid, xmin in sessions), sessions
-    locks = query(db, "SELECT l.locktype, l.mode FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+    sessions = query(db, "SELECT state, backend_xid, backend_xmin, application_name LIKE '%% liveness'"
+                         " FROM pg_stat_activity WHERE application_name LIKE 'webhook-worker%%'")
+    # the pool and the listener; and the liveness connection, whose session lock marks the worker alive
+    assert 1 <= sum(not liveness for *_, liveness in sessions) <= 4, sessions
+    assert sum(liveness for *_, liveness in sessions) == 1, sessions
+    assert all(state == "idle" for state, *_ in sessions), sessions
+    assert all(xid is None and xmin is None for _, xid, xmin, _ in sessions), sessions
+    locks = query(db, "SELECT l.locktype, l.mode, a.application_name LIKE '%% liveness'"
+                      " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
                       " WHERE a.application_name LIKE 'webhook-worker%%'")
-    assert locks == []
+    assert locks == [("advisory", "ExclusiveLock", True)]
     assert Counter(statuses(db, ids).values()) == {"delivering": 100}
 
     receiver.release()

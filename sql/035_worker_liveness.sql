@@ -1,0 +1,198 @@
+-- 035_worker_liveness: dead workers found by their database session, not by their lease (issue 18).
+--
+-- A crashed worker's rows used to wait for their lease (60 s by default), and counted against their
+-- endpoints' max_in_flight all that time. Now each worker process registers here on a connection it
+-- keeps for its whole life, holding a session-level advisory lock keyed on its worker id (as GoodJob
+-- and Que do). When the process dies, PostgreSQL ends the session and drops the lock; every worker
+-- runs webhooks.reclaim_lost_workers() about once a second, which reclaims the rows of a registered
+-- worker whose lock is gone: attempt counted (as any crash), `lease expired` on the last attempt,
+-- one audit row each, exactly as webhooks.reap_expired_leases() treats an expired lease.
+--
+-- When the lock's absence is trusted:
+-- - Only for a registration made in the current lifetime of the postmaster. A PostgreSQL restart
+--   drops every lock while the workers are alive; until a worker registers again (after its
+--   reconnection), its rows are not taken from it: the lease stays their backstop.
+-- - Only after the lock has been missing for a grace (1 s, the default of the argument): a worker
+--   whose liveness connection was cut reconnects and registers again well within it, keeping its
+--   rows.
+-- - A worker that is alive but stuck (SIGSTOP, network partition) still holds its lock: the lease
+--   applies to it as before.
+-- A new process under an id whose previous process died reclaims that process's rows itself when
+-- it registers (it holds the lock, so nobody else does). A second live process under an id that is
+-- in use cannot take the lock and is refused.
+
+CREATE TABLE webhooks.worker_liveness (
+    worker_id             text        PRIMARY KEY,
+    -- a random id per process: tells a reconnection of the same process from a new process
+    instance              uuid        NOT NULL,
+    lock_key              bigint      NOT NULL,
+    backend_pid           integer     NOT NULL,
+    -- the PostgreSQL lifetime the registration (and its lock) belongs to
+    postmaster_started_at timestamptz NOT NULL,
+    started_at            timestamptz NOT NULL DEFAULT now(),
+    registered_at         timestamptz NOT NULL DEFAULT now(),
+    -- first seen without its lock; cleared when the worker registers again
+    lost_at               timestamptz
+);
+
+COMMENT ON TABLE webhooks.worker_liveness IS
+    'One row per running worker process; its session holds an advisory lock on lock_key (035).';
+
+-- The advisory lock key of a worker id: the same in every session and every release.
+CREATE FUNCTION webhooks.worker_lock_key(p_worker_id text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('webhook-worker liveness:' || p_worker_id, 0);
+$$;
+
+-- The advisory locks held in this database, as the (high, low) halves of their bigint keys.
+CREATE FUNCTION webhooks.held_advisory_locks() RETURNS TABLE (key_high bigint, key_low bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT l.classid::bigint, l.objid::bigint FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database());
+$$;
+
+-- The rows a lost worker held, back to the queue under the rules of reap_expired_leases(): the
+-- attempt stays counted, the last attempt is dead-lettered with reason `lease expired`, and each
+-- row gets an audit row (outcome lease_expired) saying why its lease ended early.
+CREATE FUNCTION webhooks.reclaim_rows_of(p_worker_id text) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    WITH cfg AS (
+        SELECT max_attempts FROM webhooks.delivery_config
+    ), lost AS (
+        SELECT q.delivery_id, q.lease_token, q.locked_by,
+               q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts) AS exhausted
+        FROM webhooks.alert_delivery_queue q
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        CROSS JOIN cfg
+        WHERE q.status = 'delivering' AND q.locked_by = p_worker_id
+        FOR UPDATE OF q SKIP LOCKED
+    ), reclaimed AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE WHEN x.exhausted THEN 'dead_letter' ELSE 'retrying' END,
+            next_retry_at = now(),
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            failure_category = 'internal',
+            last_error = 'lease expired: its worker was lost',
+            dead_letter_reason = CASE WHEN x.exhausted THEN 'lease expired' END,
+            dead_lettered_at = CASE WHEN x.exhausted THEN now() END,
+            updated_at = now()
+        FROM lost x
+        WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts, q.status, x.lease_token, x.locked_by
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, failure_category, error, worker_id, lease_token)
+        SELECT delivery_id, webhook_id, attempts, 'lease_expired', 'internal',
+               CASE WHEN status = 'dead_letter'
+                    THEN 'lease expired on the last attempt: its worker was lost (database session ended)'
+                    ELSE 'lease expired: its worker was lost (database session ended)' END,
+               locked_by, lease_token
+        FROM reclaimed
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO v_count FROM logged;
+    IF v_count > 0 THEN
+        -- the rows are due now: wake idle workers rather than let them sleep out their poll
+        PERFORM pg_notify('webhooks_queue', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+
+-- Registers the calling session as the live process of a worker id, holding the id's advisory
+-- lock until the session ends. Refused (registered = false, with who holds the id) when another
+-- session holds it. A new process under the id reclaims what an earlier, dead process of the same
+-- id left in flight (`reclaimed`); the same process registering again after a lost connection or
+-- a PostgreSQL restart keeps its rows.
+CREATE FUNCTION webhooks.register_worker(p_worker_id text, p_instance uuid)
+RETURNS TABLE (registered boolean, holder_pid integer, holder_since timestamptz, reclaimed integer)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_key bigint := webhooks.worker_lock_key(p_worker_id);
+    v_old webhooks.worker_liveness;
+BEGIN
+    reclaimed := 0;
+    IF NOT pg_try_advisory_lock(v_key) THEN
+        registered := false;
+        SELECT w.backend_pid, w.started_at INTO holder_pid, holder_since
+        FROM webhooks.worker_liveness w WHERE w.worker_id = p_worker_id;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT * INTO v_old FROM webhooks.worker_liveness w WHERE w.worker_id = p_worker_id FOR UPDATE;
+    IF FOUND AND v_old.instance <> p_instance
+       AND v_old.postmaster_started_at = pg_postmaster_start_time() THEN
+        -- We hold the id's lock, so the process that registered before us is gone.
+        reclaimed := webhooks.reclaim_rows_of(p_worker_id);
+    END IF;
+    INSERT INTO webhooks.worker_liveness AS w
+        (worker_id, instance, lock_key, backend_pid, postmaster_started_at)
+    VALUES (p_worker_id, p_instance, v_key, pg_backend_pid(), pg_postmaster_start_time())
+    ON CONFLICT (worker_id) DO UPDATE
+    SET instance = excluded.instance, lock_key = excluded.lock_key, backend_pid = excluded.backend_pid,
+        postmaster_started_at = excluded.postmaster_started_at,
+        started_at = CASE WHEN w.instance = excluded.instance THEN w.started_at ELSE now() END,
+        registered_at = now(), lost_at = NULL;
+    registered := true;
+    RETURN NEXT;
+END;
+$$;
+
+-- Called by every worker about once a second on its liveness connection. Marks registrations whose
+-- lock is gone; reclaims the rows of those missing it for longer than the grace (only those
+-- registered in this PostgreSQL lifetime, see the header); forgets registrations that nothing
+-- depends on any more. Returns how many rows were reclaimed. Concurrent callers skip each other.
+CREATE FUNCTION webhooks.reclaim_lost_workers(p_grace_seconds double precision DEFAULT 1.0)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_worker record;
+    v_total integer := 0;
+BEGIN
+    FOR v_worker IN
+        WITH held AS MATERIALIZED (SELECT * FROM webhooks.held_advisory_locks())
+        SELECT w.worker_id, w.lost_at, w.postmaster_started_at = pg_postmaster_start_time() AS this_lifetime
+        FROM webhooks.worker_liveness w
+        WHERE NOT EXISTS (SELECT 1 FROM held h
+                          WHERE h.key_high = (w.lock_key >> 32) & 4294967295
+                            AND h.key_low = w.lock_key & 4294967295)
+        ORDER BY w.worker_id
+        FOR UPDATE OF w SKIP LOCKED
+    LOOP
+        IF NOT v_worker.this_lifetime THEN
+            -- Registered before PostgreSQL restarted: its process may be alive and reconnecting,
+            -- so its rows wait for their lease. Forget it once none is left.
+            IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue q
+                           WHERE q.status = 'delivering' AND q.locked_by = v_worker.worker_id) THEN
+                DELETE FROM webhooks.worker_liveness WHERE worker_id = v_worker.worker_id;
+            END IF;
+        ELSIF v_worker.lost_at IS NULL THEN
+            UPDATE webhooks.worker_liveness SET lost_at = now() WHERE worker_id = v_worker.worker_id;
+        ELSIF v_worker.lost_at <= now() - make_interval(secs => p_grace_seconds) THEN
+            v_total := v_total + webhooks.reclaim_rows_of(v_worker.worker_id);
+            DELETE FROM webhooks.worker_liveness WHERE worker_id = v_worker.worker_id;
+        END IF;
+    END LOOP;
+    RETURN v_total;
+END;
+$$;
+
+GRANT EXECUTE ON FUNCTION
+    webhooks.register_worker(text, uuid),
+    webhooks.reclaim_lost_workers(double precision)
+TO webhooks_worker;
+GRANT SELECT ON webhooks.worker_liveness TO webhooks_reader;
