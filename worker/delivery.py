@@ -20,18 +20,12 @@ from worker.config import tls_context
 from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
 from worker.policy import AttemptResult, Category
 from worker.queue import Claimed
+from worker.registration import header_problem
 
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
 MAX_RESPONSE_HEADERS = 100
-# Headers the product sets; an endpoint's custom headers cannot replace them.
-RESERVED_HEADERS = frozenset(
-    {
-        "content-type", "content-length", "user-agent", "host", "webhook-id", "webhook-timestamp",
-        "webhook-signature", "idempotency-key", "webhook-delivery-id", "webhook-attempt",
-        "webhook-event-type", "traceparent",
-    }
-)
+
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,9 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]:
-    headers = {k: v for k, v in row.headers.items() if k.lower() not in RESERVED_HEADERS}
+    # The registration rules again, at send time: headers stored before a rule existed (a
+    # Transfer-Encoding beside our Content-Length, a name that is no HTTP token) are never sent.
+    headers = {k: v for k, v in row.headers.items() if header_problem(k, v) is None}
     # The id as sent is the id signed: a receiver verifies with the header it got.
     message_id = header_value(row.idempotency_key)
     headers.update(

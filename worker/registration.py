@@ -6,8 +6,8 @@ import string
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-# Set by webhook-worker on every request (the same list as worker.delivery.RESERVED_HEADERS, which
-# drops them from stored headers at send time).
+# Set by webhook-worker on every request (worker.delivery drops any stored header these rules refuse
+# at send time too).
 PRODUCT_HEADERS = frozenset(
     {
         "content-type", "content-length", "user-agent", "host", "webhook-id", "webhook-timestamp",

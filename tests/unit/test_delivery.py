@@ -170,3 +170,17 @@ def test_request_headers_are_signed_and_custom_headers_cannot_replace_ours():
     assert headers["webhook-attempt"] == "2" and headers["webhook-delivery-id"] == "7"
     assert headers["traceparent"] == row.traceparent
     signing.verify(secret, headers, row.body, now=1_700_000_000)
+
+
+def test_stored_headers_the_registration_rules_refuse_are_never_sent():
+    # written before the rules existed, or by hand in SQL
+    stored = {"Transfer-Encoding": "chunked", "Connection": "close", "Proxy-Authorization": "x",
+              "X-A B": "1", "X-Naïve": "1", "X-Split": "a\r\nX-Injected: 1", "X-Team": "ops"}
+    row = Claimed(
+        delivery_id=7, webhook_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
+        body=b"{}", attempt=1, max_attempts=10, lease_token=uuid.uuid4(), locked_until=datetime.now(UTC),
+        url="https://x.test/", signing_secrets=(), headers=stored, timeout_seconds=None,
+        schedule=RetrySchedule(),
+    )
+    sent = request_headers(row, 1_700_000_000, row.body)
+    assert [name for name in sent if name in stored] == ["X-Team"]
