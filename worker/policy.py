@@ -61,7 +61,7 @@ class Decision:
 
 
 def classify(result: AttemptResult, now: datetime | None = None) -> Decision:
-    """Map an attempt to delivered, retry, deferred or dead letter (../shared/DESIGN.md, pinned)."""
+    """Map an attempt to delivered, retry, deferred or dead letter (docs/design.md, Classification)."""
     if result.failure is Category.BLOCKED:
         # A refused destination stays refused: retrying cannot help, and the receiver never saw it.
         return Decision(Outcome.DEAD_LETTER, Category.BLOCKED, reason=result.error or "destination refused")

@@ -1,4 +1,4 @@
-"""Classification and backoff, as pinned in ../shared/DESIGN.md."""
+"""Classification and backoff, as pinned in docs/design.md."""
 
 import random
 from datetime import UTC, datetime
