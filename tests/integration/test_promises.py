@@ -222,3 +222,25 @@ def test_ready_accepts_exactly_the_supported_schema_versions(db, spawn):
                                      "reason": outside.format(high + 1)}),
                     low - 1: (503, {"ready": False, "schema_version": low - 1,
                                     "reason": outside.format(low - 1)})}
+
+
+def test_workers_apply_retention_and_dead_letter_disabled_endpoints_expired_rows_by_themselves(db, spawn):
+    kept = add_endpoint(db, "http://127.0.0.1:9/kept")
+    disabled = add_endpoint(db, "http://127.0.0.1:9/disabled")
+    old, recent = enqueue(db, kept, count=3), enqueue(db, kept, count=2)
+    for ids, age in ((old, "8 days"), (recent, "6 days")):  # delivered_retention: 7 days
+        query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'delivered',"
+                  " delivered_at = now() - %s::interval WHERE delivery_id = ANY(%s)", (age, ids))
+    waiting = enqueue(db, disabled, count=2)
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (disabled,))
+    query(db, "UPDATE webhooks.alert_delivery_queue SET scheduled_at = now() - interval '30 days'"
+              " WHERE delivery_id = ANY(%s)", (waiting,))
+
+    worker = spawn(db)
+    eventually(lambda: worker.logged("housekeeping"), message="the worker's housekeeping")
+    remaining = dict(query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue"))
+    assert remaining == {**dict.fromkeys(recent, "delivered"), **dict.fromkeys(waiting, "dead_letter")}
+    assert set(query(db, "SELECT dead_letter_reason FROM webhooks.alert_delivery_queue"
+                         " WHERE delivery_id = ANY(%s)", (waiting,))) == {("endpoint disabled",)}
+    [done] = [line for line in worker.log_lines() if line.get("event") == "housekeeping"]
+    assert (done["purged_delivered"], done["expired_rows"]) == (3, 2)
