@@ -244,3 +244,43 @@ def test_workers_apply_retention_and_dead_letter_disabled_endpoints_expired_rows
                          " WHERE delivery_id = ANY(%s)", (waiting,))) == {("endpoint disabled",)}
     [done] = [line for line in worker.log_lines() if line.get("event") == "housekeeping"]
     assert (done["purged_delivered"], done["expired_rows"]) == (3, 2)
+
+
+def test_held_back_deliveries_by_reason_and_circuit_labels_for_at_most_the_label_limit(db, spawn):
+    # One endpoint per reason, registered in this order (ids ascending); a row due on each, held back.
+    capped = add_endpoint(db, "http://127.0.0.1:9/capped", name="capped", max_in_flight=1)
+    enqueue(db, capped, count=6)
+    with psycopg.connect(worker_dsn(db), autocommit=True) as conn:  # one in flight: the cap is reached
+        assert len(conn.execute("SELECT * FROM webhooks.acquire('elsewhere', 1, 600)").fetchall()) == 1
+    disabled = add_endpoint(db, "http://127.0.0.1:9/disabled", name="disabled")
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (disabled,))
+    paused = add_endpoint(db, "http://127.0.0.1:9/paused", name="paused")
+    query(db, "UPDATE webhooks.webhook_health_metrics SET paused_until = now() + interval '1 hour'"
+              " WHERE webhook_id = %s", (paused,))
+    tripped = add_endpoint(db, "http://127.0.0.1:9/open", name="tripped")
+    query(db, "SELECT webhooks.set_circuit(%s, 'open')", (tripped,))
+    limited = add_endpoint(db, "http://127.0.0.1:9/limited", name="limited", rate_limit_per_second=0.001,
+                           rate_limit_burst=1)
+    query(db, "UPDATE webhooks.webhook_health_metrics SET rate_tokens = 0, rate_refilled_at = now()"
+              " WHERE webhook_id = %s", (limited,))
+    for endpoint, count in ((disabled, 1), (paused, 2), (tripped, 3), (limited, 4)):
+        enqueue(db, endpoint, count=count)
+    expected = {"concurrency_cap": 5, "endpoint_disabled": 1, "paused": 2, "circuit_open": 3,
+                "rate_limited": 4}
+
+    worker = spawn(db, http={"endpoint_label_limit": 2})
+    eventually(lambda: worker.logged("worker started"), message="worker started")
+
+    def held_back():
+        samples = scrape(worker)
+        return {dict(labels)["reason"]: value for (name, labels), value in samples.items()
+                if name == "webhook_worker_held_back_deliveries"}
+
+    # everything was set up before the worker started, so its first sample shows it all
+    eventually(lambda: any(held_back().values()), message="held back deliveries sampled")
+    assert held_back() == expected
+    labelled = {dict(labels)["endpoint"] for name, labels in scrape(worker)
+                if name == "webhook_worker_endpoint_circuit_state"}
+    assert labelled == {"capped", "disabled"}  # the first two endpoints by id, no others
+    assert all(s == "pending" for s in statuses(db, [r[0] for r in query(
+        db, "SELECT delivery_id FROM webhooks.alert_delivery_queue WHERE locked_by IS NULL")]).values())
