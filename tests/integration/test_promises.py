@@ -14,7 +14,8 @@ import json
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import add_endpoint, enqueue, eventually, query, statuses, worker_dsn
+from tests.receiver import Reply
+from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses, worker_dsn
 from worker import schema
 
 # A failure the circuit counts; far in the future, so the failed rows are not due again in the test.
@@ -284,3 +285,34 @@ def test_held_back_deliveries_by_reason_and_circuit_labels_for_at_most_the_label
     assert labelled == {"capped", "disabled"}  # the first two endpoints by id, no others
     assert all(s == "pending" for s in statuses(db, [r[0] for r in query(
         db, "SELECT delivery_id FROM webhooks.alert_delivery_queue WHERE locked_by IS NULL")]).values())
+
+
+def test_database_errors_total_counts_each_failed_claim_finish_and_stats_call(own_pg, receiver, spawn):
+    db = own_pg.url
+    acquire = "FUNCTION webhooks.acquire(text, integer, integer)"
+    endpoint = add_endpoint(db, receiver.url("/held"))
+    worker = spawn(db)
+    eventually(lambda: worker.logged("worker started"), message="worker started")
+
+    def errors():
+        return {dict(labels)["operation"]: value for (name, labels), value in scrape(worker).items()
+                if name == "webhook_worker_database_errors_total"}
+
+    assert errors() == {"claim": 0, "finish": 0, "stats": 0}
+    # A claim the database refuses (claims pause while the database is unreachable: no liveness).
+    query(db, f"REVOKE EXECUTE ON {acquire} FROM webhooks_worker")
+    eventually(lambda: errors()["claim"] > 0, message="failed claims counted")
+    query(db, f"GRANT EXECUTE ON {acquire} TO webhooks_worker")
+    # An outcome, and statistics, while the database is down.
+    receiver.script("/held", Reply(hold=True))
+    ids = enqueue(db, endpoint)
+    eventually(lambda: receiver.holding == 1, message="a request held")
+    own_pg.halt("fast")
+    receiver.script("/held", Reply(200))
+    receiver.release()  # its outcome cannot be written while the database is down
+    eventually(lambda: errors()["finish"] > 0 and errors()["stats"] > 0,
+               message="failed finishes and statistics counted")
+    own_pg.start()
+    eventually(lambda: all_final(db, ids), timeout=60, message="delivered once the database is back")
+    assert statuses(db, ids) == {ids[0]: "delivered"}
+    assert worker.process.poll() is None
