@@ -4,10 +4,9 @@ accepts; what workers do on their own (retention, disabled endpoints' rows); and
 say what the database refused and what the claim holds back.
 
 The clock is moved through the database (timestamps updated), never waited for. Already covered
-elsewhere, so not restated here: `max_deferrals` past the cap (tests/integration/test_queue_model.py,
-the invariant and the model's decision), a disabled endpoint's rows as dead letters of category
-`disabled` (tests/integration/test_circuit_categories.py), every `database_errors_total` series
-exported at zero (tests/integration/test_observability.py)."""
+elsewhere, so not restated here: a disabled endpoint's rows as dead letters of category `disabled`
+(tests/integration/test_circuit_categories.py), every `database_errors_total` series exported at
+zero (tests/integration/test_observability.py)."""
 
 import json
 
@@ -163,6 +162,28 @@ def test_no_success_for_disable_after_disables_the_endpoint_and_its_rows_become_
         assert conn.execute("SELECT webhooks.expire_disabled_endpoint_rows()").fetchone() == (3,)
     assert set(query(db, "SELECT status, dead_letter_reason FROM webhooks.alert_delivery_queue"
                          " WHERE webhook_id = %s", (failing,))) == {("dead_letter", "endpoint disabled")}
+
+
+def test_past_max_deferrals_a_deferral_counts_as_an_attempt_so_deferring_forever_ends(db):
+    # (tests/integration/test_queue_model.py states this as an invariant, but its random walks
+    # rarely defer one row past the cap: this is the sequence itself.)
+    query(db, "UPDATE webhooks.delivery_config SET max_deferrals = 2")
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/busy", max_attempts=2)
+    [delivery] = enqueue(db, endpoint)
+    deferred = {"outcome": "deferred", "http_status": 429, "failure_category": "rate_limited",
+                "retry_after_s": 0, "error": "HTTP 429"}
+    seen = []
+    with psycopg.connect(worker_dsn(db), autocommit=True) as conn:
+        for _ in range(4):
+            [(lease, attempt)] = conn.execute("SELECT lease_token, attempt FROM webhooks.acquire('w', 1, 30)")
+            conn.execute("SELECT * FROM webhooks.finish('w', %s)", (json.dumps([
+                {"delivery_id": delivery, "lease_token": str(lease), "attempt": attempt, **deferred}]),))
+            seen += query(db, "SELECT status, attempts, deferrals FROM webhooks.alert_delivery_queue")
+    assert seen == [("retrying", 0, 1), ("retrying", 0, 2),   # given back, up to the cap
+                    ("retrying", 1, 3),                       # past it: an attempt
+                    ("dead_letter", 2, 4)]                    # and attempts run out
+    assert query(db, "SELECT failure_category, dead_letter_reason FROM webhooks.alert_delivery_queue") == [
+        ("rate_limited", "attempts exhausted: HTTP 429")]
 
 
 def test_a_replayed_expired_row_is_claimed_and_sent_not_expired_again(db):
