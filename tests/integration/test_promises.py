@@ -101,6 +101,20 @@ def test_a_storm_of_400s_does_not_open_the_circuit_that_as_many_503s_open(db):
     assert health(db, failing, "circuit_state, window_failures") == ("open", 10)
 
 
+def test_a_receiver_answering_400_to_everything_leaves_the_circuit_closed(db, receiver, spawn):
+    # the same, end to end: the worker classifies real 400 answers, finish() counts them
+    endpoint = add_endpoint(db, receiver.url("/strict"), max_in_flight=20, circuit_policy={
+        "min_attempts": 5, "failure_ratio": 0.6, "window_seconds": 60, "sleep_seconds": 60, "probes": 1})
+    receiver.script("/strict", Reply(400))
+    ids = enqueue(db, endpoint, count=20)
+    spawn(db)
+    eventually(lambda: all_final(db, ids), message="every row answered")
+    assert set(statuses(db, ids).values()) == {"dead_letter"}
+    assert len(receiver.to("/strict")) == 20  # each sent once: nothing held back by a circuit
+    assert health(db, endpoint, "circuit_state, window_attempts, window_failures") == ("closed", 20, 0)
+    assert changes(db, endpoint) == []
+
+
 def test_probe_success_ratio_decides_whether_a_round_of_probes_closes_the_circuit(db):
     # Two endpoints, the same round of 4 probes (2 succeed, 2 fail), different probe_success_ratio.
     results = {}
