@@ -14,7 +14,9 @@ import psycopg
 MIGRATION_LOCK_KEY = 0x5745_4248_4F4F_4B53 & 0x7FFF_FFFF_FFFF_FFFF  # "WEBHOOKS"
 # The schema versions this code works with. Migrations are additive, so a worker keeps working (and
 # stays ready) while a newer release migrates ahead of it; a breaking migration raises the minimum.
-MIN_SUPPORTED_VERSION = 22
+# 35: this release's worker claims only while it holds its liveness lock (035_worker_liveness).
+# README's /ready line states this range; tests/unit/test_supported_schema.py keeps the two equal.
+MIN_SUPPORTED_VERSION = 35
 MAX_SUPPORTED_VERSION = 199
 _FILENAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 

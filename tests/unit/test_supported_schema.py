@@ -1,0 +1,20 @@
+"""The schema range a worker supports: one constant, stated in README as it is (issue 24)."""
+
+import re
+
+from tests.support import ROOT
+from worker import schema
+
+
+def test_readme_states_the_supported_schema_range_from_the_constants():
+    [ready_row] = [row for row in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                   if row.startswith("| `/ready` |")]
+    stated = re.search(r"supports \((\d+)–(\d+)\b", ready_row)
+    assert stated is not None, ready_row
+    assert (int(stated[1]), int(stated[2])) == (schema.MIN_SUPPORTED_VERSION, schema.MAX_SUPPORTED_VERSION)
+
+
+def test_this_release_needs_the_liveness_migration_and_supports_its_own_schema():
+    # the worker claims only under its liveness lock (035): an older schema must not look ready
+    assert schema.MIN_SUPPORTED_VERSION == 35
+    assert schema.MIN_SUPPORTED_VERSION <= schema.latest_version() <= schema.MAX_SUPPORTED_VERSION
