@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 from tests.support import add_endpoint, worker_dsn
 
 MAX_ATTEMPTS = 3
-MAX_DEFERRALS = 2
+MAX_DEFERRALS = 1
 LEASE_SECONDS = 300
 WORKER = "model-worker"
 FINAL = ("delivered", "dead_letter")
