@@ -274,7 +274,8 @@ def test_a_receiver_sending_5_mb_is_read_only_up_to_the_limit(db, spawn):
 
 
 def test_a_receiver_closing_keepalive_connections_at_random_still_gets_everything(db, spawn):
-    server = TcpServer(misbehaving.closes_keepalive_at_random(0.3)).start()
+    receiver = misbehaving.ClosesKeepaliveAtRandom(0.3)
+    server = TcpServer(receiver).start()
     try:
         endpoint = add_endpoint(db, server.url(), retry_schedule=FAST_RETRY, max_in_flight=20)
         ids = enqueue(db, endpoint, count=300)
@@ -282,8 +283,12 @@ def test_a_receiver_closing_keepalive_connections_at_random_still_gets_everythin
         eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
         retried = query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE attempts > 1")[0][0]
         report("keep-alive closed at random", deliveries=len(ids), connections=server.connections,
+               reused=receiver.reused_connections, sent_again=receiver.fresh_connection_requests,
                retried=retried)
         assert set(statuses(db, ids).values()) == {"delivered"}
+        # kept-alive connections were reused and the receiver closed them: connections were dropped
+        assert receiver.reused_connections > 0 and server.connections > 1
+        assert retried == 0  # a request that met a closed connection is sent again, not failed
     finally:
         server.stop()
 
