@@ -108,32 +108,65 @@ def sends_megabytes(megabytes: int) -> Handler:
     return handler
 
 
-def closes_keepalive_at_random(probability: float, seed: int = 1) -> Handler:
-    rng = random.Random(seed)
+class ClosesKeepaliveAtRandom:
+    """Answers every request on a connection, advertising keep-alive, and after each answer hangs up
+    with the given probability. Records how many requests each connection carried and how many
+    asked for a fresh connection (`Connection: close`: the worker sends a request again that way
+    when its kept-alive connection was dropped under it)."""
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await _read_request(reader):
+    def __init__(self, probability: float, seed: int = 1) -> None:
+        self._probability = probability
+        self._rng = random.Random(seed)
+        self.requests_per_connection: list[int] = []
+        self.fresh_connection_requests = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.requests_per_connection.append(0)
+        number = len(self.requests_per_connection) - 1
+        while (head := await _read_request_head(reader)) is not None:
+            self.requests_per_connection[number] += 1
+            self.fresh_connection_requests += _header(head, b"connection").lower() == "close"
             writer.write(OK)  # advertises keep-alive, then sometimes hangs up anyway
             await writer.drain()
-            if rng.random() < probability:
+            if self._rng.random() < self._probability:
                 break
         writer.close()
-    return handler
+
+    @property
+    def reused_connections(self) -> int:
+        return sum(1 for n in self.requests_per_connection if n > 1)
 
 
-def closes_soon_after_answering(low: float, high: float, seed: int = 1) -> Handler:
+class ClosesSoonAfterAnswering:
     """Answers one request per connection, advertising keep-alive, and hangs up `low` to `high`
     seconds later whatever arrived meanwhile: the keep-alive race of receivers that close idle
-    connections (issue 16's reproduction)."""
-    rng = random.Random(seed)
+    connections (issue 16's reproduction). Counts the requests that arrived on a connection it was
+    about to close (never answered) and those that asked for a fresh connection (`Connection:
+    close`, as the worker sends a request again after its kept-alive connection was dropped)."""
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if await _read_request(reader):
+    def __init__(self, low: float, high: float, seed: int = 1) -> None:
+        self._low, self._high = low, high
+        self._rng = random.Random(seed)
+        self.answered = 0
+        self.dropped = 0
+        self.fresh_connection_requests = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await _read_request_head(reader)
+        if head is not None:
+            self.fresh_connection_requests += _header(head, b"connection").lower() == "close"
             writer.write(OK)
             await writer.drain()
-            await asyncio.sleep(rng.uniform(low, high))
+            self.answered += 1
+            hang_up_at = asyncio.get_running_loop().time() + self._rng.uniform(self._low, self._high)
+            try:
+                async with asyncio.timeout_at(hang_up_at):
+                    if await _read_request_head(reader) is not None:
+                        self.dropped += 1  # a request on the kept-alive connection: never answered
+                    await asyncio.sleep(max(hang_up_at - asyncio.get_running_loop().time(), 0))
+            except TimeoutError:
+                pass
         writer.close()
-    return handler
 
 
 def answers_once_then_closes(delay: float, closed: threading.Event) -> Handler:

@@ -47,19 +47,77 @@ def endpoint(db, receiver):
     return add_endpoint(db, receiver.url("/hostile"))
 
 
+# What the schema refuses (sql/003, 020, 023): an empty event type; an event type over 256 bytes or
+# a key over 512 (they travel in headers); control characters in either (the constraint refuses
+# [[:cntrl:]], which in every locale includes ASCII's); NUL anywhere (PostgreSQL text cannot hold
+# it); a payload over max_payload_bytes (256 KiB by default, far above what is generated here).
+EVENT_TYPE_BYTES, KEY_BYTES = 256, 512
+
+
+def _has_ascii_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _strings_in(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings_in(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings_in(item)
+
+
+def _verdict(event_type: str, key: str | None, payload) -> tuple[set[str], set[str]]:
+    """The markers of the errors the input must be refused with (empty: it must be stored), and
+    of those it may be refused with for text whose refusal depends on the locale's [[:cntrl:]]
+    (non-printable characters that are not ASCII controls: C1 controls, format characters, other
+    spaces). Printable text (str.isprintable) within the limits must be stored."""
+    required: set[str] = set()
+    if event_type == "":
+        required.add("alert_delivery_queue_event_type_check")
+    if _has_ascii_control(event_type) or len(event_type.encode()) > EVENT_TYPE_BYTES:
+        required.add("event_type_printable")
+    if key is not None and (_has_ascii_control(key) or len(key.encode()) > KEY_BYTES):
+        required.add("idempotency_key_printable")
+    if "\0" in event_type or (key is not None and "\0" in key):
+        required.add("cannot contain NUL")  # refused by psycopg before it is sent
+    if any("\0" in text for text in _strings_in(payload)):
+        required.add("unsupported Unicode escape sequence")
+    possible: set[str] = set()
+    if not event_type.isprintable():
+        possible.add("event_type_printable")
+    if key is not None and not key.isprintable():
+        possible.add("idempotency_key_printable")
+    return required, possible
+
+
+def _assert_refused_with(exc: psycopg.Error, markers: set[str]) -> None:
+    assert _is_clear(exc), f"{type(exc).__name__}: {exc}"
+    text = f"{exc} {exc.diag.constraint_name or ''}"
+    assert any(marker in text for marker in markers), f"{type(exc).__name__}: {exc}; expected {markers}"
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(event_type=st.text(max_size=300), key=st.none() | st.text(max_size=600), payload=json_values)
+@given(event_type=st.text(max_size=300),
+       key=st.none() | st.text(max_size=600), payload=json_values)
 def test_enqueue_stores_exactly_what_it_was_given_or_refuses_it_clearly(db, endpoint, event_type, key,
                                                                         payload):
     if key is not None:
         key = f"{uuid.uuid4().hex}{key}"  # examples share the database: a repeated key would deduplicate
+    required, possible = _verdict(event_type, key, payload)
     with psycopg.connect(db, autocommit=True) as conn:
         try:
             row = conn.execute("SELECT webhooks.enqueue(%s, %s, %s::jsonb, %s)",
                                (endpoint, event_type, json.dumps(payload), key)).fetchone()
         except psycopg.Error as exc:
-            assert _is_clear(exc), f"{type(exc).__name__}: {exc}"
+            # printable text within the limits and a payload PostgreSQL can hold must be stored
+            assert required or possible, f"refused what must be stored: {type(exc).__name__}: {exc}"
+            _assert_refused_with(exc, required | possible)
             return
+        assert not required, f"stored what must be refused ({required})"
         assert row is not None
         stored = conn.execute("SELECT event_type, idempotency_key, payload FROM webhooks.alert_delivery_queue"
                               " WHERE delivery_id = %s", row).fetchone()
@@ -80,15 +138,42 @@ def _numbers_as_floats(value):
     return {k: _numbers_as_floats(v) for k, v in value.items()}
 
 
+def _refuse_constant(name: str):
+    raise ValueError(name)
+
+
+def _as_json(text: str):
+    """The value of a JSON document PostgreSQL must take (RFC 8259, no NaN or Infinity, no NUL or
+    lone surrogate in a string), or None if it is not one."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+        for string in _strings_in(value):
+            string.encode()  # a lone surrogate cannot be encoded
+    except (ValueError, UnicodeEncodeError):
+        return None
+    if any("\0" in string for string in _strings_in(value)):
+        return None
+    return (value,)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(max_size=200))
+@given(text=st.text(max_size=200) | json_values.map(json.dumps)
+       | json_values.map(lambda v: json.dumps(v, ensure_ascii=False, indent=1)))
 def test_a_plain_insert_of_any_text_as_a_payload_is_stored_or_refused_clearly(db, endpoint, text):
+    document = _as_json(text)
     with psycopg.connect(db, autocommit=True) as conn:
         try:
-            conn.execute("INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
-                         " VALUES (%s, 'alert.created', %s)", (endpoint, text))
+            [(delivery_id,)] = conn.execute(
+                "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+                " VALUES (%s, 'alert.created', %s) RETURNING delivery_id", (endpoint, text)).fetchall()
         except psycopg.Error as exc:
+            assert document is None, f"refused a JSON document: {type(exc).__name__}: {exc}"
             assert _is_clear(exc), f"{type(exc).__name__}: {exc}"
+            return
+        [(stored,)] = conn.execute("SELECT payload FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
+                                   (delivery_id,)).fetchall()
+    assert document is not None, f"stored what is not JSON: {text!r}"
+    assert _numbers_as_floats(stored) == _numbers_as_floats(document[0])
 
 
 def test_hostile_payloads_are_delivered_as_they_were_queued_and_the_worker_keeps_going(

@@ -33,7 +33,15 @@ def scrape(worker):
 
 
 def value(samples, name, **labels):
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sample's value; a series that is not exported fails the test (it does not read as 0)."""
+    key = (name, tuple(sorted(labels.items())))
+    assert key in samples, f"series {name}{labels} not exported"
+    return samples[key]
+
+
+def sampled(samples, name, **labels):
+    """The sample's value, or None while the series is not exported yet (for waiting on it)."""
+    return samples.get((name, tuple(sorted(labels.items()))))
 
 
 def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
@@ -45,7 +53,7 @@ def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
     ids = enqueue(db, ok, count=3) + enqueue(db, flaky) + enqueue(db, bad)
     worker = spawn(db)
     eventually(lambda: all_final(db, ids), message="all final")
-    eventually(lambda: value(scrape(worker), "webhook_worker_queue_depth", status="delivered") == 4,
+    eventually(lambda: sampled(scrape(worker), "webhook_worker_queue_depth", status="delivered") == 4,
                message="the queue statistics sampled")
     samples = scrape(worker)
 

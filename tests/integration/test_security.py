@@ -28,7 +28,7 @@ from tests.support import (
 from worker import schema, signing
 from worker.delivery import Sender
 from worker.destinations import DestinationPolicy, address_blocked
-from worker.encryption import KEYS_ENV, Keyring, generate_key
+from worker.encryption import KEYS_ENV, SIGNING_SECRET, Keyring, generate_key
 from worker.localpg import LocalPostgres, _find_binary
 from worker.policy import Category
 from worker.queue import Claimed
@@ -278,10 +278,14 @@ def test_least_privilege_roles(db, receiver):
     denied(worker, "SELECT webhooks.disable_endpoint(%s, 'x')", (endpoint,))
     denied(worker, "CREATE TABLE webhooks.sneaky (id int)")
 
+    # an attempt in the audit log, for the reader to see (no worker runs here)
+    query(db, "INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome)"
+              " VALUES (%s, %s, 1, 'retry')", (foreign, endpoint))
     with psycopg.connect(reader, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM webhooks.alert_delivery_queue").fetchone()[0] >= 5
         assert conn.execute("SELECT name FROM webhooks.endpoints").fetchall()
-        assert conn.execute("SELECT count(*) FROM webhooks.alert_delivery_log").fetchone() is not None
+        assert conn.execute("SELECT delivery_id, outcome FROM webhooks.alert_delivery_log").fetchall() == [
+            (foreign, "retry")]
         assert conn.execute("SELECT * FROM webhooks.delivery(%s)", (foreign,)).fetchone()
     denied(reader, "SELECT url FROM webhooks.endpoints")
     denied(reader, "SELECT signing_secrets FROM webhooks.endpoints")
@@ -343,7 +347,12 @@ def test_non_ascii_event_types_and_keys_arrive_percent_encoded_and_signed(db, re
     assert request.headers["webhook-id"] == "cl%C3%A9-1"
     signing.verify(secret, request.headers, request.body)
     assert json.loads(request.body) == {"x": "é"}
-    assert TEST_KEYRING.key_ids  # the suite's keyring sealed this endpoint
+    # the secret that signed it is stored sealed, bound to this endpoint, under the suite's key
+    [(stored,)] = query(db, "SELECT signing_secrets FROM webhooks.endpoints WHERE id = %s", (endpoint,))
+    assert secret not in json.dumps(stored)
+    [sealed] = [entry["secret"] for entry in stored]
+    assert TEST_KEYRING.is_bound(sealed, SIGNING_SECRET, endpoint)
+    assert TEST_KEYRING.open(sealed, SIGNING_SECRET, endpoint) == secret
 
 
 def test_no_function_of_the_schema_is_executable_by_everyone_even_one_a_later_migration_adds(db):

@@ -13,7 +13,8 @@ LEAKS = ("SECRETPATH", "SECRETQUERY", "/services/T0")
 
 def test_the_keepalive_race_costs_no_attempt_and_puts_no_url_into_error_columns_or_logs(db, spawn):
     # issue 16's reproduction: 200 with Content-Length and keep-alive, then a hang-up 60-110 ms later
-    server = TcpServer(misbehaving.closes_soon_after_answering(0.06, 0.11)).start()
+    receiver = misbehaving.ClosesSoonAfterAnswering(0.06, 0.11)
+    server = TcpServer(receiver).start()
     try:
         endpoint = add_endpoint(db, server.url("/services/T0/B0/SECRETPATH?token=SECRETQUERY"),
                                 max_in_flight=1, retry_schedule=FAST_RETRY)
@@ -24,8 +25,12 @@ def test_the_keepalive_race_costs_no_attempt_and_puts_no_url_into_error_columns_
         queue_errors = query(db, "SELECT last_error, dead_letter_reason FROM webhooks.alert_delivery_queue")
         log_errors = query(db, "SELECT error FROM webhooks.alert_delivery_log")
         logs = worker.log_path.read_text()
-        print(f"keep-alive race: {server.connections} connections, "
-              f"{sum(1 for (e,) in log_errors if e)} failed attempts")
+        print(f"keep-alive race: {server.connections} connections, {receiver.dropped} requests met a"
+              f" closing connection, {receiver.fresh_connection_requests} sent again on a fresh one,"
+              f" {sum(1 for (e,) in log_errors if e)} failed attempts")
+        # the race happened: requests went out on kept-alive connections the receiver was closing
+        assert receiver.dropped > 0
+        assert receiver.fresh_connection_requests >= receiver.dropped  # each sent again on a new one
         for text in (json.dumps(queue_errors), json.dumps(log_errors), logs):
             for leak in LEAKS:
                 assert leak not in text
