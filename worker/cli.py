@@ -547,9 +547,26 @@ def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, An
         "webhook_id": _endpoint_id(conn, args.endpoint) if args.endpoint else None,
         "event_type": args.event_type,
         "category": args.category,
-        "since": args.since,
-        "until": args.until,
+        "since": _point_in_time(conn, "--since", args.since),
+        "until": _point_in_time(conn, "--until", args.until),
     }
+
+
+def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> datetime | None:
+    """A timestamp as PostgreSQL reads one ('2026-11-26 12:00', 'today'), or a time that long ago
+    ('1 hour ago', '90 minutes'), at the database's clock; anything else names the option."""
+    if value is None:
+        return None
+    ago = value.strip().removesuffix(" ago")
+    for sql, given in (("SELECT %s::timestamptz", value), ("SELECT now() - %s::interval", ago)):
+        try:
+            with conn.transaction():
+                row = conn.execute(sql, (given,)).fetchone()
+        except psycopg.errors.DataError:
+            continue
+        if row is not None:
+            return row[0]  # type: ignore[no-any-return]
+    raise UsageError(f"{option}: {value!r} is neither a timestamp nor a time ago such as '1 hour ago'")
 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:

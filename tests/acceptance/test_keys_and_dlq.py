@@ -72,3 +72,19 @@ def test_dlq_list_since_is_inclusive_and_until_exclusive(db):
     assert listed("--since", "2026-01-01T12:00:01Z") == []
     # an offset is honoured: 12:30 at UTC+1 is 11:30 UTC
     assert listed("--until", "2026-01-01T12:30:00+01:00") == [ids[0], ids[1]]
+
+
+def test_dlq_list_takes_a_time_ago_and_names_the_option_it_cannot_read(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", name="dlq-ago")
+    recent, old = enqueue(db, endpoint, count=2)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', dead_letter_reason = 'test',"
+              " failure_category = 'http_4xx', dead_lettered_at = now() - make_interval(mins => m)"
+              " FROM (VALUES (%s::bigint, 10), (%s::bigint, 120)) v(id, m) WHERE delivery_id = v.id",
+          (recent, old))
+    for since in ("1 hour ago", "90 minutes"):
+        assert [r["delivery_id"] for r in as_json(db, "dlq", "list", "--since", since)] == [recent]
+    for option in ("--since", "--until"):
+        result = cli("dlq", "list", option, "notatime", env={"DATABASE_URL": db})
+        assert result.returncode == 2
+        assert result.stderr.strip() == (f"webhook-worker: {option}: 'notatime' is neither a timestamp nor"
+                                         " a time ago such as '1 hour ago'")
