@@ -114,18 +114,21 @@ def test_a_database_restart_mid_run_loses_nothing_and_no_worker_exits(own_pg, re
     outage = time.monotonic() - restarted  # down no longer than pg_ctl restart took
     eventually(lambda: all_final(db, ids), timeout=90, interval=0.5, message="every row final")
     dup, seen = duplicates(receiver, "/restart")
-    stale = query(db, "SELECT count(*) FROM webhooks.alert_delivery_log"
-                      " WHERE stale OR outcome = 'lease_expired'")
+    [(stale, expired)] = query(db, "SELECT count(*) FILTER (WHERE stale),"
+                                   " count(*) FILTER (WHERE outcome = 'lease_expired')"
+                                   " FROM webhooks.alert_delivery_log")
     report(f"restart -m {mode}", deliveries=len(ids), lost=len(set(ids) - set(seen)), duplicates=dup,
-           outage_seconds=round(outage, 1), expired_or_stale=stale[0][0],
+           outage_seconds=round(outage, 1), stale_outcomes=stale, leases_expired=expired,
            seconds_to_finish_after_restart=round(time.monotonic() - restarted, 1))
     assert outage < lease["lease_seconds"]
     assert set(statuses(db, ids).values()) == {"delivered"}
     assert delivering(db) == 0
     assert [w.pid for w in workers] == pids and all(w.process.poll() is None for w in workers)
     assert any(w.logged("claim failed; retrying") or w.logged("finish failed; retrying") for w in workers)
-    # back within the lease, every held outcome was written under its own lease: nothing sent twice
-    assert dup == 0 and stale == [(0,)]
+    # back within the lease, every held outcome was written under its own lease: nothing sent twice.
+    # (A claim the database committed but whose answer the crash cut off waits for its lease and
+    # is sent then, once: leases_expired may be above 0, duplicates may not.)
+    assert dup == 0 and stale == 0
 
 
 def test_a_worker_started_before_its_database_waits_and_then_delivers(unstarted_pg, receiver, spawn):
