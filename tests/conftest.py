@@ -20,9 +20,11 @@ from worker.localpg import LocalPostgres
 
 # One per run, so that two runs against the same DATABASE_URL server never drop each other's template.
 TEMPLATE = f"webhooks_test_template_{uuid.uuid4().hex[:8]}"
-# Tests that measure time or load the machine run one after another on one xdist worker (README's
+# Tests that load the machine or race a receiver run one after another on one xdist worker (README's
 # test command runs the suite with pytest-xdist, `--dist loadgroup`), beside the rest.
-SERIAL_GROUP_PATHS = ("tests/faults/", "tests/integration/test_limits.py", "tests/acceptance/test_bench.py")
+SERIAL_GROUP_PATHS = ("tests/faults/", "tests/integration/test_limits.py",
+                      "tests/integration/test_wakeups.py", "tests/integration/test_transport.py",
+                      "tests/acceptance/test_bench.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

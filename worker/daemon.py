@@ -177,6 +177,7 @@ class Worker:
         # Initialised. Waiting for the database is readiness's business: failing the startup probe
         # would have Kubernetes restart the pod in a loop during a database outage.
         self.started = True
+        liveness: asyncio.Task[None] | None = None
         try:
             settings = await self._startup_settings()
             if settings is None:
@@ -213,15 +214,15 @@ class Worker:
                 for task in side_tasks:
                     task.cancel()
                 await asyncio.gather(*side_tasks, return_exceptions=True)
-            try:
-                await self._drain(finisher)
-            finally:
-                liveness.cancel()
-                await asyncio.gather(liveness, return_exceptions=True)
+            await self._drain(finisher)
         finally:
             await self.sender.close()
             await self.queue.close()
             # Last: whatever is still ours in the database stays ours until every outcome is written.
+            # Stopped before its connection closes, or it would register the worker again.
+            if liveness is not None:
+                liveness.cancel()
+                await asyncio.gather(liveness, return_exceptions=True)
             await self._close_liveness()
             await self._probes.stop()
             self.log.info("worker stopped")
@@ -343,6 +344,8 @@ class Worker:
                 await asyncio.sleep(LIVENESS_INTERVAL_SECONDS)
 
     async def _close_liveness(self) -> None:
+        # alive means holding a registered liveness connection: claims wait from here on
+        self._alive.clear()
         conn, self._liveness = self._liveness, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -388,6 +391,7 @@ class Worker:
                 return
             if rows:
                 self.metrics.claim_batch.observe(len(rows))
+                quiet = 0.0  # rows found: the next wake-up after an empty claim is not held
             if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
             for row in rows:

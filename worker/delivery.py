@@ -1,4 +1,4 @@
-"""The HTTP side: one aiohttp session, and one POST per attempt with the product's headers."""
+"""The HTTP side: the aiohttp sessions, and one POST per attempt with the product's headers."""
 
 from __future__ import annotations
 
@@ -20,12 +20,10 @@ from worker.config import tls_context
 from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
 from worker.policy import AttemptResult, Category
 from worker.queue import Claimed
-from worker.registration import header_problem
 
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
 MAX_RESPONSE_HEADERS = 100
-
 
 
 @dataclass(frozen=True)
@@ -60,9 +58,7 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]:
-    # The registration rules again, at send time: headers stored before a rule existed (a
-    # Transfer-Encoding beside our Content-Length, a name that is no HTTP token) are never sent.
-    headers = {k: v for k, v in row.headers.items() if header_problem(k, v) is None}
+    headers = dict(row.headers)  # as claimed: only what the registration rules allow
     # The id as sent is the id signed: a receiver verifies with the header it got.
     message_id = header_value(row.idempotency_key)
     headers.update(

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from worker import encryption
 from worker.encryption import DecryptionError, Keyring, UnsealedValue
 from worker.policy import RetryPolicy, RetrySchedule
-from worker.registration import headers_problem, url_has_userinfo
+from worker.registration import headers_problem, sendable_headers, url_has_userinfo
 
 APPLICATION_NAME = "webhook-worker"
 NOTIFY_CHANNEL = "webhooks_queue"
@@ -159,7 +159,7 @@ def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bo
             keyring.open(s, encryption.SIGNING_SECRET, endpoint_id, plaintext)
             for s in active_secrets(parsed("signing_secrets"))
         ),
-        "headers": keyring.open_headers(parsed("headers"), endpoint_id, plaintext),
+        "headers": sendable_headers(keyring.open_headers(parsed("headers"), endpoint_id, plaintext)),
         "timeout_seconds": None if row["timeout_ms"] is None else row["timeout_ms"] / 1000.0,
         "schedule": RetrySchedule.from_json(parsed("retry_schedule"), row["retry_jitter"]),
         "body_format": row["body_format"],

@@ -6,8 +6,8 @@ import string
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-# Set by webhook-worker on every request (worker.delivery drops any stored header these rules refuse
-# at send time too).
+# Set by webhook-worker on every request (and sendable_headers() drops any stored header these rules
+# refuse, so none of them is ever sent either).
 PRODUCT_HEADERS = frozenset(
     {
         "content-type", "content-length", "user-agent", "host", "webhook-id", "webhook-timestamp",
@@ -63,6 +63,13 @@ def header_problem(name: str, value: str) -> str | None:
     if value != value.strip(" \t"):
         return f"{name}: the value must not start or end with spaces"
     return None
+
+
+def sendable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The stored headers these rules allow: headers stored before a rule existed (a
+    Transfer-Encoding beside the client's Content-Length, a name that is no HTTP token) are never
+    sent."""
+    return {name: value for name, value in headers.items() if header_problem(name, value) is None}
 
 
 def headers_problem(url: str, headers: Mapping[str, str]) -> str | None:

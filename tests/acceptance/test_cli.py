@@ -21,10 +21,10 @@ COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["end
             ["keys", "rotate"], ["demo"]]
 
 
-def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker")):
+def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker"), stdin=None):
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("WEBHOOK_WORKER_") and k != "DATABASE_URL"}
-    return subprocess.run([*executable, *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([*executable, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
                           env={**clean, KEYS_ENV: TEST_KEYS, **(env or {})}, cwd=cwd, check=False)
 
 

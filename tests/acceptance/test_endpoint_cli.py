@@ -3,24 +3,18 @@ and standard input, header rules, format options, the loopback hint and URL fing
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.support import ROOT, TEST_KEYRING, TEST_KEYS, query
+from tests.acceptance.test_cli import cli as run_cli
+from tests.support import TEST_KEYRING, query
 from worker import encryption, signing
-from worker.encryption import KEYS_ENV
 
 URL = "https://hooks.example.test/services/T0/B0/PATHCANARY"
 
 
 def cli(db, *args, stdin=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_") and k != "DATABASE_URL"}
-    return subprocess.run([sys.executable, "-m", "worker", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120, env={**env, KEYS_ENV: TEST_KEYS, "DATABASE_URL": db},
-                          cwd=ROOT, check=False)
+    return run_cli(*args, env={"DATABASE_URL": db}, stdin=stdin)
 
 
 def ok(db, *args, stdin=None):

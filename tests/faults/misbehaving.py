@@ -119,6 +119,7 @@ class ClosesKeepaliveAtRandom:
         self._rng = random.Random(seed)
         self.requests_per_connection: list[int] = []
         self.fresh_connection_requests = 0
+        self.hung_up = 0  # connections closed right after an answer that advertised keep-alive
 
     async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.requests_per_connection.append(0)
@@ -129,6 +130,7 @@ class ClosesKeepaliveAtRandom:
             writer.write(OK)  # advertises keep-alive, then sometimes hangs up anyway
             await writer.drain()
             if self._rng.random() < self._probability:
+                self.hung_up += 1
                 break
         writer.close()
 

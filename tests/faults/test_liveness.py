@@ -94,7 +94,7 @@ def test_a_second_worker_under_a_running_worker_s_id_is_refused_at_start(db, rec
     said = second.log_path.read_text()
     report("duplicate worker.id", exit_code=code,
            error=[line for line in said.splitlines() if "worker.id" in line])
-    assert code != 0
+    assert code == 2  # a configuration error, as README says
     assert "worker.id: 'twin' is already in use by a running worker" in said
     assert not second.logged("worker started")
     # the first one is untouched

@@ -114,25 +114,6 @@ def test_sigterm_stops_claiming_and_writes_the_outcomes_of_requests_in_flight(db
     assert len(receiver.to("/held")) == 20
 
 
-def test_when_the_grace_runs_out_open_requests_are_recorded_as_interrupted_attempts(db, receiver, spawn):
-    # (issue 18: they were released with their attempt given back, and sent again as attempt 1)
-    endpoint = add_endpoint(db, receiver.url("/stuck"))
-    receiver.script("/stuck", Reply(hold=True))
-    ids = enqueue(db, endpoint, count=10)
-    worker = spawn(db, worker={"concurrency": 10, "shutdown_grace_seconds": 1})
-    eventually(lambda: receiver.holding == 10, message="10 requests held")
-    started = time.monotonic()
-    worker.signal(signal.SIGTERM)
-    assert worker.process.wait(30) == 0
-    assert time.monotonic() - started < 10
-
-    assert Counter(statuses(db, ids).values()) == {"retrying": 10}
-    assert query(db, "SELECT sum(attempts), count(lease_token) FROM webhooks.alert_delivery_queue") == [
-        (10, 0)]
-    assert query(db, "SELECT outcome, failure_category, count(*) FROM webhooks.alert_delivery_log"
-                     " GROUP BY 1, 2") == [("retry", "interrupted", 10)]
-
-
 def test_fan_out_from_an_application_table(db, receiver, spawn):
     everything = add_endpoint(db, receiver.url("/all"))
     alerts_only = add_endpoint(db, receiver.url("/alerts"), event_types=("alert.*",))

@@ -1,6 +1,7 @@
 """The pure parts of the HTTP side: what may be logged, what is stored, which headers are sent."""
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -13,7 +14,8 @@ from aiohttp.client_reqrep import ConnectionKey
 
 from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
-from worker import signing
+from tests.support import TEST_KEYRING
+from worker import encryption, signing
 from worker.delivery import (
     carries_transport_text,
     display_url,
@@ -24,7 +26,7 @@ from worker.delivery import (
     transport_failure,
 )
 from worker.policy import Category, RetrySchedule
-from worker.queue import Claimed
+from worker.queue import Claimed, _claimed
 
 
 @pytest.mark.parametrize(
@@ -173,14 +175,18 @@ def test_request_headers_are_signed_and_custom_headers_cannot_replace_ours():
 
 
 def test_stored_headers_the_registration_rules_refuse_are_never_sent():
-    # written before the rules existed, or by hand in SQL
+    # written before the rules existed, or by hand in SQL; sealed as the product seals them
     stored = {"Transfer-Encoding": "chunked", "Connection": "close", "Proxy-Authorization": "x",
               "X-A B": "1", "X-Naïve": "1", "X-Split": "a\r\nX-Injected: 1", "X-Team": "ops"}
-    row = Claimed(
-        delivery_id=7, webhook_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
-        body=b"{}", attempt=1, max_attempts=10, lease_token=uuid.uuid4(), locked_until=datetime.now(UTC),
-        url="https://x.test/", signing_secrets=(), headers=stored, timeout_seconds=None,
-        schedule=RetrySchedule(),
-    )
-    sent = request_headers(row, 1_700_000_000, row.body)
+    now = datetime.now(UTC)
+    row = {"delivery_id": 7, "webhook_id": 3, "event_id": "evt_1", "idempotency_key": "evt_1",
+           "event_type": "alert.created", "attempt": 1, "max_attempts": 10, "lease_token": uuid.uuid4(),
+           "locked_until": now, "endpoint_url": TEST_KEYRING.seal("https://x.test/", encryption.URL, 3),
+           "signing_secrets": "[]", "headers": json.dumps(TEST_KEYRING.seal_headers(stored, 3)),
+           "timeout_ms": None, "retry_schedule": None, "retry_jitter": 0.2, "body_format": "raw",
+           "secret_settings": "{}", "retry_policy": "{}", "payload": "{}", "traceparent": None,
+           "created_at": now}
+    claimed = _claimed(row, TEST_KEYRING, {})
+    assert claimed.problem is None
+    sent = request_headers(claimed, 1_700_000_000, claimed.body)
     assert [name for name in sent if name in stored] == ["X-Team"]
