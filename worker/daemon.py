@@ -57,7 +57,8 @@ LIVENESS_MAX_BACKOFF_SECONDS = 1.0
 LIVENESS_SCHEMA_TOO_OLD = ("schema older than version 35 (worker liveness): not claiming until "
                            "`webhook-worker migrate` has run")
 # The failure category of a request still open when the shutdown grace ran out: a retry, its
-# attempt counted; not an availability failure, so it never counts against the circuit.
+# attempt counted; finish() keeps it out of the endpoint's health and circuit (036), since the
+# worker, not the receiver, cut it off.
 INTERRUPTED = "interrupted"
 
 

@@ -133,3 +133,19 @@ def test_an_upgrade_gives_earlier_endpoint_disabled_dead_letters_their_category(
     schema.migrate(url)
     assert query(url, "SELECT delivery_id, failure_category FROM webhooks.alert_delivery_queue") == [
         (earlier, "disabled")]
+
+
+def test_an_interrupted_attempt_leaves_the_endpoint_s_health_and_a_half_open_circuit_alone(db):
+    # a request cut off by a worker's shutdown says nothing about the receiver: not a probe that
+    # succeeded (it could close a circuit on a hanging receiver), not a failure either
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/cut", max_in_flight=20, circuit_policy=TRIGGER_HAPPY)
+    query(db, "UPDATE webhooks.webhook_health_metrics SET circuit_state = 'half_open', probe_successes = 0,"
+              " probe_failures = 0 WHERE webhook_id = %s", (endpoint,))
+    interrupted = {"outcome": "retry", "failure_category": "interrupted", "retry_after_s": 0,
+                   "latency_ms": 2000, "error": "interrupted: the worker shut down with the request open"}
+    claim_and_finish(db, endpoint, interrupted)
+    assert query(db, "SELECT circuit_state, probe_successes, probe_failures, consecutive_failures,"
+                     " failing_since, window_attempts FROM webhooks.webhook_health_metrics"
+                     " WHERE webhook_id = %s", (endpoint,)) == [("half_open", 0, 0, 0, None, 0)]
+    assert query(db, "SELECT status, attempts, failure_category FROM webhooks.alert_delivery_queue") == [
+        ("retrying", 1, "interrupted")]
