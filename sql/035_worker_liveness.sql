@@ -4,7 +4,7 @@
 -- endpoints' max_in_flight all that time. Now each worker process registers here on a connection it
 -- keeps for its whole life, holding a session-level advisory lock keyed on its worker id (as GoodJob
 -- and Que do). When the process dies, PostgreSQL ends the session and drops the lock; every worker
--- runs webhooks.reclaim_lost_workers() about once a second, which reclaims the rows of a registered
+-- runs webhooks.reclaim_lost_workers() twice a second, which reclaims the rows of a registered
 -- worker whose lock is gone: attempt counted (as any crash), `lease expired` on the last attempt,
 -- one audit row each, exactly as webhooks.reap_expired_leases() treats an expired lease.
 --
@@ -148,7 +148,7 @@ BEGIN
 END;
 $$;
 
--- Called by every worker about once a second on its liveness connection. Marks registrations whose
+-- Called by every worker twice a second on its liveness connection. Marks registrations whose
 -- lock is gone; reclaims the rows of those missing it for longer than the grace (only those
 -- registered in this PostgreSQL lifetime, see the header); forgets registrations that nothing
 -- depends on any more. Returns how many rows were reclaimed. Concurrent callers skip each other.

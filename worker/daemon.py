@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -54,8 +54,6 @@ GC_YOUNG_THRESHOLD = 50_000
 LIVENESS_INTERVAL_SECONDS = 0.5
 LIVENESS_GRACE_SECONDS = 1.0
 LIVENESS_MAX_BACKOFF_SECONDS = 1.0
-LIVENESS_SCHEMA_TOO_OLD = ("schema older than version 35 (worker liveness): not claiming until "
-                           "`webhook-worker migrate` has run")
 # The failure category of a request still open when the shutdown grace ran out: a retry, its
 # attempt counted; finish() keeps it out of the endpoint's health and circuit (036), since the
 # worker, not the receiver, cut it off.
@@ -251,16 +249,21 @@ class Worker:
 
     async def _startup_settings(self) -> DeliverySettings | None:
         """Read webhooks.delivery_config, waiting for the database as long as it takes."""
+        return await self._until_database(self.queue.settings, "database not reachable; retrying")
+
+    async def _until_database(self, call: Callable[[], Awaitable[T]], unreachable: str) -> T | None:
+        """The call's result, tried again with backoff while the database is unreachable or not yet
+        migrated far enough; None if stop() came first."""
         backoff = Backoff(first=0.5)
         while not self._stopping.is_set():
             try:
-                return await self.queue.settings()
+                return await call()
             except DATABASE_ERRORS as exc:
                 delay = backoff.next()
                 if isinstance(exc, SCHEMA_MISSING):
                     self.log.warning(SCHEMA_TOO_OLD, retry_in=delay)
                 else:
-                    self.log.warning("database not reachable; retrying", error=_brief(exc), retry_in=delay)
+                    self.log.warning(unreachable, error=_brief(exc), retry_in=delay)
                 await self._sleep(delay)
         return None
 
@@ -288,24 +291,13 @@ class Worker:
     async def _register_at_start(self) -> bool:
         """Register before the first claim, waiting for the database; False if stopped meanwhile.
         A second live process under the same worker id is refused with one clear error."""
-        backoff = Backoff(first=0.5)
-        while not self._stopping.is_set():
-            try:
-                registration = await self._register()
-            except DATABASE_ERRORS as exc:
-                delay = backoff.next()
-                if isinstance(exc, SCHEMA_MISSING):
-                    # a worker of this release needs 035_worker_liveness: it waits for the migration
-                    self.log.warning(LIVENESS_SCHEMA_TOO_OLD, retry_in=delay)
-                else:
-                    self.log.warning("could not register the worker's liveness; retrying",
-                                     error=_brief(exc), retry_in=delay)
-                await self._sleep(delay)
-                continue
-            if not registration.registered:
-                raise ConfigError(_id_in_use(self.worker_id, registration))
-            return True
-        return False
+        registration = await self._until_database(
+            self._register, "could not register the worker's liveness; retrying")
+        if registration is None:
+            return False
+        if not registration.registered:
+            raise ConfigError(_id_in_use(self.worker_id, registration))
+        return True
 
     async def _liveness_loop(self) -> None:
         """Keep this process registered and reclaim lost workers' rows, every

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -245,16 +246,17 @@ class Sender:
         self._fresh_session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        self._session = self._new_session(force_close=False)
-        self._fresh_session = self._new_session(force_close=True)
+        # aiohttp's own verifying default unless a private CA is added to the system's
+        tls: ssl.SSLContext | bool = tls_context(self._ca_bundle_file) if self._ca_bundle_file else True
+        self._session = self._new_session(tls, force_close=False)
+        self._fresh_session = self._new_session(tls, force_close=True)
 
-    def _new_session(self, force_close: bool) -> aiohttp.ClientSession:
+    def _new_session(self, tls: ssl.SSLContext | bool, force_close: bool) -> aiohttp.ClientSession:
         resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), self._policy)
         connector = aiohttp.TCPConnector(
             limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60, resolver=resolver,
             socket_factory=checked_socket_factory(self._policy), force_close=force_close,
-            # aiohttp's own verifying default unless a private CA is added to the system's
-            ssl=tls_context(self._ca_bundle_file) if self._ca_bundle_file else True,
+            ssl=tls,
         )
         return aiohttp.ClientSession(
             connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False,

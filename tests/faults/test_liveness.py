@@ -213,14 +213,14 @@ def test_the_liveness_session_would_see_a_vanished_host_within_seconds(db):
 
 def test_a_worker_newer_than_the_schema_waits_for_the_liveness_migration(fresh_db, receiver, spawn):
     from worker import schema
-    from worker.daemon import LIVENESS_SCHEMA_TOO_OLD
+    from worker.daemon import SCHEMA_TOO_OLD
 
     db = fresh_db(False)
     schema.migrate(db, up_to=30)  # the release before worker liveness
     endpoint = add_endpoint(db, receiver.url("/later"))
     ids = enqueue(db, endpoint, count=3)
     worker = spawn(db, name="early")
-    eventually(lambda: worker.logged(LIVENESS_SCHEMA_TOO_OLD), message="a clear log line")
+    eventually(lambda: worker.logged(SCHEMA_TOO_OLD), message="a clear log line")
     assert statuses(db, ids) == dict.fromkeys(ids, "pending")  # nothing claimed without liveness
     schema.migrate(db)
     eventually(lambda: all_final(db, ids), timeout=30, message="delivered once migrated")
