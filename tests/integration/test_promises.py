@@ -3,10 +3,11 @@ closes it; disabling after sustained failure; replaying an expired row; the sche
 accepts; what workers do on their own (retention, disabled endpoints' rows); and the metrics that
 say what the database refused and what the claim holds back.
 
-The clock is moved through the database (timestamps updated), never waited for. Already covered
-elsewhere, so not restated here: a disabled endpoint's rows as dead letters of category `disabled`
-(tests/integration/test_circuit_categories.py), every `database_errors_total` series exported at
-zero (tests/integration/test_observability.py)."""
+The clock is moved through the database (timestamps updated), never waited for. A disabled
+endpoint's rows as dead letters of category `disabled` (tests/integration/test_circuit_categories.py)
+and every `database_errors_total` series exported at zero (tests/integration/test_observability.py)
+have tests of their own; here they are checked again only as steps of the scenarios that pass
+through them."""
 
 import json
 
