@@ -11,6 +11,10 @@
 -- parse as HTTP (it used to be 'connect', which counted: a receiver answering garbage is as
 -- unavailable as one that does not answer).
 --
+-- A request still open when a worker's shutdown grace ran out is recorded as an attempt (category
+-- 'interrupted'), but the worker cut it off: finish() keeps it out of the endpoint's health and
+-- circuit, as it keeps refused destinations ('blocked').
+--
 -- Rows dead-lettered because their endpoint stayed disabled past their retry window had no failure
 -- category; they get 'disabled' (the reason stays 'endpoint disabled'), so `dlq list --category`
 -- and replay_dead_letters(p_failure_category => ...) find them. Existing ones are given it here;
@@ -160,8 +164,10 @@ BEGIN
                t.ord > coalesce(max(t.ord) FILTER (WHERE t.outcome = 'delivered')
                                 OVER (PARTITION BY t.webhook_id), 0) AS after_last_success
         FROM target t
-        -- a refused destination says nothing about the receiver: keep it out of the endpoint's state
-        WHERE t.failure_category IS DISTINCT FROM 'blocked'
+        -- A refused destination, and a request cut off because its worker shut down (category
+        -- 'interrupted'), say nothing about the receiver: keep them out of the endpoint's state, or
+        -- a cut-off half-open probe would count as a success and could close the circuit.
+        WHERE coalesce(t.failure_category, '') NOT IN ('blocked', 'interrupted')
     ), per_endpoint AS (
         SELECT p.webhook_id,
                count(*)::integer AS attempts,

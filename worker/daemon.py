@@ -55,7 +55,7 @@ LIVENESS_INTERVAL_SECONDS = 0.5
 LIVENESS_GRACE_SECONDS = 1.0
 LIVENESS_MAX_BACKOFF_SECONDS = 1.0
 # The failure category of a request still open when the shutdown grace ran out: a retry, its
-# attempt counted; finish() keeps it out of the endpoint's health and circuit (036), since the
+# attempt counted; finish() keeps it out of the endpoint's health and circuit (032), since the
 # worker, not the receiver, cut it off.
 INTERRUPTED = "interrupted"
 
