@@ -81,8 +81,8 @@ def percentile(values: list[float], p: float) -> float:
 
 async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
     from worker.delivery import Sender
+    from worker.model import Claimed
     from worker.policy import RetrySchedule
-    from worker.queue import Claimed
 
     sender = Sender(concurrency, LOOPBACK_POLICY)
     await sender.start()
@@ -155,7 +155,8 @@ def section_http(ctx: Context) -> dict[str, Any]:
 
 
 async def _db_ceiling(dsn: str, rows: int, batch: int) -> dict[str, Any]:
-    from worker.queue import Finished, Queue
+    from worker.model import Finished
+    from worker.queue import Queue
 
     queue = Queue.create(worker_dsn(dsn), 1, 2, 10.0, "bench-db", BENCH_KEYRING)
     await queue.open()

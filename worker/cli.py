@@ -22,9 +22,10 @@ import psycopg
 from worker import __version__, schema, signing
 from worker import queue as db
 from worker.config import Config, ConfigError, load_config
-from worker.delivery import Sent, display_url
+from worker.delivery import display_url
 from worker.destinations import Address, address_blocked, ip_literal, url_problem
 from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
+from worker.model import Sent
 from worker.observability import configure_logging
 from worker.policy import RetrySchedule
 from worker.queue import (

@@ -20,12 +20,13 @@ from psycopg_pool import PoolTimeout
 
 from worker import formats, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
-from worker.delivery import Sender, Sent, carries_transport_text, display_url, error_text
+from worker.delivery import Sender, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
+from worker.model import Claimed, Finished, FinishResult, Sent
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome, classify, retry_delay
-from worker.queue import Claimed, DeliverySettings, Finished, FinishResult, Queue, Registration
+from worker.queue import DeliverySettings, Queue, Registration
 
 T = TypeVar("T")
 DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
@@ -567,7 +568,7 @@ class Worker:
             delivery_id=row.delivery_id,
             lease_token=row.lease_token,
             attempt=row.attempt,
-            outcome=decision.outcome.value,
+            outcome=decision.outcome,
             retry_after_s=delay,
             http_status=status,
             failure_category=decision.category.value if decision.category else None,

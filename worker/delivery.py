@@ -9,7 +9,6 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -19,19 +18,12 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from worker import __version__, signing
 from worker.config import tls_context
 from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
+from worker.model import Claimed, Sent
 from worker.policy import AttemptResult, Category
-from worker.queue import Claimed
 
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
 MAX_RESPONSE_HEADERS = 100
-
-
-@dataclass(frozen=True)
-class Sent:
-    result: AttemptResult
-    latency_ms: int
-    excerpt: str | None
 
 
 def display_url(url: str) -> str:

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker import encryption
 from worker.encryption import DecryptionError, Keyring, UnsealedValue
+from worker.model import Claimed, Finished, FinishResult
 from worker.policy import RetryPolicy, RetrySchedule
 from worker.registration import headers_problem, sendable_headers, url_has_userinfo
 
@@ -48,53 +49,6 @@ class DeliverySettings:
     notify_enabled: bool
 
 
-@dataclass(frozen=True)
-class Claimed:
-    """A delivery claimed under a lease, with what the request needs from its endpoint."""
-
-    delivery_id: int
-    webhook_id: int
-    event_id: str
-    idempotency_key: str
-    event_type: str
-    body: bytes
-    attempt: int
-    max_attempts: int
-    lease_token: UUID
-    locked_until: datetime
-    url: str = field(repr=False)
-    signing_secrets: tuple[str, ...] = field(repr=False)
-    headers: dict[str, str]
-    timeout_seconds: float | None  # the endpoint's own; None means the worker's default
-    schedule: RetrySchedule
-    traceparent: str | None = None
-    # Set when the row's endpoint settings could not be read: the attempt fails as `internal`
-    # without a request, and the rest of the batch is unaffected.
-    problem: str | None = None
-    body_format: str = "raw"
-    secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
-    created_at: datetime | None = None
-    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
-
-
-@dataclass(frozen=True)
-class Finished:
-    """One attempt's outcome, as webhooks.finish() takes it."""
-
-    delivery_id: int
-    lease_token: UUID
-    attempt: int
-    outcome: str
-    retry_after_s: float | None = None
-    http_status: int | None = None
-    failure_category: str | None = None
-    error: str | None = None
-    response_excerpt: str | None = None
-    latency_ms: int | None = None
-    reason: str | None = None
-    disable_endpoint: bool = False
-
-
 def outcomes_document(outcomes: Sequence[Finished]) -> str:
     """The JSON array webhooks.finish() takes: one object per outcome, its fields by name."""
     try:
@@ -119,14 +73,6 @@ class Registration:
     holder_pid: int | None
     holder_since: datetime | None
     reclaimed: int  # rows an earlier, dead process under the same id had in flight
-
-
-@dataclass(frozen=True)
-class FinishResult:
-    delivery_id: int
-    applied: bool
-    status: str
-    endpoint_change: str | None  # e.g. "circuit_opened: 12 of 20 attempts failed in the last 60 s"
 
 
 def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None) -> tuple[str, ...]:

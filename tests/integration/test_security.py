@@ -30,8 +30,8 @@ from worker.delivery import Sender
 from worker.destinations import DestinationPolicy, address_blocked
 from worker.encryption import KEYS_ENV, SIGNING_SECRET, Keyring, generate_key
 from worker.localpg import LocalPostgres, _find_binary
+from worker.model import Claimed
 from worker.policy import Category
-from worker.queue import Claimed
 
 FAST_RETRY = {"delays": [0.1]}
 ALLOW_LOOPBACK_ENV = {"WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": "[127.0.0.1/32]"}

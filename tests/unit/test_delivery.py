@@ -25,8 +25,9 @@ from worker.delivery import (
     request_headers,
     transport_failure,
 )
+from worker.model import Claimed
 from worker.policy import Category, RetrySchedule
-from worker.queue import Claimed, _claimed
+from worker.queue import _claimed
 
 
 @pytest.mark.parametrize(

@@ -3,14 +3,15 @@
 import json
 import uuid
 
+from worker.model import Finished
 from worker.policy import Outcome
-from worker.queue import Finished, outcomes_document
+from worker.queue import outcomes_document
 
 
 def test_the_outcome_document_has_every_field_by_name_and_the_token_as_text():
     token = uuid.uuid4()
-    delivered = Finished(delivery_id=7, lease_token=token, attempt=2, outcome="delivered", http_status=200,
-                         latency_ms=12, response_excerpt="ok")
+    delivered = Finished(delivery_id=7, lease_token=token, attempt=2, outcome=Outcome.DELIVERED,
+                         http_status=200, latency_ms=12, response_excerpt="ok")
     # the worker passes Outcome members as well as their values; error texts can be any language
     retry = Finished(delivery_id=8, lease_token=token, attempt=1, outcome=Outcome.RETRY, retry_after_s=4.5,
                      failure_category="timeout", error="délai dépassé après 10 s")
@@ -30,8 +31,9 @@ def test_a_lone_surrogate_still_makes_a_document_with_every_outcome():
     # orjson refuses such a string; the batch must still be written (the database then refuses
     # that one outcome, and the worker isolates it) rather than fail whole.
     token = uuid.uuid4()
-    odd = Finished(delivery_id=1, lease_token=token, attempt=1, outcome="retry", error="bad \ud800 text")
-    fine = Finished(delivery_id=2, lease_token=token, attempt=1, outcome="delivered")
+    odd = Finished(delivery_id=1, lease_token=token, attempt=1, outcome=Outcome.RETRY,
+                   error="bad \ud800 text")
+    fine = Finished(delivery_id=2, lease_token=token, attempt=1, outcome=Outcome.DELIVERED)
 
     document = json.loads(outcomes_document([odd, fine]))
 
