@@ -13,7 +13,7 @@ from uuid import UUID
 import orjson
 import psycopg
 import psycopg.sql
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool
 
@@ -204,11 +204,15 @@ class Queue:
 
     async def settings(self) -> DeliverySettings:
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT * FROM webhooks.worker_settings()")
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute("SELECT * FROM webhooks.worker_settings()")
             row = await cur.fetchone()
         if row is None:
             raise RuntimeError("webhooks.delivery_config has no row: run `webhook-worker migrate`")
-        return DeliverySettings(row[0], row[1] / 1000.0, row[2], row[3], row[4], row[5])
+        return DeliverySettings(
+            max_attempts=row["max_attempts"], timeout_seconds=row["timeout_ms"] / 1000.0,
+            lease_seconds=row["lease_seconds"], claim_batch_size=row["claim_batch_size"],
+            finish_batch_size=row["finish_batch_size"], notify_enabled=row["notify_enabled"])
 
     async def notifications(self) -> AsyncIterator[None]:
         """Yield once when listening, then once per NOTIFY; on its own connection, not the pool's.
@@ -240,10 +244,12 @@ class Queue:
     async def register_worker(
         conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
     ) -> Registration:
-        cur = await conn.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
         row = await cur.fetchone()
         assert row is not None
-        return Registration(bool(row[0]), row[1], row[2], int(row[3] or 0))
+        return Registration(registered=bool(row["registered"]), holder_pid=row["holder_pid"],
+                            holder_since=row["holder_since"], reclaimed=int(row["reclaimed"] or 0))
 
     @staticmethod
     async def reclaim_lost_workers(conn: psycopg.AsyncConnection[Any], grace_seconds: float) -> int:
@@ -297,26 +303,23 @@ class Queue:
     async def finish(self, worker_id: str, outcomes: Sequence[Finished]) -> list[FinishResult]:
         payload = outcomes_document(outcomes)
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT * FROM webhooks.finish(%s, %s)", (worker_id, payload))
-            return [FinishResult(*row) for row in await cur.fetchall()]
+            cur = conn.cursor(row_factory=class_row(FinishResult))
+            await cur.execute("SELECT * FROM webhooks.finish(%s, %s)", (worker_id, payload))
+            return await cur.fetchall()
 
     async def housekeeping(self) -> dict[str, int]:
         """Dead-letter disabled endpoints' rows past their retry window, keep log partitions ahead,
         and apply retention (one bounded batch, by one worker at a time)."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT webhooks.expire_disabled_endpoint_rows(), webhooks.ensure_log_partitions(),"
-                " p.* FROM webhooks.purge() p"
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT webhooks.expire_disabled_endpoint_rows() AS expired_rows,"
+                " webhooks.ensure_log_partitions() AS partitions_created,"
+                " p.delivered_rows AS purged_delivered, p.log_partitions AS dropped_partitions,"
+                " p.log_rows AS purged_log_rows FROM webhooks.purge() p"
             )
             row = await cur.fetchone()
-        names = (
-            "expired_rows",
-            "partitions_created",
-            "purged_delivered",
-            "dropped_partitions",
-            "purged_log_rows",
-        )
-        return dict(zip(names, (int(v or 0) for v in row or ()), strict=False))
+        return {name: int(value or 0) for name, value in (row or {}).items()}
 
     async def release(self, worker_id: str, rows: Sequence[Claimed]) -> int:
         """Give back rows claimed but not delivered (shutdown): their attempt is not counted."""
@@ -415,12 +418,12 @@ class StoredCredentials:
 
 def stored_credentials(conn: psycopg.Connection, endpoint_id: int) -> StoredCredentials | None:
     """The endpoint's sealed credentials, locked until the caller's transaction ends."""
-    row = conn.execute(
+    row = conn.cursor(row_factory=dict_row).execute(
         "SELECT * FROM webhooks.endpoint_credentials(%s, 1)", (endpoint_id - 1,)
     ).fetchone()
-    if row is None or row[0] != endpoint_id:
+    if row is None or row["id"] != endpoint_id:
         return None
-    return StoredCredentials(row[1], row[2], row[3], row[4])
+    return StoredCredentials(row["url"], row["signing_secrets"], row["secret_settings"], row["headers"])
 
 
 def find_endpoint(conn: psycopg.Connection, name_or_id: str) -> int | None:
