@@ -18,14 +18,14 @@ from uuid import UUID, uuid4
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from worker import formats, schema
+from worker import formats, outcomes, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
 from worker.delivery import Sender, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.model import Claimed, Finished, FinishResult, Sent
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
-from worker.policy import Outcome, classify, retry_delay
+from worker.policy import Outcome
 from worker.queue import DeliverySettings, Queue, Registration
 
 T = TypeVar("T")
@@ -55,10 +55,6 @@ GC_YOUNG_THRESHOLD = 50_000
 LIVENESS_INTERVAL_SECONDS = 0.5
 LIVENESS_GRACE_SECONDS = 1.0
 LIVENESS_MAX_BACKOFF_SECONDS = 1.0
-# The failure category of a request still open when the shutdown grace ran out: a retry, its
-# attempt counted; finish() keeps it out of the endpoint's health and circuit (032), since the
-# worker, not the receiver, cut it off.
-INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -511,7 +507,7 @@ class Worker:
                     row.event_id, row.event_type, row.created_at or datetime.now(UTC), row.secret_settings))
             except (formats.FormatError, ValueError) as exc:
                 # The payload cannot take this endpoint's format: retrying would not change that.
-                finished = _cannot_render(row, str(exc))
+                finished = outcomes.cannot_render(row, str(exc))
                 self._row_log(row).error(
                     "payload cannot be rendered", body_format=row.body_format, error=str(exc))
             else:
@@ -524,7 +520,7 @@ class Worker:
                     if span is not None:
                         span.set_attribute("http.response.status_code", sent.result.status or 0)
                 self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
-                finished = self._outcome(row, sent)
+                finished = outcomes.from_attempt(row, sent)
                 if finished.outcome != Outcome.DELIVERED or self._debug:
                     with contextlib.suppress(Exception):  # a log line must never cost an outcome
                         _log_attempt(self._row_log(row), row, sent, finished)
@@ -538,46 +534,13 @@ class Worker:
                 self._row_log(row).error("delivery failed inside the worker", error=error_text(exc))
             else:
                 self._row_log(row).exception("delivery failed inside the worker")
-            finished = Finished(
-                delivery_id=row.delivery_id,
-                lease_token=row.lease_token,
-                attempt=row.attempt,
-                outcome=Outcome.RETRY,
-                retry_after_s=row.schedule.delay(row.attempt),
-                failure_category="internal",
-                error=(str(exc) if isinstance(exc, PoisonRow)
-                       else f"internal error: {error_text(exc)}")[:500],
-            )
+            finished = outcomes.internal_failure(
+                row, str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}")
         finally:
             self._in_flight.pop(row.lease_token, None)
             self._sending.pop(row.lease_token, None)
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
-
-    def _outcome(self, row: Claimed, sent: Sent) -> Finished:
-        decision = classify(sent.result)
-        delay = None
-        if decision.outcome in (Outcome.RETRY, Outcome.DEFERRED):
-            delay = row.retry_policy.min_delay(
-                decision.category, retry_delay(decision, row.attempt, row.schedule))
-        status = sent.result.status
-        error = sent.result.error or (
-            f"HTTP {status}" if status is not None and not 200 <= status < 300 else None
-        )
-        return Finished(
-            delivery_id=row.delivery_id,
-            lease_token=row.lease_token,
-            attempt=row.attempt,
-            outcome=decision.outcome,
-            retry_after_s=delay,
-            http_status=status,
-            failure_category=decision.category.value if decision.category else None,
-            error=error,
-            response_excerpt=sent.excerpt,
-            latency_ms=sent.latency_ms,
-            reason=decision.reason,
-            disable_endpoint=decision.disable_endpoint,
-        )
 
     # --- finish --------------------------------------------------------------------------------
 
@@ -674,7 +637,7 @@ class Worker:
             sent = [row for row, _ in leftover if row.lease_token in sending]
             for row in sent:
                 latency_ms = int((interrupted_at - sending[row.lease_token]) * 1000)
-                self._outcomes.put_nowait(_interrupted(row, grace, latency_ms))
+                self._outcomes.put_nowait(outcomes.interrupted(row, grace, latency_ms))
             if sent:
                 self.log.warning("requests still open when the grace ran out: recorded as interrupted "
                                  "attempts", requests=len(sent))
@@ -732,32 +695,6 @@ def _id_in_use(worker_id: str, registration: Registration) -> str:
     holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
     return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
             "give each worker process its own id")
-
-
-def _interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finished:
-    """A request still open when the shutdown grace ran out: it was sent, so it was an attempt."""
-    return Finished(
-        delivery_id=row.delivery_id,
-        lease_token=row.lease_token,
-        attempt=row.attempt,
-        outcome=Outcome.RETRY,
-        retry_after_s=row.schedule.delay(row.attempt),
-        failure_category=INTERRUPTED,
-        error=f"interrupted: the worker shut down with the request open after its {grace_seconds:g} s grace",
-        latency_ms=latency_ms,
-    )
-
-
-def _cannot_render(row: Claimed, reason: str) -> Finished:
-    return Finished(
-        delivery_id=row.delivery_id,
-        lease_token=row.lease_token,
-        attempt=row.attempt,
-        outcome=Outcome.DEAD_LETTER,
-        failure_category="internal",
-        error=f"cannot render as {row.body_format}: {reason}"[:500],
-        reason=f"cannot render as {row.body_format}: {reason}"[:500],
-    )
 
 
 def _log_attempt(log: Any, row: Claimed, sent: Sent, finished: Finished) -> None:

@@ -1,0 +1,76 @@
+"""Every way an attempt becomes a Finished (worker/outcomes.py), without a database or a request."""
+
+import uuid
+from datetime import UTC, datetime
+
+from worker import outcomes
+from worker.model import Claimed, Sent
+from worker.policy import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
+
+SCHEDULE = RetrySchedule(delays=(10.0, 20.0), jitter=0.0)
+
+
+def claimed(attempt: int = 1, **changes) -> Claimed:
+    fields = dict(
+        delivery_id=7, webhook_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
+        body=b"{}", attempt=attempt, max_attempts=10, lease_token=uuid.uuid4(),
+        locked_until=datetime.now(UTC), url="https://x.test/hook", signing_secrets=(), headers={},
+        timeout_seconds=None, schedule=SCHEDULE,
+    )
+    return Claimed(**{**fields, **changes})
+
+
+def test_a_2xx_answer_is_delivered_with_its_status_latency_and_excerpt_and_no_delay():
+    row = claimed()
+    finished = outcomes.from_attempt(row, Sent(AttemptResult(status=204), 12, "ok"))
+    assert finished.outcome is Outcome.DELIVERED
+    assert (finished.delivery_id, finished.lease_token, finished.attempt) == (7, row.lease_token, 1)
+    assert (finished.http_status, finished.latency_ms, finished.response_excerpt) == (204, 12, "ok")
+    assert finished.retry_after_s is None and finished.error is None and finished.failure_category is None
+
+
+def test_a_5xx_answer_is_a_retry_on_the_schedule_naming_the_status():
+    finished = outcomes.from_attempt(claimed(attempt=2), Sent(AttemptResult(status=502), 5, None))
+    assert finished.outcome is Outcome.RETRY
+    assert finished.failure_category == "http_5xx" and finished.error == "HTTP 502"
+    assert finished.retry_after_s == 20.0  # the schedule's delay after attempt 2
+
+
+def test_a_category_minimum_delay_wins_over_a_shorter_schedule():
+    row = claimed(retry_policy=RetryPolicy(category_min_delays={"timeout": 60.0}))
+    timed_out = AttemptResult(failure=Category.TIMEOUT, error="request timed out")
+    finished = outcomes.from_attempt(row, Sent(timed_out, 3000, None))
+    assert finished.outcome is Outcome.RETRY and finished.failure_category == "timeout"
+    assert finished.retry_after_s == 60.0 and finished.error == "request timed out"
+
+
+def test_a_429_with_retry_after_is_a_deferral_after_the_receiver_s_wait():
+    finished = outcomes.from_attempt(claimed(), Sent(AttemptResult(status=429, retry_after="30"), 5, None))
+    assert finished.outcome is Outcome.DEFERRED and finished.failure_category == "rate_limited"
+    assert finished.retry_after_s == 30.0
+
+
+def test_a_410_is_a_dead_letter_that_disables_the_endpoint():
+    finished = outcomes.from_attempt(claimed(), Sent(AttemptResult(status=410), 5, None))
+    assert finished.outcome is Outcome.DEAD_LETTER and finished.disable_endpoint
+    assert finished.retry_after_s is None
+
+
+def test_a_request_cut_off_by_shutdown_is_an_interrupted_retry_with_its_latency():
+    finished = outcomes.interrupted(claimed(), grace_seconds=2.5, latency_ms=2500)
+    assert finished.outcome is Outcome.RETRY and finished.failure_category == outcomes.INTERRUPTED
+    assert finished.latency_ms == 2500 and finished.retry_after_s == 10.0
+    assert "2.5 s grace" in (finished.error or "")
+
+
+def test_a_payload_the_format_cannot_take_is_a_dead_letter_naming_the_format_within_bounds():
+    finished = outcomes.cannot_render(claimed(body_format="slack"), "x" * 1000)
+    assert finished.outcome is Outcome.DEAD_LETTER and finished.failure_category == "internal"
+    assert (finished.reason or "").startswith("cannot render as slack: ")
+    assert len(finished.reason or "") == len(finished.error or "") == outcomes.MAX_TEXT
+
+
+def test_the_worker_s_own_failure_is_an_internal_retry_on_the_schedule_within_bounds():
+    finished = outcomes.internal_failure(claimed(), "internal error: " + "y" * 1000)
+    assert finished.outcome is Outcome.RETRY and finished.failure_category == "internal"
+    assert finished.retry_after_s == 10.0 and len(finished.error or "") == outcomes.MAX_TEXT

@@ -1,0 +1,81 @@
+"""Every way an attempt becomes a Finished: answered, cut off by shutdown, unrenderable, or failed inside."""
+
+from __future__ import annotations
+
+from worker.model import Claimed, Finished, Sent
+from worker.policy import Category, Outcome, classify, retry_delay
+
+# The failure category of a request still open when the shutdown grace ran out: a retry, its
+# attempt counted; finish() keeps it out of the endpoint's health and circuit, since the worker,
+# not the receiver, cut it off.
+INTERRUPTED = "interrupted"
+# The error and reason columns keep this much of a text.
+MAX_TEXT = 500
+
+
+def from_attempt(row: Claimed, sent: Sent) -> Finished:
+    """The outcome of a request that was sent: classified, with its delay when it is tried again."""
+    decision = classify(sent.result)
+    delay = None
+    if decision.outcome in (Outcome.RETRY, Outcome.DEFERRED):
+        scheduled = retry_delay(decision, row.attempt, row.schedule)
+        delay = row.retry_policy.min_delay(decision.category, scheduled)
+    status = sent.result.status
+    error = sent.result.error or (
+        f"HTTP {status}" if status is not None and not 200 <= status < 300 else None
+    )
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=decision.outcome,
+        retry_after_s=delay,
+        http_status=status,
+        failure_category=decision.category.value if decision.category else None,
+        error=error,
+        response_excerpt=sent.excerpt,
+        latency_ms=sent.latency_ms,
+        reason=decision.reason,
+        disable_endpoint=decision.disable_endpoint,
+    )
+
+
+def interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finished:
+    """A request still open when the shutdown grace ran out: it was sent, so it was an attempt."""
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=Outcome.RETRY,
+        retry_after_s=row.schedule.delay(row.attempt),
+        failure_category=INTERRUPTED,
+        error=f"interrupted: the worker shut down with the request open after its {grace_seconds:g} s grace",
+        latency_ms=latency_ms,
+    )
+
+
+def cannot_render(row: Claimed, reason: str) -> Finished:
+    """A payload the endpoint's body format cannot take: retrying would not change that."""
+    text = f"cannot render as {row.body_format}: {reason}"[:MAX_TEXT]
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=Outcome.DEAD_LETTER,
+        failure_category=Category.INTERNAL.value,
+        error=text,
+        reason=text,
+    )
+
+
+def internal_failure(row: Claimed, error: str) -> Finished:
+    """The worker's own failure (unreadable settings, an exception): tried again on the schedule."""
+    return Finished(
+        delivery_id=row.delivery_id,
+        lease_token=row.lease_token,
+        attempt=row.attempt,
+        outcome=Outcome.RETRY,
+        retry_after_s=row.schedule.delay(row.attempt),
+        failure_category=Category.INTERNAL.value,
+        error=error[:MAX_TEXT],
+    )
