@@ -16,23 +16,20 @@ from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
 import psycopg
-from psycopg_pool import PoolTimeout
 
 from worker import formats, outcomes, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
 from worker.delivery import Sender, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
-from worker.model import Claimed, Finished, FinishResult, Sent
+from worker.finisher import Finisher
+from worker.model import Claimed, Finished, Sent
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome
 from worker.queue import DeliverySettings, Queue, Registration
+from worker.retrying import DATABASE_ERRORS, Backoff, brief
 
 T = TypeVar("T")
-DATABASE_ERRORS = (psycopg.Error, PoolTimeout, OSError)
-# Errors that a retry can cure: the connection, not the statement, failed.
-TRANSIENT_ERRORS = (psycopg.OperationalError, PoolTimeout, OSError)
-MAX_BACKOFF_SECONDS = 5.0
 SCHEMA_MISSING = (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)
 SCHEMA_TOO_OLD = (f"schema older than version {schema.MIN_SUPPORTED_VERSION} (or not migrated): "
                   "run `webhook-worker migrate`")
@@ -88,20 +85,6 @@ class PoisonRow(Exception):
     """A claimed row that cannot be attempted (for example unreadable endpoint settings)."""
 
 
-class Backoff:
-    """Capped exponential waits between retries of a failing database call."""
-
-    def __init__(self, first: float = 0.1, cap: float = MAX_BACKOFF_SECONDS) -> None:
-        self._first, self._cap, self._next = first, cap, first
-
-    def next(self) -> float:
-        current, self._next = self._next, min(self._next * 2, self._cap)
-        return current
-
-    def reset(self) -> None:
-        self._next = self._first
-
-
 class Worker:
     def __init__(self, config: Config, queue: Queue, sender: Sender) -> None:
         self.config = config
@@ -121,8 +104,8 @@ class Worker:
         # Set while this process's liveness is registered; claims wait for it.
         self._alive = asyncio.Event()
         self._liveness: psycopg.AsyncConnection[Any] | None = None
-        self._outcomes: asyncio.Queue[Finished | None] = asyncio.Queue()
         self.metrics = Metrics()
+        self.finisher = Finisher(queue, self.worker_id, self.metrics, self.log, self.wake)
         self.metrics.in_flight.set_function(lambda: len(self._in_flight))
         self._debug = self.log.is_enabled_for(logging.DEBUG)
         self.started = False
@@ -147,7 +130,7 @@ class Worker:
         except SCHEMA_MISSING:
             return False, {"reason": SCHEMA_TOO_OLD}
         except DATABASE_ERRORS as exc:
-            return False, {"reason": "database unreachable", "error": _brief(exc)}
+            return False, {"reason": "database unreachable", "error": brief(exc)}
         supported = version is not None and (
             schema.MIN_SUPPORTED_VERSION <= version <= schema.MAX_SUPPORTED_VERSION)
         details: dict[str, Any] = {"schema_version": version}
@@ -196,7 +179,8 @@ class Worker:
                 timeout_seconds=self.effective.timeout_seconds,
                 claim_batch_size=self.effective.claim_batch_size,
             )
-            finisher = asyncio.create_task(self._finish_loop(), name="finisher")
+            batch, delay = self.effective.finish_batch_size, self.config.worker.finish_max_delay_seconds
+            finisher = asyncio.create_task(self.finisher.run(batch, delay), name="finisher")
             # Runs through the drain: outcomes written during the grace need the rows still ours.
             liveness = asyncio.create_task(self._liveness_loop(), name="liveness")
             side_tasks = [
@@ -229,7 +213,7 @@ class Worker:
         try:
             in_use = await self.queue.credential_keys()
         except DATABASE_ERRORS as exc:
-            self.log.warning("could not check the encryption keys", error=_brief(exc))
+            self.log.warning("could not check the encryption keys", error=brief(exc))
             return
         held = self.queue.keyring.key_ids
         missing = self.queue.keyring.missing(in_use)
@@ -260,7 +244,7 @@ class Worker:
                 if isinstance(exc, SCHEMA_MISSING):
                     self.log.warning(SCHEMA_TOO_OLD, retry_in=delay)
                 else:
-                    self.log.warning(unreachable, error=_brief(exc), retry_in=delay)
+                    self.log.warning(unreachable, error=brief(exc), retry_in=delay)
                 await self._sleep(delay)
         return None
 
@@ -325,7 +309,7 @@ class Worker:
             except DATABASE_ERRORS as exc:
                 if self._alive.is_set():
                     self.log.warning("liveness connection lost; claims wait until it is back",
-                                     error=_brief(exc))
+                                     error=brief(exc))
                 self._alive.clear()
                 await self._close_liveness()
                 await asyncio.sleep(backoff.next())
@@ -372,7 +356,7 @@ class Worker:
             except DATABASE_ERRORS as exc:
                 self.metrics.database_errors.labels("claim").inc()
                 delay = backoff.next()
-                self.log.warning("claim failed; retrying", error=_brief(exc), retry_in=delay)
+                self.log.warning("claim failed; retrying", error=brief(exc), retry_in=delay)
                 await self._sleep(delay)
                 continue
             backoff.reset()
@@ -422,7 +406,7 @@ class Worker:
                     self.metrics.record_stats(stats)
             except DATABASE_ERRORS as exc:
                 self.metrics.database_errors.labels("stats").inc()
-                self.log.warning("sampling queue statistics failed", error=_brief(exc))
+                self.log.warning("sampling queue statistics failed", error=brief(exc))
             except Exception:  # a side task must never die silently
                 self.log.exception("sampling queue statistics failed")
             await asyncio.sleep(self.config.http.stats_interval_seconds)
@@ -436,7 +420,7 @@ class Worker:
                 if any(done.values()):
                     self.log.info("housekeeping", **done)
             except DATABASE_ERRORS as exc:
-                self.log.warning("housekeeping failed", error=_brief(exc))
+                self.log.warning("housekeeping failed", error=brief(exc))
             except Exception:  # a side task must never die silently
                 self.log.exception("housekeeping failed")
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
@@ -451,7 +435,7 @@ class Worker:
                     self._wake.set()
             except Exception as exc:  # noqa: BLE001 - whatever broke it, listen again after a pause
                 delay = backoff.next()
-                self.log.warning("listener disconnected; reconnecting", error=_brief(exc), retry_in=delay)
+                self.log.warning("listener disconnected; reconnecting", error=brief(exc), retry_in=delay)
                 await asyncio.sleep(delay)
 
     async def _unless_stopped(self, call: Coroutine[Any, Any, T]) -> T | None:
@@ -540,81 +524,7 @@ class Worker:
             self._in_flight.pop(row.lease_token, None)
             self._sending.pop(row.lease_token, None)
             self._slot_freed.set()
-        self._outcomes.put_nowait(finished)
-
-    # --- finish --------------------------------------------------------------------------------
-
-    async def _finish_loop(self) -> None:
-        """Write outcomes in batches: up to finish_batch_size, or whatever came within the delay."""
-        assert self.effective is not None
-        max_batch = self.effective.finish_batch_size
-        max_delay = self.config.worker.finish_max_delay_seconds
-        loop = asyncio.get_running_loop()
-        closing = False
-        while not closing:
-            first = await self._outcomes.get()
-            if first is None:
-                break
-            batch = [first]
-            deadline = loop.time() + max_delay
-            while len(batch) < max_batch:
-                try:
-                    item = self._outcomes.get_nowait()
-                except asyncio.QueueEmpty:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    try:
-                        item = await asyncio.wait_for(self._outcomes.get(), remaining)
-                    except TimeoutError:
-                        break
-                if item is None:
-                    closing = True
-                    break
-                batch.append(item)
-            try:
-                await self._write(batch)
-            except Exception:  # the finisher must survive anything: these rows return after their lease
-                self.log.exception("writing outcomes failed", outcomes=len(batch))
-
-    async def _write(self, batch: list[Finished]) -> None:
-        """Write a batch, retrying while the database is unreachable. A batch the database rejects
-        is split until the outcome at fault is isolated and dropped: its row comes back after its
-        lease, and every other outcome is written."""
-        backoff = Backoff()
-        while True:
-            try:
-                results = await self.queue.finish(self.worker_id, batch)
-                break
-            except TRANSIENT_ERRORS as exc:
-                self.metrics.database_errors.labels("finish").inc()
-                delay = backoff.next()
-                self.log.warning(
-                    "finish failed; retrying", error=_brief(exc), outcomes=len(batch), retry_in=delay
-                )
-                await asyncio.sleep(delay)
-            except psycopg.Error as exc:
-                if len(batch) == 1:
-                    self.log.error(
-                        "outcome rejected by the database; the row returns after its lease",
-                        delivery_id=batch[0].delivery_id, error=_brief(exc),
-                    )
-                    return
-                half = len(batch) // 2
-                await self._write(batch[:half])
-                await self._write(batch[half:])
-                return
-        # Capacity freed here (fleet-wide concurrency is counted from rows in flight): claim again.
-        self._wake.set()
-        self._count(batch, results)
-        stale = [r.delivery_id for r in results if not r.applied]
-        if stale:
-            self.log.warning("outcomes arrived after their lease was taken over", delivery_ids=stale)
-        for result in results:
-            if result.endpoint_change:
-                self.log.warning(
-                    "endpoint state changed", delivery_id=result.delivery_id, change=result.endpoint_change
-                )
+        self.finisher.put(finished)
 
     # --- shutdown ------------------------------------------------------------------------------
 
@@ -637,7 +547,7 @@ class Worker:
             sent = [row for row, _ in leftover if row.lease_token in sending]
             for row in sent:
                 latency_ms = int((interrupted_at - sending[row.lease_token]) * 1000)
-                self._outcomes.put_nowait(outcomes.interrupted(row, grace, latency_ms))
+                self.finisher.put(outcomes.interrupted(row, grace, latency_ms))
             if sent:
                 self.log.warning("requests still open when the grace ran out: recorded as interrupted "
                                  "attempts", requests=len(sent))
@@ -649,28 +559,11 @@ class Worker:
                 )
             except TimeoutError:
                 self.log.error("release timed out; rows return after their lease")
-        self._outcomes.put_nowait(None)
+        self.finisher.close()
         try:
             await asyncio.wait_for(finisher, timeout=max(deadline - loop.time(), FINAL_FLUSH_SECONDS))
         except TimeoutError:
             self.log.error("outcomes not written before exit; their rows return after the lease")
-
-    def _count(self, batch: list[Finished], results: list[FinishResult]) -> None:
-        outcomes = {f.delivery_id: f for f in batch}
-        for result in results:
-            finished = outcomes.get(result.delivery_id)
-            if not result.applied:
-                self.metrics.outcomes["stale"].inc()
-            elif result.status == "delivered":
-                self.metrics.outcomes["delivered"].inc()
-            elif result.status == "dead_letter":
-                self.metrics.outcomes["dead_lettered"].inc()
-            elif finished is not None and finished.outcome == Outcome.DEFERRED:
-                self.metrics.outcomes["deferred"].inc()
-            else:
-                self.metrics.outcomes["retried"].inc()
-            if result.applied and result.status in ("delivered", "dead_letter") and finished is not None:
-                self.metrics.attempts_per_delivery.observe(finished.attempt)
 
     async def _release(self, rows: list[Claimed], why: str) -> None:
         if not rows:
@@ -679,7 +572,7 @@ class Worker:
             released = await self.queue.release(self.worker_id, rows)
             self.log.info("released claimed rows", released=released, reason=why)
         except DATABASE_ERRORS as exc:
-            self.log.error("release failed; rows return after the lease", error=_brief(exc))
+            self.log.error("release failed; rows return after the lease", error=brief(exc))
 
 
 def quiet_after_claim(previous: float, found_rows: bool) -> float:
@@ -714,12 +607,6 @@ def _log_attempt(log: Any, row: Claimed, sent: Sent, finished: Finished) -> None
             retry_in=finished.retry_after_s,
             **fields,
         )
-
-
-def _brief(exc: BaseException) -> str:
-    """One line about a database error. psycopg messages never include the password."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def destination_policy(config: Config) -> DestinationPolicy:
