@@ -23,6 +23,7 @@ from worker.delivery import Sender, carries_transport_text, display_url, error_t
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.finisher import Finisher
+from worker.maintenance import Maintenance
 from worker.model import Claimed, Finished, Sent
 from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
 from worker.policy import Outcome
@@ -35,7 +36,6 @@ SCHEMA_TOO_OLD = (f"schema older than version {schema.MIN_SUPPORTED_VERSION} (or
                   "run `webhook-worker migrate`")
 # When rows are due but another worker got them first, look again soon, but never spin.
 MIN_IDLE_SECONDS = 0.05
-HOUSEKEEPING_INTERVAL_SECONDS = 30.0
 # Wake-ups that come within this long of a claim that found nothing are held and merged into one
 # claim; the window doubles with each such claim, up to the cap, so anyone able to NOTIFY (a role
 # with only CONNECT can) makes a worker claim a few times a second at most, not once per NOTIFY.
@@ -183,11 +183,7 @@ class Worker:
             finisher = asyncio.create_task(self.finisher.run(batch, delay), name="finisher")
             # Runs through the drain: outcomes written during the grace need the rows still ours.
             liveness = asyncio.create_task(self._liveness_loop(), name="liveness")
-            side_tasks = [
-                asyncio.create_task(self._listen_loop(), name="listener"),
-                asyncio.create_task(self._housekeeping_loop(), name="housekeeping"),
-                asyncio.create_task(self._stats_loop(), name="stats"),
-            ]
+            side_tasks = Maintenance(self.config, self.queue, self.metrics, self.log, self.wake).start()
             try:
                 await self._claim_loop()
             finally:
@@ -394,49 +390,6 @@ class Worker:
         if due_in is None:
             return poll
         return min(poll, max(due_in, MIN_IDLE_SECONDS))
-
-    async def _stats_loop(self) -> None:
-        """Sample queue statistics for the metrics; the SQL side lets one worker at a time count."""
-        while True:
-            try:
-                interval = self.config.http.stats_interval_seconds
-                # a little under the interval, so that some worker samples in every interval
-                stats = await self.queue.queue_stats(self.config.http.endpoint_label_limit, interval * 0.8)
-                if stats is not None:
-                    self.metrics.record_stats(stats)
-            except DATABASE_ERRORS as exc:
-                self.metrics.database_errors.labels("stats").inc()
-                self.log.warning("sampling queue statistics failed", error=brief(exc))
-            except Exception:  # a side task must never die silently
-                self.log.exception("sampling queue statistics failed")
-            await asyncio.sleep(self.config.http.stats_interval_seconds)
-
-    async def _housekeeping_loop(self) -> None:
-        while True:
-            try:
-                done = await self.queue.housekeeping()
-                if done.get("expired_rows"):
-                    self.log.warning("dead-lettered rows of disabled endpoints", rows=done["expired_rows"])
-                if any(done.values()):
-                    self.log.info("housekeeping", **done)
-            except DATABASE_ERRORS as exc:
-                self.log.warning("housekeeping failed", error=brief(exc))
-            except Exception:  # a side task must never die silently
-                self.log.exception("housekeeping failed")
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
-
-    async def _listen_loop(self) -> None:
-        """Wake the claim loop on NOTIFY; reconnect with backoff whenever the connection drops."""
-        backoff = Backoff(first=0.5)
-        while True:
-            try:
-                async for _ in self.queue.notifications():
-                    backoff.reset()
-                    self._wake.set()
-            except Exception as exc:  # noqa: BLE001 - whatever broke it, listen again after a pause
-                delay = backoff.next()
-                self.log.warning("listener disconnected; reconnecting", error=brief(exc), retry_in=delay)
-                await asyncio.sleep(delay)
 
     async def _unless_stopped(self, call: Coroutine[Any, Any, T]) -> T | None:
         """The call's result, or None if stop() came first (the call is then cancelled)."""
