@@ -30,7 +30,7 @@ from worker.delivery import display_url
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres, login_role
-from worker.queue import EndpointSpec, register_endpoint
+from worker.operations import EndpointSpec, register_endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 # As in production: endpoints sealed with a key every worker holds, workers logged in as a member of
@@ -336,7 +336,7 @@ GENEROUS_LIMITS: dict[str, Any] = {
 
 
 def register_endpoints(dsn: str, urls: list[str], prefix: str = "bench", **overrides: Any) -> list[int]:
-    """Register one endpoint per URL through the Python API (worker.queue.register_endpoint), each
+    """Register one endpoint per URL through the Python API (worker.operations.register_endpoint), each
     with its own signing secret; overrides are EndpointSpec fields. Returns their ids in order."""
     ids = []
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -19,7 +19,7 @@ from worker import signing
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role, role_dsn
-from worker.queue import EndpointSpec, register_endpoint
+from worker.operations import EndpointSpec, register_endpoint
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,16 +19,14 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from worker import __version__, schema, signing
-from worker import queue as db
+from worker import __version__, operations, schema, signing
 from worker.config import Config, ConfigError, load_config
 from worker.delivery import display_url
 from worker.destinations import Address, address_blocked, ip_literal, url_problem
 from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
 from worker.model import Sent
 from worker.observability import configure_logging
-from worker.policy import RetrySchedule
-from worker.queue import (
+from worker.operations import (
     EndpointSpec,
     find_endpoint,
     list_endpoints,
@@ -36,6 +34,7 @@ from worker.queue import (
     set_circuit,
     set_endpoint_active,
 )
+from worker.policy import RetrySchedule
 from worker.registration import header_problem, headers_problem
 
 # One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
@@ -308,17 +307,18 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         secret_settings={"routing_key": routing_key} if routing_key else {},
         active=not args.verify,
     )
-    with psycopg.connect(config.database.url, autocommit=True) as conn:
+    with operations.connect(config) as conn:
         try:
             endpoint_id = register_endpoint(conn, spec, keyring)
         except psycopg.errors.UniqueViolation:
             raise CommandFailed(f"--name {args.name!r}: an endpoint with this name exists") from None
         except psycopg.errors.CheckViolation as exc:
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
-        except db.InvalidEndpoint as exc:
+        except operations.InvalidEndpoint as exc:
             raise UsageError(str(exc)) from None
         if args.ttl_seconds:
-            db.update_endpoint(conn, endpoint_id, {"delivery_ttl": f"{args.ttl_seconds} seconds"}, keyring)
+            ttl = {"delivery_ttl": f"{args.ttl_seconds} seconds"}
+            operations.update_endpoint(conn, endpoint_id, ttl, keyring)
         if args.verify:
             problem = verify_endpoint(url, secret, timeout=10.0, config=config)
             if problem:
@@ -351,7 +351,7 @@ def cmd_endpoints_disable(args: argparse.Namespace) -> int:
 
 def _set_active(args: argparse.Namespace, active: bool) -> int:
     config = _config(args)
-    with psycopg.connect(config.database.url, autocommit=True) as conn:
+    with operations.connect(config) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
         change = set_endpoint_active(conn, endpoint_id, active, getattr(args, "reason", ""))
     state = "enabled" if active else "disabled"
@@ -363,7 +363,7 @@ def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.action != "open" and args.until:
         raise UsageError("--until: only with 'open'")
-    with psycopg.connect(config.database.url, autocommit=True) as conn:
+    with operations.connect(config) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
         change = set_circuit(conn, endpoint_id, args.action, args.until)
     print(f"endpoint {endpoint_id}: {change}")
@@ -377,9 +377,9 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
     except KeyringError as exc:
         keyring = None  # the list is still useful without the keys; only the fingerprints need them
         print(f"webhook-worker: URL fingerprints not shown: {exc}", file=sys.stderr)
-    with psycopg.connect(config.database.url, autocommit=True) as conn:
+    with operations.connect(config) as conn:
         rows = list_endpoints(conn)
-        fingerprints = db.url_fingerprints(conn, keyring) if keyring is not None else {}
+        fingerprints = operations.url_fingerprints(conn, keyring) if keyring is not None else {}
     for row in rows:
         row["url_fingerprint"] = fingerprints.get(row["id"])
     if args.json:
@@ -392,7 +392,7 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
 
 
 def _connect(args: argparse.Namespace) -> psycopg.Connection:
-    return psycopg.connect(_config(args).database.url, autocommit=True)
+    return operations.connect(_config(args))
 
 
 def _emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> None:
@@ -409,7 +409,7 @@ def _emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = N
 
 def cmd_endpoints_show(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
-        details = db.show_endpoint(conn, _endpoint_id(conn, args.endpoint))
+        details = operations.show_endpoint(conn, _endpoint_id(conn, args.endpoint))
     if args.json:
         _emit(args, details)
         return 0
@@ -458,13 +458,14 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
         if routing_key is not None or args.format == "pagerduty":
-            stored_format, stored_settings = db.endpoint_format_and_settings(conn, endpoint_id, keyring)
+            stored_format, stored_settings = operations.endpoint_format_and_settings(
+                conn, endpoint_id, keyring)
             _check_routing_key(args.format, routing_key, stored_format, "routing_key" in stored_settings)
             if routing_key is not None:
                 changes["secret_settings"] = {**stored_settings, "routing_key": routing_key}
         try:
-            db.update_endpoint(conn, endpoint_id, changes, keyring)
-        except db.InvalidEndpoint as exc:
+            operations.update_endpoint(conn, endpoint_id, changes, keyring)
+        except operations.InvalidEndpoint as exc:
             raise UsageError(str(exc)) from None
     changed = sorted({"routing_key" if k == "secret_settings" else k for k in changes if k != "url_display"})
     print(f"endpoint {endpoint_id} updated: {', '.join(changed)}")
@@ -480,7 +481,7 @@ def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
         expire_at = datetime.now(UTC) + timedelta(hours=args.expire_old_after)
     with _connect(args) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
-        active = db.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
+        active = operations.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
     if args.json:
         print(json.dumps({"id": endpoint_id, "signing_secret": secret, "secrets": active,
                           "old_expire_at": expire_at}, default=str))
@@ -497,7 +498,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError("--payload: not valid JSON") from None
     with _connect(args) as conn:
-        delivery_id = db.enqueue_one(conn, _endpoint_id(conn, args.endpoint), args.event_type,
+        delivery_id = operations.enqueue_one(conn, _endpoint_id(conn, args.endpoint), args.event_type,
                                      args.payload, args.key)
     _emit(args, {"delivery_id": delivery_id}) if args.json else print(f"delivery {delivery_id} queued")
     return 0
@@ -505,7 +506,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
-        status = db.queue_status(conn)
+        status = operations.queue_status(conn)
     if args.json:
         _emit(args, status)
         return 0
@@ -523,7 +524,7 @@ def cmd_deliveries_show(args: argparse.Namespace) -> int:
     if (args.id is None) == (args.key is None):
         raise UsageError("give a delivery id or --key, not both")
     with _connect(args) as conn:
-        found = db.find_deliveries(conn, args.id, args.key)
+        found = operations.find_deliveries(conn, args.id, args.key)
     if not found:
         raise CommandFailed("no such delivery")
     if args.json:
@@ -554,25 +555,18 @@ def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, An
 
 
 def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> datetime | None:
-    """A timestamp as PostgreSQL reads one ('2026-11-26 12:00', 'today'), or a time that long ago
-    ('1 hour ago', '90 minutes'), at the database's clock; anything else names the option."""
+    """The option's timestamp or time ago (operations.point_in_time); anything else names the option."""
     if value is None:
         return None
-    ago = value.strip().removesuffix(" ago")
-    for sql, given in (("SELECT %s::timestamptz", value), ("SELECT now() - %s::interval", ago)):
-        try:
-            with conn.transaction():
-                row = conn.execute(sql, (given,)).fetchone()
-        except psycopg.errors.DataError:
-            continue
-        if row is not None:
-            return row[0]  # type: ignore[no-any-return]
-    raise UsageError(f"{option}: {value!r} is neither a timestamp nor a time ago such as '1 hour ago'")
+    when = operations.point_in_time(conn, value)
+    if when is None:
+        raise UsageError(f"{option}: {value!r} is neither a timestamp nor a time ago such as '1 hour ago'")
+    return when
 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
-        rows = db.dead_letters(conn, _filters(conn, args), args.limit)
+        rows = operations.dead_letters(conn, _filters(conn, args), args.limit)
     _emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
                        "last_http_status", "dead_letter_reason", "dead_lettered_at"])
     return 0
@@ -584,7 +578,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError("give a delivery id, or filters with --all, not both")
     with _connect(args) as conn:
         if args.id is not None:
-            if not db.replay_one(conn, args.id):
+            if not operations.replay_one(conn, args.id):
                 raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
             print(f"delivery {args.id} queued again (same webhook-id)")
             return 0
@@ -596,7 +590,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         pause = args.batch / args.rate if args.rate else 0.0
         while True:
             step = min(args.batch, args.max - total) if args.max else args.batch
-            replayed = db.replay_batch(conn, filters, step)
+            replayed = operations.replay_batch(conn, filters, step)
             total += replayed
             if replayed:
                 print(f"replayed {total} so far", file=sys.stderr)
@@ -609,13 +603,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
-        _emit(args, db.show_config(conn))
+        _emit(args, operations.show_config(conn))
     return 0
 
 
 def cmd_config_set(args: argparse.Namespace) -> int:
-    if args.key not in db.SETTABLE:
-        raise UsageError(f"KEY {args.key!r}: not a setting; one of {', '.join(sorted(db.SETTABLE))}")
+    if args.key not in operations.SETTABLE:
+        raise UsageError(f"KEY {args.key!r}: not a setting; one of {', '.join(sorted(operations.SETTABLE))}")
     if args.key == "retry_schedule":
         try:
             RetrySchedule.from_json(json.loads(args.value), 0.0)
@@ -623,7 +617,7 @@ def cmd_config_set(args: argparse.Namespace) -> int:
             raise UsageError(f"retry_schedule: {exc}") from None
     with _connect(args) as conn:
         try:
-            db.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
+            operations.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
             raise UsageError(f"{args.key}: {message}") from None
@@ -634,7 +628,7 @@ def cmd_config_set(args: argparse.Namespace) -> int:
 def cmd_purge(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
         webhook_id = _endpoint_id(conn, args.endpoint) if args.endpoint else None
-        done = db.purge(conn, args.dead_letters_older_than, webhook_id)
+        done = operations.purge(conn, args.dead_letters_older_than, webhook_id)
     _emit(args, done)
     return 0
 
@@ -648,8 +642,8 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     config = _config(args)
     keyring = _keyring(config)
     with _connect(args) as conn:
-        in_use = db.credential_keys(conn)
-        unbound = db.unbound_credentials(conn, keyring)
+        in_use = operations.credential_keys(conn)
+        unbound = operations.unbound_credentials(conn, keyring)
     missing = keyring.missing(in_use)
     # unbound: plaintext, or sealed before values were bound to their endpoint (`keys rotate` binds)
     report = {"primary_key": keyring.primary_id, "held_keys": list(keyring.key_ids),
@@ -666,13 +660,13 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     config = _config(args)
     keyring = _keyring(config)
     with _connect(args) as conn:
-        missing = keyring.missing(db.credential_keys(conn))
+        missing = keyring.missing(operations.credential_keys(conn))
         if missing:
             raise UsageError(
                 f"credentials are sealed with {', '.join(missing)}, which these keys do not include: "
                 "list the new key first and every old key after it")
-        changed = db.reseal_credentials(conn, keyring)
-        in_use = db.credential_keys(conn)
+        changed = operations.reseal_credentials(conn, keyring)
+        in_use = operations.credential_keys(conn)
     if args.json:
         print(json.dumps({"primary_key": keyring.primary_id, "endpoints_changed": changed,
                           "credentials_by_key": in_use}))

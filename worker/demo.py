@@ -7,16 +7,16 @@ import os
 import time
 from typing import Any
 
-import psycopg
 from aiohttp import web
 
-from worker import schema, signing
+from worker import operations, schema, signing
+from worker.cli import print_table
 from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, SecurityConfig, WorkerConfig
 from worker.daemon import Worker, sender_for
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres
 from worker.observability import configure_logging
-from worker.queue import EndpointSpec, Queue, register_endpoint
+from worker.queue import Queue
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -68,28 +68,6 @@ async def _demo(url: str, alerts: int) -> int:
 
     # The demo's own key unless one is set: the URL and secret are stored sealed with it.
     keyring = Keyring.parse(os.environ.get(KEYS_ENV) or generate_key(), KEYS_ENV)
-    with psycopg.connect(url, autocommit=True) as conn:
-        name = f"demo-receiver-{int(time.time())}"
-        endpoint_id = register_endpoint(
-            conn, EndpointSpec(name=name, url=receiver_url, url_display=f"http://127.0.0.1:{port}",
-                               signing_secrets=(secret,)),
-            keyring,
-        )
-        print(f"registered endpoint {endpoint_id} ({name}) → {receiver_url}")
-        ids = [
-            row[0]
-            for row in conn.execute(
-                "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, source_ref)"
-                " SELECT %s, 'alert.created',"
-                "        jsonb_build_object('alert_id', n, 'title', 'Disk almost full on db-' || n,"
-                "                           'severity', (%s::text[])[1 + n %% 3]),"
-                "        'alerts:' || n"
-                " FROM generate_series(1, %s) AS n RETURNING delivery_id",
-                (endpoint_id, list(SEVERITIES), alerts),
-            ).fetchall()
-        ]
-    print(f"enqueued {len(ids)} alerts with a plain INSERT; starting a worker\n")
-
     config = Config(
         database=DatabaseConfig(url=url),
         worker=WorkerConfig(id="demo-worker", poll_interval_seconds=0.2),
@@ -98,51 +76,34 @@ async def _demo(url: str, alerts: int) -> int:
         # the receiver is on loopback, which workers refuse unless it is allowed explicitly
         security=SecurityConfig(allow_networks=["127.0.0.1/32"]),
     )
-    worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker", keyring), sender_for(config))
-    task = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + 60
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as aconn:
+    with operations.connect(config) as conn:
+        name = f"demo-receiver-{int(time.time())}"
+        endpoint_id = operations.register_endpoint(
+            conn, operations.EndpointSpec(name=name, url=receiver_url, url_display=f"http://127.0.0.1:{port}",
+                                          signing_secrets=(secret,)),
+            keyring,
+        )
+        print(f"registered endpoint {endpoint_id} ({name}) → {receiver_url}")
+        ids = operations.insert_sample_alerts(conn, endpoint_id, alerts, SEVERITIES)
+        print(f"enqueued {len(ids)} alerts with a plain INSERT; starting a worker\n")
+
+        worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker", keyring), sender_for(config))
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            cur = await aconn.execute(
-                "SELECT count(*) FROM webhooks.alert_delivery_queue"
-                " WHERE delivery_id = ANY(%s) AND status IN ('delivered', 'dead_letter')",
-                (ids,),
-            )
-            row = await cur.fetchone()
-            if row is not None and row[0] == len(ids):
+            # off the event loop, which the worker shares
+            counts = await asyncio.to_thread(operations.final_counts, conn, ids)
+            if counts["final"] == len(ids):
                 break
             await asyncio.sleep(0.2)
         worker.stop()
         await task
         await runner.cleanup()
         print()
-        await _print(aconn, "webhooks.alert_delivery_queue",
-                     "SELECT delivery_id, status, attempts, event_type, idempotency_key, delivered_at"
-                     " FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s) ORDER BY 1", ids)
-        await _print(aconn, "webhooks.alert_delivery_log (the audit log)",
-                     "SELECT delivery_id, attempt, outcome, failure_category, http_status, latency_ms,"
-                     " worker_id FROM webhooks.alert_delivery_log WHERE delivery_id = ANY(%s)"
-                     " ORDER BY log_id", ids)
-        await _print(aconn, "webhooks.webhook_health_metrics",
-                     "SELECT webhook_id, total_attempts, successes, failures, health_status,"
-                     " round(avg_latency_ms::numeric, 1) AS avg_latency_ms"
-                     " FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", endpoint_id)
-        cur = await aconn.execute(
-            "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s)"
-            " AND status = 'delivered'", (ids,))
-        delivered = (await cur.fetchone() or [0])[0]
+        for title, columns, rows in operations.demo_report(conn, ids, endpoint_id):
+            print(f"-- {title}")
+            print_table(columns, [["-" if v is None else str(v) for v in r] for r in rows])
+            print()
+        delivered = operations.final_counts(conn, ids)["delivered"]
     print(f"\n{delivered} of {len(ids)} alerts delivered")
     return 0 if delivered == len(ids) else 1
-
-
-async def _print(conn: psycopg.AsyncConnection[Any], title: str, query: str, param: Any) -> None:
-    from worker.cli import print_table
-
-    cur = await conn.execute(query, (param,))
-    rows = await cur.fetchall()
-    columns = [d.name for d in cur.description or []]
-    print(f"-- {title}")
-    print_table(columns, [["-" if v is None else str(v) for v in r] for r in rows])
-    print()
-
-
