@@ -36,6 +36,7 @@ from worker.operations import (
 )
 from worker.policy import RetrySchedule
 from worker.registration import header_problem, headers_problem
+from worker.tables import cell, print_table
 
 # One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
 # database unreachable or refusing, what the command names does not exist, or its state refuses the
@@ -387,7 +388,7 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
         return 0
     columns = ["id", "name", "url_display", "url_fingerprint", "active", "event_types", "health_status",
                "circuit_state", "successes", "failures"]
-    print_table(columns, [[_cell(row[c]) for c in columns] for row in rows])
+    print_table(columns, [[cell(row[c]) for c in columns] for row in rows])
     return 0
 
 
@@ -401,10 +402,10 @@ def _emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = N
         print(json.dumps(data, default=str, indent=None))
     elif columns is not None:
         rows = data if isinstance(data, list) else [data]
-        print_table(columns, [[_cell(row.get(c)) for c in columns] for row in rows])
+        print_table(columns, [[cell(row.get(c)) for c in columns] for row in rows])
     else:
         for key, value in data.items():
-            print(f"{key}: {_cell(value)}")
+            print(f"{key}: {cell(value)}")
 
 
 def cmd_endpoints_show(args: argparse.Namespace) -> int:
@@ -419,7 +420,7 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
     if events:
         print("\nrecent state changes:")
         print_table(["at", "change", "reason", "decided_by"],
-                    [[_cell(e[c]) for c in ("at", "change", "reason", "decided_by")] for e in events])
+                    [[cell(e[c]) for c in ("at", "change", "reason", "decided_by")] for e in events])
     return 0
 
 
@@ -537,7 +538,7 @@ def cmd_deliveries_show(args: argparse.Namespace) -> int:
         print()
         print_table(["attempt", "outcome", "failure_category", "http_status", "latency_ms", "worker_id",
                      "stale", "logged_at", "error"],
-                    [[_cell(h[c]) for c in ("attempt", "outcome", "failure_category", "http_status",
+                    [[cell(h[c]) for c in ("attempt", "outcome", "failure_category", "http_status",
                                             "latency_ms", "worker_id", "stale", "logged_at", "error")]
                      for h in history])
         print()
@@ -681,21 +682,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     alerts: int = args.alerts
     return run_demo(alerts=alerts)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 BODY_FORMATS = ["raw", "envelope", "slack", "mattermost", "pagerduty"]

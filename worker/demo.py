@@ -10,13 +10,13 @@ from typing import Any
 from aiohttp import web
 
 from worker import operations, schema, signing
-from worker.cli import print_table
 from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, SecurityConfig, WorkerConfig
 from worker.daemon import Worker, sender_for
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres
 from worker.observability import configure_logging
 from worker.queue import Queue
+from worker.tables import cell, print_table
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -102,7 +102,7 @@ async def _demo(url: str, alerts: int) -> int:
         print()
         for title, columns, rows in operations.demo_report(conn, ids, endpoint_id):
             print(f"-- {title}")
-            print_table(columns, [["-" if v is None else str(v) for v in r] for r in rows])
+            print_table(columns, [[cell(v) for v in r] for r in rows])
             print()
         delivered = operations.final_counts(conn, ids)["delivered"]
     print(f"\n{delivered} of {len(ids)} alerts delivered")

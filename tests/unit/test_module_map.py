@@ -1,0 +1,66 @@
+"""The module map holds (docs/design.md): no import circles, the HTTP side apart from the database,
+and the operator's connections opened in one place. Read from the source, without importing it."""
+
+import ast
+from pathlib import Path
+
+import worker
+
+PACKAGE = Path(worker.__file__).parent
+
+
+def imports() -> dict[str, set[str]]:
+    """Each worker module's imports of other worker modules, function-level imports included."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "worker":
+                found |= {f"worker.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("worker."):
+                found.add(node.module or "")
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("worker.")}
+        graph[f"worker.{path.stem}"] = {m for m in found if (PACKAGE / f"{m[7:]}.py").exists()}
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    graph = imports()
+
+    def reaches(start: str, target: str) -> list[str] | None:
+        stack, seen = [[start]], set()
+        while stack:
+            path = stack.pop()
+            for nxt in sorted(graph.get(path[-1], ())):
+                if nxt == target:
+                    return [*path, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append([*path, nxt])
+        return None
+
+    circles = [circle for module in graph if (circle := reaches(module, module))]
+    assert circles == []
+
+
+def test_the_http_side_does_not_import_the_database_side():
+    reached, todo = set(), ["worker.delivery"]
+    graph = imports()
+    while todo:
+        for module in graph[todo.pop()] - reached:
+            reached.add(module)
+            todo.append(module)
+    assert not reached & {"worker.queue", "worker.operations", "worker.schema"}
+
+
+def test_only_the_database_modules_open_connections():
+    opening = set()
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "connect" and "psycopg" in ast.unparse(node.func.value)):
+                opening.add(path.stem)
+    # queue: the worker's pool and its own connections; operations: the CLI's and the demo's;
+    # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests.
+    assert opening == {"queue", "operations", "schema", "localpg"}
