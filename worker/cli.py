@@ -20,10 +20,11 @@ from urllib.parse import urlsplit
 import psycopg
 
 from worker import __version__, operations, schema, signing
-from worker.config import Config, ConfigError, load_config
+from worker.config import Config, load_config
 from worker.delivery import display_url
 from worker.destinations import Address, address_blocked, ip_literal, url_problem
 from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
+from worker.errors import ConfigError
 from worker.model import Sent
 from worker.observability import configure_logging
 from worker.operations import (

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from worker.errors import ConfigError
+
 ENV_PREFIX = "WEBHOOK_WORKER_"
 # What PyYAML raises, besides YAMLError, for a malformed tagged scalar such as `!!int x`.
 YAML_VALUE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
@@ -23,10 +25,6 @@ LEASE_MARGIN_SECONDS = 5.0
 MAX_LEASE_SECONDS = 3600
 MAX_CLAIM_BATCH_SIZE = 10_000
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 60.0
-
-
-class ConfigError(Exception):
-    """A configuration problem, worded as one line naming the dotted key."""
 
 
 class _Section(BaseModel):

@@ -18,10 +18,11 @@ from uuid import UUID, uuid4
 import psycopg
 
 from worker import formats, outcomes, schema
-from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
+from worker.config import LEASE_MARGIN_SECONDS, Config, check_lease
 from worker.delivery import Sender, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
+from worker.errors import ConfigError
 from worker.finisher import Finisher
 from worker.maintenance import Maintenance
 from worker.model import Claimed, Finished, Sent

@@ -26,7 +26,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from worker.config import ConfigError
+from worker.errors import ConfigError
 
 PREFIX = "enc:v1:"
 KEY_BYTES = 32

@@ -13,7 +13,8 @@ import trustme
 
 from tests.receiver import Receiver
 from tests.support import add_endpoint, all_final, enqueue, eventually, query
-from worker.config import ConfigError, load_config
+from worker.config import load_config
+from worker.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from worker.config import ConfigError, load_config
+from worker.config import load_config
+from worker.errors import ConfigError
 
 
 def write(tmp_path, text):

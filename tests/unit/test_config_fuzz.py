@@ -6,7 +6,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.config import Config, ConfigError, load_config
+from worker.config import Config, load_config
+from worker.errors import ConfigError
 
 SECTIONS = {name: list(field.annotation.model_fields) for name, field in Config.model_fields.items()}
 BASE_ENV = {"DATABASE_URL": "postgresql://x"}

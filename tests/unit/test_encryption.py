@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker import encryption
-from worker.config import ConfigError
 from worker.encryption import DecryptionError, Keyring, KeyringError, load_keyring
+from worker.errors import ConfigError
 
 PURPOSES = [encryption.URL, encryption.SIGNING_SECRET, encryption.setting("api_token")]
 

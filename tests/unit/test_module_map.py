@@ -54,6 +54,10 @@ def test_the_http_side_does_not_import_the_database_side():
     assert not reached & {"worker.queue", "worker.operations", "worker.schema"}
 
 
+def test_encryption_does_not_import_the_configuration():
+    assert "worker.config" not in imports()["worker.encryption"]
+
+
 def test_only_the_database_modules_open_connections():
     opening = set()
     for path in PACKAGE.glob("*.py"):
