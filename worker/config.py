@@ -53,7 +53,7 @@ class WorkerConfig(_Section):
     finish_max_delay_seconds: float = Field(default=0.05, ge=0, le=10)
     # Longer than any request under the default 60 s lease (at most 55 s, see check_lease): with
     # the defaults a SIGTERM never cuts a request short. A request still open when the grace ends
-    # is recorded as an interrupted attempt and sent again (issue 18).
+    # is recorded as an interrupted attempt and sent again.
     shutdown_grace_seconds: float = Field(default=DEFAULT_SHUTDOWN_GRACE_SECONDS, ge=0, le=3600)
 
 

@@ -47,7 +47,7 @@ WAKE_QUIET_MAX_SECONDS = 0.25
 RELEASE_SECONDS = 2.0
 FINAL_FLUSH_SECONDS = 5.0
 GC_YOUNG_THRESHOLD = 50_000
-# Liveness (issue 18): each worker checks its own liveness connection and reclaims the rows of lost
+# Liveness: each worker checks its own liveness connection and reclaims the rows of lost
 # workers this often; a worker's lock must be missing for the grace before its rows are reclaimed,
 # which a cut liveness connection, noticed at once and reconnected, stays well within.
 LIVENESS_INTERVAL_SECONDS = 0.5
@@ -245,7 +245,7 @@ class Worker:
                 await self._sleep(delay)
         return None
 
-    # --- liveness (issue 18) ------------------------------------------------------------------
+    # --- liveness ------------------------------------------------------------------------------
 
     async def _register(self) -> Registration:
         """Open a liveness connection and register this process on it (see 035_worker_liveness)."""
@@ -366,8 +366,8 @@ class Worker:
             if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
             for row in rows:
-                # unnamed: naming a task costs a string and a call per delivery (1% of the worker's
-                # CPU in a drain), and _in_flight already maps each task to its row
+                # unnamed: a name costs a string and a call per delivery, and _in_flight already
+                # maps each task to its row
                 task = asyncio.create_task(self._deliver(row))
                 self._in_flight[row.lease_token] = (row, task)
             if len(rows) < want:
@@ -601,6 +601,6 @@ def tune_garbage_collector() -> None:
     """Fewer cyclic collections for a process that makes many small, short-lived objects per
     delivery (rows, headers, outcomes) and frees nearly all of them by reference counting: what was
     loaded at startup is never scanned again, and the young generation is collected every 50,000
-    allocations rather than every 700. Worker CPU per delivery fell 8-15% (bench/, issue 7)."""
+    allocations rather than every 700. It buys less worker CPU per delivery."""
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])

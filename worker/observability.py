@@ -85,7 +85,7 @@ _no_provider_until = 0.0
 
 def _provider_set(trace: Any) -> bool:
     """Whether a TracerProvider is set. Without one every span is a no-op, yet creating it costs
-    about as much as signing the request (bench/, issue 7); and asking costs an environment lookup,
+    about as much as signing the request; and asking costs an environment lookup,
     so a "no" is trusted for a second."""
     global _no_provider_until
     now = time.monotonic()

@@ -28,7 +28,7 @@ RECONNECT_GIVE_UP_SECONDS = 8.0
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 # The liveness connection, on both ends: a worker whose host vanishes without closing it (a node
 # failure) is seen dead by PostgreSQL, which then drops its lock, within about 11 s rather than the
-# operating system's two hours; and the worker notices as soon as the server does (issue 18).
+# operating system's two hours; and the worker notices as soon as the server does.
 LIVENESS_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
                        "tcp_user_timeout": 11_000}
 LIVENESS_SERVER_SETTINGS = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2",
@@ -51,7 +51,7 @@ def outcomes_document(outcomes: Sequence[Finished]) -> str:
     """The JSON array webhooks.finish() takes: one object per outcome, its fields by name."""
     try:
         # orjson writes dataclasses and UUIDs itself, at about a fifteenth of the standard
-        # library's cost (bench/, issue 7): this runs once per attempt.
+        # library's cost: this runs once per attempt.
         return orjson.dumps(outcomes).decode()
     except orjson.JSONEncodeError:
         # A string orjson refuses (a lone surrogate in an error text): the standard library escapes
@@ -224,7 +224,7 @@ class Queue:
             async for _notify in conn.notifies():
                 yield None
 
-    # --- Liveness: one connection per process, held for its whole life (issue 18) ----------------
+    # --- Liveness: one connection per process, held for its whole life -------------------------
 
     async def liveness_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own, outside the pool: its session holds the worker id's lock."""
