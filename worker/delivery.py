@@ -24,6 +24,8 @@ from worker.policy import AttemptResult, Category
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
 MAX_RESPONSE_HEADERS = 100
+# Endpoint URLs whose check is remembered at once (Sender.url_problem); beyond, it starts afresh.
+MAX_CHECKED_URLS = 4096
 
 
 def display_url(url: str) -> str:
@@ -232,6 +234,10 @@ class Sender:
         self._max_response_bytes = max_response_bytes
         self._max_header_bytes = max_header_bytes
         self._resolver = resolver
+        # url_problem's answer per endpoint URL, keyed by (endpoint id, URL version), never by the
+        # URL itself, which may carry a token: it buys not parsing the URL again on every attempt,
+        # which cost about as much as signing the request.
+        self._url_problems: dict[tuple[int, str], str | None] = {}
         self._session: aiohttp.ClientSession | None = None
         # Only for a request sent again after its kept-alive connection was dropped: its
         # connections are never reused, so the second try cannot meet the same race.
@@ -263,20 +269,42 @@ class Sender:
                 await session.close()
 
     async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
+        problem = self.url_problem(row)
+        if problem is not None:
+            return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
         headers = request_headers(row, int(time.time()), body)
         connect_timeout = row.retry_policy.connect_timeout_seconds
-        return await self.post(row.url, body, headers, timeout_seconds, connect_timeout)
+        return await self._post(row.url, body, headers, timeout_seconds, connect_timeout)
+
+    def url_problem(self, row: Claimed) -> str | None:
+        """Why the row's URL can never be delivered to (url_problem), asked once per URL version."""
+        if not row.url_version:
+            return url_problem(row.url, self._policy)
+        key = (row.webhook_id, row.url_version)
+        try:
+            return self._url_problems[key]
+        except KeyError:
+            if len(self._url_problems) >= MAX_CHECKED_URLS:
+                self._url_problems.clear()
+            problem = self._url_problems[key] = url_problem(row.url, self._policy)
+            return problem
 
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
         connect_timeout: float | None,
     ) -> Sent:
         """One POST under the destination rules and bounds; every outcome is a Sent, never a raise."""
-        assert self._session is not None and self._fresh_session is not None, "Sender.start() first"
-        started = time.monotonic()
         problem = url_problem(url, self._policy)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
+        return await self._post(url, body, headers, timeout_seconds, connect_timeout)
+
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
+        connect_timeout: float | None,
+    ) -> Sent:
+        assert self._session is not None and self._fresh_session is not None, "Sender.start() first"
+        started = time.monotonic()
         request = _RequestConnections()
         token = _current_request.set(request)
         try:

@@ -9,7 +9,6 @@ address when it was registered can resolve to 127.0.0.1 at delivery time (DNS re
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import socket
 from collections.abc import Iterable
@@ -98,9 +97,6 @@ def address_blocked(address: Address | str, policy: DestinationPolicy) -> str | 
     return None
 
 
-# A pure function of its arguments, asked on every attempt: parsing the URL again each time cost
-# more than signing the request (bench/, issue 7).
-@functools.lru_cache(maxsize=4096)
 def url_problem(url: str, policy: DestinationPolicy) -> str | None:
     """Why this URL can never be delivered to, or None. Checks the form and any IP literal; names
     are checked when they resolve, at delivery time."""

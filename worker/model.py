@@ -37,6 +37,9 @@ class Claimed:
     secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
     created_at: datetime | None = None
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    # Changes whenever the endpoint's URL does, and opens nothing (a digest of the URL as stored,
+    # usually sealed): what the HTTP side keys its per-URL checks by. Empty: check every time.
+    url_version: str = ""
 
 
 @dataclass(frozen=True)

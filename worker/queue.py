@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, fields
@@ -109,6 +110,7 @@ def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bo
         "body_format": row["body_format"],
         "secret_settings": keyring.open_settings(parsed("secret_settings") or {}, endpoint_id, plaintext),
         "retry_policy": RetryPolicy.from_json(parsed("retry_policy")),
+        "url_version": hashlib.blake2b(row["endpoint_url"].encode(), digest_size=16).hexdigest(),
     }
 
 

@@ -17,6 +17,7 @@ from tests.faults.misbehaving import TcpServer
 from tests.support import TEST_KEYRING
 from worker import encryption, signing
 from worker.delivery import (
+    Sender,
     carries_transport_text,
     display_url,
     dropped_keepalive,
@@ -25,6 +26,7 @@ from worker.delivery import (
     request_headers,
     transport_failure,
 )
+from worker.destinations import url_problem
 from worker.model import Claimed
 from worker.policy import Category, RetrySchedule
 from worker.queue import _claimed
@@ -191,3 +193,29 @@ def test_stored_headers_the_registration_rules_refuse_are_never_sent():
     assert claimed.problem is None
     sent = request_headers(claimed, 1_700_000_000, claimed.body)
     assert [name for name in sent if name in stored] == ["X-Team"]
+
+
+def claimed_row(endpoint_id: int, url: str) -> dict:
+    """A row as webhooks.acquire() returns it, its URL sealed to its endpoint."""
+    now = datetime.now(UTC)
+    return {"delivery_id": 7, "webhook_id": endpoint_id, "event_id": "evt_1", "idempotency_key": "evt_1",
+            "event_type": "alert.created", "attempt": 1, "max_attempts": 10, "lease_token": uuid.uuid4(),
+            "locked_until": now, "endpoint_url": TEST_KEYRING.seal(url, encryption.URL, endpoint_id),
+            "signing_secrets": "[]", "headers": "{}", "timeout_ms": None, "retry_schedule": None,
+            "retry_jitter": 0.2, "body_format": "raw", "secret_settings": "{}", "retry_policy": "{}",
+            "payload": "{}", "traceparent": None, "created_at": now}
+
+
+def test_the_url_check_is_remembered_by_endpoint_and_url_version_never_by_the_url():
+    # Nothing keeps a URL (which may carry a token) for the sake of speed: the module's check is
+    # not cached, and the sender remembers answers by endpoint id and a digest of the stored URL.
+    assert not hasattr(url_problem, "cache_info")
+    token_url = "https://hooks.example.com/services/T0/B0/tok3nTOK3Ntok3n"
+    first = _claimed(claimed_row(4, token_url), TEST_KEYRING, {})
+    sender = Sender(1)
+    assert sender.url_problem(first) is None
+    assert "tok3n" not in repr(sender._url_problems) and first.url_version
+    # The URL changed to a refused one: a new version, checked again, for the same endpoint.
+    changed = _claimed(claimed_row(4, "http://10.0.0.1/hook"), TEST_KEYRING, {})
+    assert changed.url_version != first.url_version
+    assert "not a public address" in (sender.url_problem(changed) or "")
