@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hashlib
 import hmac
 import os
@@ -170,7 +169,6 @@ class Keyring:
             return False
         return True
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one keyring per process; bounded by maxsize
     def _open(self, value: str, aad: str) -> str:
         if not is_sealed(value):
             raise DecryptionError("not a sealed value")

@@ -332,3 +332,12 @@ def test_a_keys_file_of_raw_bytes_is_a_keyring_error(tmp_path):
     keys_file.write_bytes(b"\xff\xfe" + bytes(range(128, 158)))
     with pytest.raises(KeyringError, match=r"security\.encryption_keys_file"):
         load_keyring(str(keys_file), {})
+
+
+def test_the_keyring_keeps_no_opened_value():
+    # An opened URL or secret lives only as long as the row that needs it: the keyring remembers
+    # nothing it opened (the worker opens each endpoint's values once per claimed batch).
+    keyring = Keyring.parse(encryption.generate_key(), "test")
+    sealed = keyring.seal("https://x.test/hook/tok3n", encryption.URL, 5)
+    assert keyring.open(sealed, encryption.URL, 5) == "https://x.test/hook/tok3n"
+    assert not hasattr(Keyring._open, "cache_info")
