@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -88,6 +89,17 @@ def active_secrets(stored: Sequence[dict[str, Any]], now: datetime | None = None
     return tuple(result)
 
 
+# Keys url_version's digests: a URL stored in plaintext, digested without a key, could be found by
+# digesting guesses (the reason URL fingerprints are keyed too).
+_URL_VERSION_KEY = os.urandom(32)
+
+
+def url_version(stored_url: str) -> str:
+    """Changes whenever the endpoint's URL does and opens nothing: a keyed digest of the URL as
+    stored (sealed with a fresh nonce each time it is set, or plaintext)."""
+    return hashlib.blake2b(stored_url.encode(), digest_size=16, key=_URL_VERSION_KEY).hexdigest()
+
+
 def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bool) -> dict[str, Any]:
     """What a claimed row's request needs from its endpoint: the same for every row of the endpoint
     in a batch, so it is opened and parsed once per endpoint, not once per row. The JSON columns
@@ -110,7 +122,7 @@ def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bo
         "body_format": row["body_format"],
         "secret_settings": keyring.open_settings(parsed("secret_settings") or {}, endpoint_id, plaintext),
         "retry_policy": RetryPolicy.from_json(parsed("retry_policy")),
-        "url_version": hashlib.blake2b(row["endpoint_url"].encode(), digest_size=16).hexdigest(),
+        "url_version": url_version(row["endpoint_url"]),
     }
 
 
