@@ -1,4 +1,4 @@
-"""The delivery loop: claim → deliver → classify → finish; owns concurrency, batching and shutdown."""
+"""The delivery loop: claim → deliver → hand outcomes to the finisher; concurrency, liveness, shutdown."""
 
 from __future__ import annotations
 
