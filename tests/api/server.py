@@ -1,0 +1,100 @@
+"""The API served on 127.0.0.1 from a thread of the test process, and a plain HTTP client for it."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from aiohttp import web
+
+from tests.support import LOOPBACK, TEST_KEYRING
+from worker.api import tokens
+from worker.api.app import ApiState, build_state, create_app
+from worker.config import Config
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def api_config(dsn: str, **api: Any) -> Config:
+    return Config.model_validate({
+        "database": {"url": dsn, "pool_max_size": 4},
+        "api": {"host": "127.0.0.1", "port": 0, **api},
+        "security": {"allow_networks": LOOPBACK},
+    })
+
+
+class ApiServer:
+    """`create_app` on a real socket; the same application `webhook-worker api` serves."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state: ApiState | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def start(self) -> ApiServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    async def _start(self) -> None:
+        state = build_state(self.config)
+        state.keyring = TEST_KEYRING
+        await state.db.open()
+        self.state = state
+        self._runner = web.AppRunner(create_app(state), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def request(self, method: str, path: str, token: str | None = None, body: Any = None,
+                raw: bytes | None = None, headers: dict[str, str] | None = None) -> Answer:
+        sent = dict(headers or {})
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+        if data is not None:
+            sent.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=data, headers=sent)
+            response = conn.getresponse()
+            return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        finally:
+            conn.close()
+
+    def get(self, path: str, token: str | None = None, **kwargs: Any) -> Answer:
+        return self.request("GET", path, token, **kwargs)
+
+    def post(self, path: str, token: str | None = None, body: Any = None, **kwargs: Any) -> Answer:
+        return self.request("POST", path, token, body, **kwargs)
+
+
+def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = None) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return tokens.create(conn, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at)
