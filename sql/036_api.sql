@@ -118,14 +118,15 @@ $$;
 
 -- publishing ----------------------------------------------------------------------------------------
 
--- One event to one endpoint (p_webhook_id) or, when it is NULL, to every active endpoint subscribed
--- to the event type, as publish() fans out. The idempotency key (default: a new event id) is every
+-- One event to one endpoint (p_endpoint: its name or id; refused with SQLSTATE P0002 when there is
+-- none) or, when it is NULL, to every active endpoint subscribed to the event type, as publish()
+-- fans out. A named endpoint gets the delivery even while disabled: its rows wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
 -- delivery's key and event id, so publishing the same key again queues nothing and answers with
 -- the existing deliveries (created = false).
 CREATE FUNCTION webhooks.api_publish(
     p_event_type      text,
     p_payload         jsonb,
-    p_webhook_id      bigint      DEFAULT NULL,
+    p_endpoint        text        DEFAULT NULL,
     p_idempotency_key text        DEFAULT NULL,
     p_ordering_key    text        DEFAULT NULL,
     p_priority        integer     DEFAULT 0,
@@ -141,7 +142,16 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_key text := coalesce(p_idempotency_key, 'evt_' || replace(gen_random_uuid()::text, '-', ''));
+    v_webhook_id bigint;
 BEGIN
+    IF p_endpoint IS NOT NULL THEN
+        SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
+        WHERE e.name = p_endpoint OR e.id::text = p_endpoint
+        ORDER BY e.name = p_endpoint DESC LIMIT 1;
+        IF v_webhook_id IS NULL THEN
+            RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
+        END IF;
+    END IF;
     IF starts_with(p_event_type, 'webhook.') THEN
         RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
                         'operational events', p_event_type
@@ -150,8 +160,8 @@ BEGIN
     RETURN QUERY
     WITH targets AS (
         SELECT e.id, e.name FROM webhooks.endpoints e
-        WHERE (p_webhook_id IS NOT NULL AND e.id = p_webhook_id)
-           OR (p_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type))
+        WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
+           OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type))
     ), inserted AS (
         INSERT INTO webhooks.alert_delivery_queue AS q
             (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,
@@ -169,6 +179,34 @@ BEGIN
            ON i.delivery_id IS NULL AND q.webhook_id = t.id AND q.idempotency_key = v_key
     WHERE coalesce(i.delivery_id, q.delivery_id) IS NOT NULL
     ORDER BY t.id;
+END;
+$$;
+
+-- endpoints ---------------------------------------------------------------------------------------
+
+-- Deletes an endpoint that has no deliveries left in the queue (delivered or dead-lettered rows
+-- included: deleting them would lose history an operator may still replay); refused otherwise with
+-- SQLSTATE 55006 and the count. Its audit rows stay. Returns false when there is no such endpoint.
+CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_rows bigint;
+BEGIN
+    PERFORM 1 FROM webhooks.endpoints e WHERE e.id = p_webhook_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q WHERE q.webhook_id = p_webhook_id;
+    IF v_rows > 0 THEN
+        RAISE EXCEPTION 'endpoint % still has % deliveries in the queue: disable it, and purge them once '
+                        'they are finished', p_webhook_id, v_rows
+            USING ERRCODE = 'object_in_use';
+    END IF;
+    DELETE FROM webhooks.endpoints e WHERE e.id = p_webhook_id;
+    RETURN true;
 END;
 $$;
 
@@ -240,7 +278,7 @@ $$;
 -- grants --------------------------------------------------------------------------------------------
 
 GRANT EXECUTE ON FUNCTION
-    webhooks.api_publish(text, jsonb, bigint, text, text, integer, timestamptz, text)
+    webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
 TO webhooks_producer;
 GRANT SELECT ON webhooks.api_operations TO webhooks_reader;
 

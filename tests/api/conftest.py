@@ -15,6 +15,9 @@ def api(db: str) -> Iterator[ApiServer]:
     server = ApiServer(api_config(db)).start()
     yield server
     server.stop()
+    # every answer a test received must be one the OpenAPI document describes
+    problems = server.contract_problems()
+    assert not problems, "answers the OpenAPI document does not describe:\n" + "\n".join(problems[:20])
 
 
 @pytest.fixture

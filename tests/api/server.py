@@ -30,11 +30,13 @@ class Answer:
 
 
 def api_config(dsn: str, **api: Any) -> Config:
-    return Config.model_validate({
-        "database": {"url": dsn, "pool_max_size": 4},
-        "api": {"host": "127.0.0.1", "port": 0, **api},
-        "security": {"allow_networks": LOOPBACK},
-    })
+    return Config.model_validate(
+        {
+            "database": {"url": dsn, "pool_max_size": 4},
+            "api": {"host": "127.0.0.1", "port": 0, **api},
+            "security": {"allow_networks": LOOPBACK},
+        }
+    )
 
 
 class ApiServer:
@@ -47,6 +49,8 @@ class ApiServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
         self.port = 0
+        # every /v1 answer received, for the contract check at the end of each test
+        self.answers: list[tuple[str, str, Answer]] = []
 
     def start(self) -> ApiServer:
         self._thread.start()
@@ -70,8 +74,15 @@ class ApiServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
-    def request(self, method: str, path: str, token: str | None = None, body: Any = None,
-                raw: bytes | None = None, headers: dict[str, str] | None = None) -> Answer:
+    def request(
+        self,
+        method: str,
+        path: str,
+        token: str | None = None,
+        body: Any = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
         sent = dict(headers or {})
         if token is not None:
             sent["Authorization"] = f"Bearer {token}"
@@ -84,9 +95,22 @@ class ApiServer:
         try:
             conn.request(method, path, body=data, headers=sent)
             response = conn.getresponse()
-            return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+            headers_received = {k.lower(): v for k, v in response.getheaders()}
+            answer = Answer(response.status, headers_received, response.read())
         finally:
             conn.close()
+        if path.startswith("/v1/"):
+            self.answers.append((method, path, answer))
+        return answer
+
+    def contract_problems(self) -> list[str]:
+        from tests.api.contract import problems
+
+        found = []
+        for method, path, answer in self.answers:
+            body = answer.json if answer.body else None
+            found += problems(method, path, answer.status, answer.headers.get("content-type", ""), body)
+        return found
 
     def get(self, path: str, token: str | None = None, **kwargs: Any) -> Answer:
         return self.request("GET", path, token, **kwargs)

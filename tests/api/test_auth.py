@@ -32,8 +32,11 @@ def test_the_probes_need_no_token(api):
     assert api.get("/metrics").status == 200
 
 
-@pytest.mark.parametrize("header", [None, "Bearer", "Basic abc", "Bearer whk_" + "x" * 43, "Bearer nonsense"],
-                         ids=["none", "empty", "other scheme", "unknown", "malformed"])
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer", "Basic abc", "Bearer whk_" + "x" * 43, "Bearer nonsense"],
+    ids=["none", "empty", "other scheme", "unknown", "malformed"],
+)
 def test_without_a_valid_token_a_request_gets_401_as_a_problem_document(api, header):
     answer = api.get("/v1/token", headers={"Authorization": header} if header else None)
     assert answer.status == 401
@@ -61,8 +64,9 @@ def test_a_revoked_token_stops_at_once(api, db):
 def test_an_expired_token_is_refused(api, db):
     token = make_token(db, "admin", name="expiring", expires_at=datetime.now(UTC) + timedelta(days=1))
     assert api.get("/v1/token", token).status == 200
-    query(db, "UPDATE webhooks.api_tokens SET expires_at = now() - interval '1 second'"
-              " WHERE name = 'expiring'")
+    query(
+        db, "UPDATE webhooks.api_tokens SET expires_at = now() - interval '1 second' WHERE name = 'expiring'"
+    )
     assert api.get("/v1/token", token).status == 401
 
 

@@ -10,8 +10,17 @@ from tests.support import query
 
 
 def test_create_prints_the_token_alone_on_its_last_line_and_it_works(db):
-    result = cli("tokens", "create", "--name", "ci", "--role", "producer", "--expires-in", "30",
-                 env={"DATABASE_URL": db})
+    result = cli(
+        "tokens",
+        "create",
+        "--name",
+        "ci",
+        "--role",
+        "producer",
+        "--expires-in",
+        "30",
+        env={"DATABASE_URL": db},
+    )
     assert result.returncode == 0, result.stderr
     token = result.stdout.splitlines()[-1]
     assert token.startswith("whk_") and " " not in token
@@ -21,8 +30,9 @@ def test_create_prints_the_token_alone_on_its_last_line_and_it_works(db):
         assert answer.status == 200 and answer.json == {"name": "ci", "role": "producer"}
     finally:
         server.stop()
-    [(role, expires)] = query(db, "SELECT role, expires_at > now() + interval '29 days'"
-                                  " FROM webhooks.api_tokens WHERE name = 'ci'")
+    [(role, expires)] = query(
+        db, "SELECT role, expires_at > now() + interval '29 days' FROM webhooks.api_tokens WHERE name = 'ci'"
+    )
     assert role == "producer" and expires
 
 
