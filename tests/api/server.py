@@ -5,17 +5,24 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 from aiohttp import web
 
-from tests.support import LOOPBACK, TEST_KEYRING
+from tests.support import LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, eventually
 from worker.api import tokens
 from worker.api.app import ApiState, build_state, create_app
 from worker.config import Config
+from worker.encryption import KEYS_ENV
 
 
 @dataclass(frozen=True)
@@ -122,3 +129,51 @@ class ApiServer:
 def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = None) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return tokens.create(conn, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at)
+
+
+class ApiProcess:
+    """`python -m worker api --config FILE` as a subprocess, as it runs in production."""
+
+    def __init__(self, dsn: str, workdir: Path, **api: Any) -> None:
+        config = {
+            "database": {"url": dsn},
+            "api": {"host": "127.0.0.1", "port": 0, **api},
+            "logging": {"level": "info", "format": "json"},
+            "security": {"allow_networks": LOOPBACK},
+        }
+        self.config_path = workdir / "api.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "api.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
+        env.pop("DATABASE_URL", None)
+        env[KEYS_ENV] = TEST_KEYS
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+            )
+        self.port = eventually(self._port, message="api listening")
+        self.client = ApiServer.__new__(ApiServer)
+        self.client.port = self.port
+        self.client.answers = []
+
+    def _port(self) -> int | None:
+        for line in self.log_path.read_text().splitlines():
+            if '"api listening"' in line:
+                return int(json.loads(line)["port"])
+        if self.process.poll() is not None:
+            raise AssertionError(f"api exited: {self.log_path.read_text()}")
+        return None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)

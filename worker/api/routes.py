@@ -504,8 +504,11 @@ async def patch_config(request: web.Request) -> web.Response:
             settings = await queries.config(conn)
     except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
         message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
-        column = exc.diag.column_name or exc.diag.constraint_name or "(body)"
-        field = next((k for k in changes if k in (column or "")), column)
+        # the setting named by the refusal, or the only one given; a rule over several names them all
+        named = exc.diag.column_name or exc.diag.constraint_name or ""
+        field = next((key for key in changes if key in named), None)
+        if field is None:
+            field = next(iter(changes)) if len(changes) == 1 else "(body)"
         raise invalid(field, message) from None
     get_logger().info("api changed settings", keys=sorted(changes), by=caller_of(request).name)
     return json_response(settings)
