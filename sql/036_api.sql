@@ -46,7 +46,7 @@ CREATE TABLE webhooks.api_operations (
     kind         text        NOT NULL CHECK (kind IN ('replay_dead_letters')),
     -- replay_dead_letters(): webhook_id, event_type, category, since, until (absent: any)
     filter       jsonb       NOT NULL DEFAULT '{}',
-    rate         real        CHECK (rate IS NULL OR rate > 0),
+    rate         double precision CHECK (rate IS NULL OR rate > 0),
     max_rows     integer     CHECK (max_rows IS NULL OR max_rows > 0),
     status       text        NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'done', 'failed')),
     processed    bigint      NOT NULL DEFAULT 0,
@@ -212,7 +212,7 @@ $$;
 
 -- operations ----------------------------------------------------------------------------------------
 
-CREATE FUNCTION webhooks.api_start_replay(p_filter jsonb, p_rate real, p_max_rows integer,
+CREATE FUNCTION webhooks.api_start_replay(p_filter jsonb, p_rate double precision, p_max_rows integer,
                                           p_requested_by text)
 RETURNS bigint
 LANGUAGE sql
@@ -267,7 +267,7 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION webhooks.api_running_operations() RETURNS TABLE (id bigint, rate real)
+CREATE FUNCTION webhooks.api_running_operations() RETURNS TABLE (id bigint, rate double precision)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp

@@ -710,7 +710,8 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
                          default=str))
         return 0
     until = f", expires {expires_at:%Y-%m-%d %H:%M:%S} UTC" if expires_at else ""
-    print(f"token {args.name} created (role {args.role}{until}); shown once, store it now:")
+    # the token alone on standard output, so `TOKEN=$(webhook-worker tokens create …)` captures it
+    print(f"token {args.name} created (role {args.role}{until}); shown once, store it now:", file=sys.stderr)
     print(token)
     return 0
 
@@ -954,7 +955,7 @@ def build_parser() -> argparse.ArgumentParser:
     token_commands = group("tokens", "the HTTP API's tokens",
                            "The HTTP API's tokens: only a hash is stored; a token is shown once.")
     token_create = command(token_commands, "create", cmd_tokens_create,
-                           "create a token; prints it once, alone on the last line")
+                           "create a token; prints it once, alone on standard output")
     token_create.add_argument("--name", required=True, help="unique name (shown in lists, never secret)")
     token_create.add_argument("--role", required=True, choices=["producer", "reader", "admin"],
                               help="producer: publish only; reader: every read; admin: everything")

@@ -121,3 +121,19 @@ def test_a_role_runs_under_its_database_role(api, db):
     for role, expected in expected_users.items():
         user, _session = asyncio.run_coroutine_threadsafe(current_user(role), api._loop).result(10)
         assert user == expected
+
+
+def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db):
+    # api_publish is the producers'; the token and operation functions are the owner's alone (036)
+    rows = query(
+        db,
+        "SELECT p.proname, r.rolname, has_function_privilege(r.rolname, p.oid, 'EXECUTE')"
+        " FROM pg_proc p CROSS JOIN pg_roles r"
+        " WHERE p.pronamespace = 'webhooks'::regnamespace AND p.proname LIKE 'api\\_%'"
+        " AND r.rolname IN ('webhooks_worker', 'webhooks_producer', 'webhooks_reader')",
+    )
+    granted = {(name, role) for name, role, allowed in rows if allowed}
+    assert granted == {("api_publish", "webhooks_producer")}
+    assert query(db, "SELECT has_table_privilege('webhooks_reader', 'webhooks.api_tokens', 'SELECT')") == [
+        (False,)
+    ]

@@ -14,7 +14,7 @@ def test_bulk_replay_runs_to_done_within_its_max_and_filter(api, role_tokens, db
     started = api.post(
         "/v1/dead-letters/replay",
         role_tokens["admin"],
-        {"filter": {"endpoint": "target", "category": "http_4xx"}, "max": 3},
+        {"filter": {"endpoint": "target", "category": "http_4xx"}, "max": 3, "rate": 1000},
     )
     assert started.status == 202, started.body
     operation = started.json["id"]

@@ -53,3 +53,4 @@ def test_a_producer_publishes_and_a_reader_follows_it_to_delivered(api_process, 
     for token in (admin, producer, reader):
         assert token not in log and token not in metrics
     assert "/orders" not in log  # an endpoint URL's path never reaches a log line
+    assert '"level": "error"' not in log, log

@@ -22,8 +22,9 @@ def test_create_prints_the_token_alone_on_its_last_line_and_it_works(db):
         env={"DATABASE_URL": db},
     )
     assert result.returncode == 0, result.stderr
-    token = result.stdout.splitlines()[-1]
-    assert token.startswith("whk_") and " " not in token
+    token = result.stdout.strip()
+    assert token.startswith("whk_") and "\n" not in token and " " not in token  # alone on stdout
+    assert "shown once" in result.stderr
     server = ApiServer(api_config(db)).start()
     try:
         answer = server.get("/v1/token", token)

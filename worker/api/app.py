@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import psycopg_pool
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -156,11 +157,19 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             raise
         answer = Problem(exc.status, _kind(exc.status), exc.reason, _detail(exc, request))
         return answer.response(request.path)
-    except psycopg.OperationalError:
+    except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
         status = 503
         get_logger().warning("api database unreachable", route=route)
         return Problem(503, "database-unavailable", "The database is unreachable",
                        "try again shortly", headers={"Retry-After": "5"}).response(request.path)
+    except Exception as exc:  # noqa: BLE001 - one request's failure must not end the process
+        status = 500
+        # the type and the server's primary message only: a DETAIL may quote a row, credentials included
+        message = exc.diag.message_primary if isinstance(exc, psycopg.Error) else None
+        get_logger().error("api request failed", route=route, method=request.method,
+                           error=type(exc).__name__, message=message)
+        return Problem(500, "internal", "Internal error", "the request failed; the API's log says why"
+                       ).response(request.path)
     finally:
         state.metrics.requests.labels(route, request.method, str(status)).inc()
         state.metrics.duration.labels(route).observe(time.monotonic() - started)
