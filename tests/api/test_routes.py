@@ -310,3 +310,48 @@ def test_two_admins_replaying_one_row_at_once_give_one_replay(api, role_tokens, 
             " AND outcome = 'replayed'",
             (dead,),
         ) == [(1,)]
+
+
+BODY_ROUTES = [(m, p) for m, p, _ in ROUTES if m in ("POST", "PATCH")]
+
+
+def written(db):
+    """Everything a refused request must leave as it was."""
+    return query(
+        db,
+        "SELECT (SELECT count(*) FROM webhooks.alert_delivery_queue),"
+        " (SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'dead_letter'),"
+        " (SELECT count(*) FROM webhooks.endpoints), (SELECT count(*) FROM webhooks.api_operations),"
+        " (SELECT count(*) FROM webhooks.endpoint_events),"
+        " (SELECT row_to_json(c)::text FROM webhooks.delivery_config c)",
+    )
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES, ids=lambda v: v)
+def test_every_route_taking_a_body_refuses_bad_bodies_and_writes_nothing(
+    api, role_tokens, db, world, method, path
+):
+    admin = role_tokens["admin"]
+    url, _ = sample_request(method, path, world, "admin")
+    before = written(db)
+    invalid_json = api.request(method, url, admin, raw=b'{"oops": ')
+    assert invalid_json.status == 400 and invalid_json.json["type"].endswith("/invalid-json"), (
+        invalid_json.body
+    )
+    unknown = api.request(method, url, admin, {"no_such_field": 1})
+    assert unknown.status == 422, unknown.body
+    assert unknown.json["field"] == "no_such_field" or "no_such_field" in unknown.json["detail"]
+    wrong_type = api.request(method, url, admin, raw=b'"a string"')
+    assert wrong_type.status == 422, wrong_type.body
+    oversized = api.request(method, url, admin, raw=b'{"x": "' + b"y" * (2 * 1024 * 1024) + b'"}')
+    assert oversized.status == 413 and oversized.json["type"].endswith("/body-too-large"), oversized.body
+    assert written(db) == before
+
+
+@pytest.mark.parametrize(("method", "path"), [(m, p) for m, p, _ in ROUTES if "{id}" in p], ids=lambda v: v)
+def test_every_route_with_an_id_answers_404_for_an_unknown_one(api, role_tokens, db, world, method, path):
+    _, body = sample_request(method, path, world, "admin")
+    before = written(db)
+    answer = api.request(method, path.replace("{id}", "987654321"), role_tokens["admin"], body)
+    assert answer.status == 404 and answer.json["type"].endswith("/not-found"), answer.body
+    assert written(db) == before

@@ -61,7 +61,8 @@ def parse(model: type[Model], data: dict[str, Any], prefix: str = "") -> Model:
 def field_problem(exc: ValidationError, prefix: str = "") -> Problem:
     """The first error, naming the field in dotted form; a value given is never echoed (it may be a
     credential)."""
-    error = exc.errors()[0]
+    # an unknown field first: a misspelt name also explains the "required" error of the right one
+    error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     field = prefix + ".".join(str(part) for part in error["loc"]) or "(body)"
     field = "".join(c if c.isprintable() else repr(c)[1:-1] for c in field)[:200]
     if error["type"] == "extra_forbidden":

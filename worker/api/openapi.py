@@ -531,6 +531,11 @@ def document() -> dict[str, Any]:
             ),
         },
     }
+    # every POST and PATCH reads its body, even those that take none (they refuse one that is not `{}`)
+    for item in paths.values():
+        for method in ("post", "patch"):
+            if method in item:
+                item[method]["responses"].update({"400": PROBLEM, "413": PROBLEM, "422": PROBLEM})
     paths["/v1/openapi.json"] = {
         "get": {
             "summary": "This document (no token needed)",
