@@ -137,3 +137,30 @@ def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db
     assert query(db, "SELECT has_table_privilege('webhooks_reader', 'webhooks.api_tokens', 'SELECT')") == [
         (False,)
     ]
+
+
+def test_the_database_refuses_what_a_role_may_not_do_even_past_the_api_s_check(api, db):
+    # were a route's role check wrong, the grants would still refuse: reader writes nothing,
+    # producer reads nothing
+    from tests.support import add_endpoint, enqueue
+    from worker.api.tokens import Caller
+
+    [delivery] = enqueue(db, add_endpoint(db, "https://example.com/x"))
+
+    async def attempt(role, sql):
+        try:
+            async with api.state.db.transaction(Caller("t", role)) as conn:
+                await conn.execute(sql, (delivery,))
+        except psycopg.errors.InsufficientPrivilege:
+            return "refused"
+        return "done"
+
+    def run(role, sql):
+        return asyncio.run_coroutine_threadsafe(attempt(role, sql), api._loop).result(10)
+
+    assert run("reader", "SELECT webhooks.replay(%s)") == "refused"
+    assert run("reader", "SELECT webhooks.enable_endpoint(%s)") == "refused"
+    assert run("producer", "SELECT * FROM webhooks.delivery(%s)") == "refused"
+    assert run("producer", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
+    assert run("reader", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
+    assert run("admin", "SELECT * FROM webhooks.delivery(%s)") == "done"
