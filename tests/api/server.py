@@ -49,8 +49,9 @@ def api_config(dsn: str, **api: Any) -> Config:
 class ApiServer:
     """`create_app` on a real socket; the same application `webhook-worker api` serves."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, console: Any = None) -> None:
         self.config = config
+        self.console = console
         self.state: ApiState | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -69,7 +70,7 @@ class ApiServer:
         state.keyring = TEST_KEYRING
         await state.db.open()
         self.state = state
-        self._runner = web.AppRunner(create_app(state), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(create_app(state, self.console), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

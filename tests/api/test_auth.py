@@ -164,3 +164,33 @@ def test_the_database_refuses_what_a_role_may_not_do_even_past_the_api_s_check(a
     assert run("producer", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
     assert run("reader", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
     assert run("admin", "SELECT * FROM webhooks.delivery(%s)") == "done"
+
+
+def test_a_console_mounted_under_console_does_its_own_login_with_verify_token(db):
+    # the hook the console uses (worker/api/__init__.py): a sub-application built from the state
+    from aiohttp import web
+
+    from tests.api.server import ApiServer, api_config
+    from worker.api.app import STATE, client_address
+    from worker.api.problems import Problem
+
+    def console(state):
+        async def whoami(request):
+            try:
+                caller = await state.verify_token(request.query.get("token", ""), client_address(request))
+            except Problem as problem:
+                return web.Response(status=problem.status, text="refused")
+            return web.Response(text=f"{caller.name}:{caller.role}:{request.app[STATE] is state}")
+
+        sub = web.Application()
+        sub[STATE] = state
+        sub.router.add_get("/", whoami)
+        return sub
+
+    token = make_token(db, "reader", name="oncall")
+    server = ApiServer(api_config(db), console=console).start()
+    try:
+        assert server.get("/console/").status == 401  # no Bearer middleware: its own answer
+        assert server.get(f"/console/?token={token}").body == b"oncall:reader:True"
+    finally:
+        server.stop()
