@@ -132,7 +132,8 @@ CREATE FUNCTION webhooks.api_publish(
     p_priority        integer     DEFAULT 0,
     p_expires_at      timestamptz DEFAULT NULL,
     p_traceparent     text        DEFAULT NULL
-) RETURNS TABLE (delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean)
+) RETURNS TABLE (delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+                idempotency_key text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
@@ -172,7 +173,7 @@ BEGIN
         ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
         RETURNING q.delivery_id, q.webhook_id
     )
-    SELECT coalesce(i.delivery_id, q.delivery_id), t.id, t.name, i.delivery_id IS NOT NULL
+    SELECT coalesce(i.delivery_id, q.delivery_id), t.id, t.name, i.delivery_id IS NOT NULL, v_key
     FROM targets t
     LEFT JOIN inserted i ON i.webhook_id = t.id
     LEFT JOIN webhooks.alert_delivery_queue q

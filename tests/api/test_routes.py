@@ -355,3 +355,14 @@ def test_every_route_with_an_id_answers_404_for_an_unknown_one(api, role_tokens,
     answer = api.request(method, path.replace("{id}", "987654321"), role_tokens["admin"], body)
     assert answer.status == 404 and answer.json["type"].endswith("/not-found"), answer.body
     assert written(db) == before
+
+
+def test_publish_without_a_key_answers_the_generated_event_id_to_look_it_up_by(
+    api, role_tokens, db, receiver
+):
+    add_endpoint(db, receiver.url("/a"), name="keyless")
+    published = api.post("/v1/messages", role_tokens["producer"], {"event_type": "a.b", "payload": {}})
+    key = published.json["idempotency_key"]
+    assert published.status == 202 and key.startswith("evt_")
+    found = api.get(f"/v1/deliveries?idempotency_key={key}", role_tokens["reader"])
+    assert [d["delivery_id"] for d in found.json["items"]] == [published.json["deliveries"][0]["delivery_id"]]

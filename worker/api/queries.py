@@ -35,7 +35,7 @@ async def publish(conn: Conn, event_type: str, payload: str, endpoint: str | Non
                   idempotency_key: str | None, ordering_key: str | None, priority: int,
                   expires_at: datetime | None, traceparent: str | None) -> list[dict[str, Any]]:
     return await fetch_all(
-        conn, "SELECT delivery_id, webhook_id AS endpoint_id, endpoint_name, created"
+        conn, "SELECT delivery_id, webhook_id AS endpoint_id, endpoint_name, created, idempotency_key"
               " FROM webhooks.api_publish(%s, %s::jsonb, %s, %s, %s, %s, %s, %s)",
         (event_type, payload, endpoint, idempotency_key, ordering_key, priority, expires_at, traceparent))
 

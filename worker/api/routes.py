@@ -105,7 +105,8 @@ async def publish(request: web.Request) -> web.Response:
     except psycopg.errors.InsufficientPrivilege as exc:
         raise invalid("event_type", str(exc.diag.message_primary)) from None
     created = any(row["created"] for row in rows)
-    event_id = body.idempotency_key
+    # the key given, or the event id generated for it (every delivery's webhook-id)
+    event_id = rows[0]["idempotency_key"] if rows else body.idempotency_key
     deliveries = [{k: row[k] for k in ("delivery_id", "endpoint_id", "endpoint_name")} for row in rows]
     return json_response({"idempotency_key": event_id, "created": created, "deliveries": deliveries},
                          status=202 if created or not rows else 200)
