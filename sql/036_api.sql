@@ -268,6 +268,17 @@ BEGIN
 END;
 $$;
 
+-- An operation that cannot go on (its stored filter no longer reads, say) ends as failed, with why.
+CREATE FUNCTION webhooks.api_fail_operation(p_operation_id bigint, p_error text) RETURNS void
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    UPDATE webhooks.api_operations
+    SET status = 'failed', error = left(p_error, 1000), updated_at = now(), finished_at = now()
+    WHERE id = p_operation_id AND status = 'running';
+$$;
+
 CREATE FUNCTION webhooks.api_running_operations() RETURNS TABLE (id bigint, rate double precision)
 LANGUAGE sql STABLE
 SECURITY DEFINER

@@ -89,3 +89,20 @@ def test_stats_and_config(api, role_tokens, db):
         answer = api.request("PATCH", "/v1/config", role_tokens["admin"], body)
         assert answer.status == 422 and answer.json["field"] == field, (body, answer.body)
     assert query(db, "SELECT max_attempts FROM webhooks.delivery_config") == [(4,)]
+
+
+def test_an_operation_that_cannot_go_on_fails_with_why_and_the_others_go_on(api, role_tokens, db):
+    endpoint = add_endpoint(db, "https://example.com/a", name="survivor")
+    dead_letter(db, endpoint)
+    # a filter no step can read (written past the API's checks)
+    [(broken,)] = query(
+        db, "SELECT webhooks.api_start_replay(%s::jsonb, NULL, NULL, 't')", ('{"since": "not a time"}',)
+    )
+    started = api.post("/v1/dead-letters/replay", role_tokens["admin"], {"filter": {"endpoint": "survivor"}})
+    healthy = started.json["id"]
+    eventually(
+        lambda: api.get(f"/v1/operations/{healthy}", role_tokens["reader"]).json["status"] == "done",
+        message="the healthy operation done",
+    )
+    failed = api.get(f"/v1/operations/{broken}", role_tokens["reader"]).json
+    assert failed["status"] == "failed" and "not a time" in failed["error"]

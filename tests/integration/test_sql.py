@@ -429,7 +429,7 @@ DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats
                      "fill_idempotency_key", "register_worker", "reclaim_lost_workers",
                      "api_create_token", "api_revoke_token", "api_token_list", "api_token_role",
                      "api_publish", "api_delete_endpoint", "api_start_replay", "api_replay_step",
-                     "api_running_operations")
+                     "api_running_operations", "api_fail_operation")
 
 
 def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):

@@ -29,6 +29,20 @@ def step_plan(step_rows: int, rate: float | None) -> tuple[int, float]:
     return rows, rows / rate
 
 
+async def _step(conn: psycopg.AsyncConnection[Any], operation_id: int, rows: int) -> tuple[Any, ...] | None:
+    """One step: (status, processed), or None while another session steps it. An operation that
+    cannot go on ends as failed, with why, so that the others still go on."""
+    try:
+        cur = await conn.execute("SELECT status, processed FROM webhooks.api_replay_step(%s, %s)",
+                                 (operation_id, rows))
+        return await cur.fetchone()
+    except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
+        error = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
+        await conn.execute("SELECT webhooks.api_fail_operation(%s, %s)", (operation_id, error))
+        get_logger().warning("api operation failed", operation_id=operation_id, error=error)
+        return ("failed", None)
+
+
 async def run_operations(state: ApiState) -> None:
     """Step every running operation until it is done; runs for the life of the process."""
     log = get_logger()
@@ -43,9 +57,7 @@ async def run_operations(state: ApiState) -> None:
                     if due.get(operation_id, 0.0) > now:
                         continue
                     rows, pause = step_plan(state.config.api.replay_step_rows, rate)
-                    cur = await conn.execute("SELECT status, processed FROM webhooks.api_replay_step(%s, %s)",
-                                             (operation_id, rows))
-                    stepped = await cur.fetchone()
+                    stepped = await _step(conn, operation_id, rows)
                     due[operation_id] = time.monotonic() + pause
                     if stepped is not None and stepped[0] != "running":
                         due.pop(operation_id, None)
