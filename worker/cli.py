@@ -678,6 +678,60 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_api(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    from worker.api.app import serve as serve_api
+
+    config = _config(args)
+    configure_logging(config.logging.level, config.logging.format)
+    asyncio.run(serve_api(config))
+    return 0
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    from worker.api import tokens
+
+    problem = tokens.name_problem(args.name)
+    if problem is not None:
+        raise UsageError(f"--name: {problem}")
+    if args.expires_in is not None and not 0 < args.expires_in <= 3650:
+        raise UsageError("--expires-in: expected a number of days above 0, at most 3650")
+    expires_at = datetime.now(UTC) + timedelta(days=args.expires_in) if args.expires_in else None
+    with _connect(args) as conn:
+        try:
+            token = tokens.create(conn, args.name, args.role, expires_at)
+        except psycopg.errors.UniqueViolation:
+            raise CommandFailed(f"--name {args.name!r}: a token with this name exists") from None
+    if args.json:
+        print(json.dumps({"name": args.name, "role": args.role, "expires_at": expires_at, "token": token},
+                         default=str))
+        return 0
+    until = f", expires {expires_at:%Y-%m-%d %H:%M:%S} UTC" if expires_at else ""
+    # the token alone on standard output, so `TOKEN=$(webhook-worker tokens create …)` captures it
+    print(f"token {args.name} created (role {args.role}{until}); shown once, store it now:", file=sys.stderr)
+    print(token)
+    return 0
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    from worker.api import tokens
+
+    with _connect(args) as conn:
+        rows = tokens.listing(conn)
+    _emit(args, rows, ["name", "role", "state", "created_at", "expires_at", "revoked_at"])
+    return 0
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    from worker.api import tokens
+
+    with _connect(args) as conn:
+        if not tokens.revoke(conn, args.name):
+            raise CommandFailed(f"NAME {args.name!r}: no active token with this name")
+    print(f"token {args.name} revoked")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from worker.demo import run_demo
 
@@ -877,6 +931,22 @@ def build_parser() -> argparse.ArgumentParser:
     key_rotate = command(key_commands, "rotate", cmd_keys_rotate,
                          "re-seal every stored credential with the first key (workers keep running)")
     key_rotate.add_argument("--json", action="store_true", help="print JSON")
+
+    command(commands, "api", cmd_api,
+            "serve the HTTP API (/v1) and the console on api.host:api.port until SIGTERM or SIGINT")
+    token_commands = group("tokens", "the HTTP API's tokens",
+                           "The HTTP API's tokens: only a hash is stored; a token is shown once.")
+    token_create = command(token_commands, "create", cmd_tokens_create,
+                           "create a token; prints it once, alone on standard output")
+    token_create.add_argument("--name", required=True, help="unique name (shown in lists, never secret)")
+    token_create.add_argument("--role", required=True, choices=["producer", "reader", "admin"],
+                              help="producer: publish only; reader: every read; admin: everything")
+    token_create.add_argument("--expires-in", type=float, metavar="DAYS", help="stops working after this")
+    token_create.add_argument("--json", action="store_true", help="print JSON")
+    token_list = command(token_commands, "list", cmd_tokens_list, "list tokens (never the tokens themselves)")
+    token_list.add_argument("--json", action="store_true", help="print JSON")
+    token_revoke = command(token_commands, "revoke", cmd_tokens_revoke, "revoke a token: it stops at once")
+    token_revoke.add_argument("name", metavar="NAME")
 
     demo = commands.add_parser(
         "demo", help="deliver sample alerts end to end on a local PostgreSQL and receiver",

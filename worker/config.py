@@ -136,6 +136,21 @@ def tls_context(ca_bundle_file: str | None) -> ssl.SSLContext:
     return context
 
 
+class ApiConfig(_Section):
+    """The HTTP API process (`webhook-worker api`)."""
+
+    host: str = "0.0.0.0"  # reachable from the cluster's Service and probes
+    port: int = Field(default=8000, ge=0, le=65535)  # 0: any free port (logged at start-up)
+    # Failed authentications one client address may make per minute; beyond it, 429 until the
+    # minute has passed, so tokens cannot be guessed at speed.
+    failed_auth_per_minute: int = Field(default=20, ge=1, le=100_000)
+    # Request bodies above this are refused (413) before they are read; the payload limit itself
+    # (webhooks.delivery_config.max_payload_bytes) is checked by the database.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=128 * 1024 * 1024)
+    # Rows a bulk replay puts back per step; with a rate, steps are spaced to keep to it.
+    replay_step_rows: int = Field(default=100, ge=1, le=10_000)
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -147,6 +162,7 @@ class Config(_Section):
     delivery: DeliveryConfig = DeliveryConfig()
     http: HttpConfig = HttpConfig()
     security: SecurityConfig = SecurityConfig()
+    api: ApiConfig = ApiConfig()
     logging: LoggingConfig = LoggingConfig()
 
 

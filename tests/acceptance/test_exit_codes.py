@@ -39,6 +39,8 @@ NAMES_NOTHING = {
     ("keys", "status"): "names nothing",
     ("keys", "rotate"): "names nothing",
     ("demo",): "names nothing",
+    ("api",): "serves the API",
+    ("tokens", "list"): "names nothing",
 }
 MISSING = {
     ("endpoints", "add"): ["--name", "taken", "--url", "https://hooks.example.test/x"],  # name taken
@@ -54,17 +56,21 @@ MISSING = {
     ("replay",): ["99999"],
     ("config", "set"): None,  # its KEY is checked against a fixed list: a usage error (below)
     ("purge",): ["--endpoint", "nosuch"],
+    ("tokens", "create"): ["--name", "taken", "--role", "reader"],  # name taken
+    ("tokens", "revoke"): ["nosuch"],
 }
 # Well-formed arguments that reach the database (for the unreachable-database case).
 MINIMAL = {
     ("migrate",): [], ("endpoints", "list"): [], ("status",): [], ("config", "show"): [],
     ("keys", "status"): [], ("keys", "rotate"): [], ("config", "set"): ["max_attempts", "5"],
+    ("tokens", "list"): [],
     **{command: args for command, args in MISSING.items() if args is not None},
 }
 # Commands that never reach the database with the arguments above, and why.
 NO_DATABASE = {("run",): "waits for its database instead of failing",
                ("keys", "generate"): "needs no database",
-               ("demo",): "starts its own PostgreSQL when DATABASE_URL is unset"}
+               ("demo",): "starts its own PostgreSQL when DATABASE_URL is unset",
+               ("api",): "waits for its database (not ready meanwhile) instead of failing"}
 
 
 @pytest.fixture
@@ -102,6 +108,7 @@ def test_an_unknown_option_is_a_usage_error(as_user, command):
 
 def test_what_a_command_names_not_existing_exits_1(as_user, db):
     as_user("endpoints", "add", "--name", "taken", "--url", "https://hooks.example.test/x", database=db)
+    as_user("tokens", "create", "--name", "taken", "--role", "admin", database=db)
     failures = []
     for command, args in MISSING.items():
         if args is None:
@@ -132,6 +139,8 @@ BAD_VALUES = [
     ["replay"],
     ["config", "set", "no_such_setting", "1"],
     ["config", "set", "max_attempts", "many"],
+    ["tokens", "create", "--name", "x", "--role", "reader", "--expires-in", "0"],
+    ["tokens", "create", "--name", "\n", "--role", "reader"],
 ]
 
 

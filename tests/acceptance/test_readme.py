@@ -9,6 +9,7 @@ local port are substituted; a command that cannot run here must be listed in NOT
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -26,7 +27,7 @@ import pytest
 from tests.receiver import Receiver, Reply
 from tests.support import ROOT, TEST_KEYS
 from worker import signing
-from worker.cli import build_parser, cmd_run
+from worker.cli import build_parser, cmd_api, cmd_run
 from worker.encryption import KEYS_ENV
 
 README = ROOT / "README.md"
@@ -47,7 +48,11 @@ MACHINE = {
     "WEBHOOK_WORKER_HTTP__HOST": "127.0.0.1",  # tests listen on loopback only
     "WEBHOOK_WORKER_HTTP__PORT": "0",  # 8080 may be taken
     "WEBHOOK_WORKER_LOGGING__FORMAT": "json",
+    "WEBHOOK_WORKER_API__HOST": "127.0.0.1",
+    "WEBHOOK_WORKER_API__PORT": "0",  # 8000 may be taken; curl's localhost:8000 is pointed at it
 }
+# README's curl examples address the API here; they are sent to the `webhook-worker api` it started.
+README_API = "http://localhost:8000"
 WORKER_READY_SECONDS = 30.0
 COMMAND_SECONDS = 60.0
 
@@ -184,6 +189,8 @@ class Run:
     exported: dict[str, str] = field(default_factory=dict)
     databases: dict[str, str] = field(default_factory=dict)
     urls: int = 0
+    # the `webhook-worker api` README started, running for the commands after it: (line, process, port)
+    api: tuple[Snippet, subprocess.Popen[bytes], int] | None = None
 
     def database(self, section: str) -> str:
         if section not in self.databases:
@@ -292,6 +299,8 @@ def run_shell(snippet: Snippet, session: Run, failures: list[str]) -> str:
     env = {name: session.env_value(name, value, snippet.section) for name, value in line.env.items()}
     if line.words[0] == "psql":
         return run_psql(snippet, line.words, session, failures)
+    if line.words[0] == "curl":
+        return run_curl(snippet, line.words, session, failures)
     if line.words[0] != PROGRAM:
         failures.append(f"{snippet}\n  neither `{PROGRAM}`, psql nor listed in NOT_RUN")
         return "unclassified"
@@ -344,6 +353,9 @@ def run_program(snippet: Snippet, tokens: list[str], env: dict[str, str], stdin:
     if "DATABASE_URL" in environment:
         environment["DATABASE_URL"] = session.database(snippet.section)
     command = [sys.executable, "-m", "worker", *args]
+    if runs(args, cmd_api):
+        start_api(snippet, command, environment, session, failures)
+        return None
     if is_worker(args):
         run_worker(snippet, command, environment, session, failures)
         return None
@@ -361,6 +373,64 @@ def is_worker(args: list[str]) -> bool:
         return bool(build_parser().parse_args(args).handler is cmd_run)
     except SystemExit:  # a usage error: run it, and its status is reported
         return False
+
+
+def runs(args: list[str], handler: Callable[[argparse.Namespace], int]) -> bool:
+    try:
+        return bool(build_parser().parse_args(args).handler is handler)
+    except SystemExit:
+        return False
+
+
+def start_api(snippet: Snippet, command: list[str], environment: dict[str, str], session: Run,
+              failures: list[str]) -> None:
+    """Start `webhook-worker api` and leave it running for the curl commands that follow."""
+    stop_api(session, failures)
+    log = session.workdir / f"api-{snippet.line}.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment,
+                                   cwd=session.workdir)
+    deadline = time.monotonic() + WORKER_READY_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        for text in log.read_text().splitlines():
+            if '"api listening"' in text:
+                session.api = (snippet, process, int(json.loads(text)["port"]))
+                return
+        time.sleep(0.05)
+    process.kill()
+    process.wait(10)
+    failures.append(f"{snippet}\n  the API did not start\n  output: {log.read_text().strip()[-3000:]}")
+
+
+def stop_api(session: Run, failures: list[str]) -> None:
+    if session.api is None:
+        return
+    snippet, process, _port = session.api
+    session.api = None
+    process.send_signal(signal.SIGTERM)
+    try:
+        status = process.wait(COMMAND_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        status = process.wait(10)
+    if status != 0:
+        failures.append(f"{snippet}\n  the API exited {status} on SIGTERM (README: it runs until SIGTERM)")
+
+
+def run_curl(snippet: Snippet, words: list[str], session: Run, failures: list[str]) -> str:
+    """curl as README writes it, sent to the API README started (its -f turns an HTTP error into a
+    non-zero exit)."""
+    if session.api is None:
+        failures.append(f"{snippet}\n  curl before any `webhook-worker api` started")
+        return "ran"
+    port = session.api[2]
+    args = [w.replace(README_API, f"http://127.0.0.1:{port}") for w in words[1:]]
+    result = subprocess.run(["curl", "--max-time", "30", *args], capture_output=True, text=True,
+                            timeout=COMMAND_SECONDS, check=False)
+    if result.returncode != 0:
+        failures.append(f"{snippet}\n  curl exited {result.returncode}\n"
+                        f"  stdout: {result.stdout.strip()[:2000]}\n  stderr: {result.stderr.strip()}")
+    return "ran"
 
 
 def run_worker(snippet: Snippet, command: list[str], environment: dict[str, str], session: Run,
@@ -389,8 +459,12 @@ def run_worker(snippet: Snippet, command: list[str], environment: dict[str, str]
 
 @pytest.fixture
 def session(tmp_path: Path, receiver: Receiver, template_db: str,
-            fresh_db: Callable[[bool], str]) -> Run:
-    return Run(receiver, lambda: fresh_db(True), tmp_path)
+            fresh_db: Callable[[bool], str]) -> Iterator[Run]:
+    run = Run(receiver, lambda: fresh_db(True), tmp_path)
+    yield run
+    if run.api is not None:  # a test that failed before stopping it
+        run.api[1].kill()
+        run.api[1].wait(10)
 
 
 def test_readme_shows_commands_of_every_kind() -> None:
@@ -414,6 +488,7 @@ def test_every_command_readme_shows_runs_as_written(session: Run):
             handled[snippet] = "checked: a synopsis, its commands and options exist"
         else:
             handled[snippet] = run_shell(snippet, session, failures)
+    stop_api(session, failures)
     print(f"\n{len(handled)} README snippets in {time.monotonic() - started:.1f} s:")
     for snippet, how in handled.items():
         print(f"  {snippet}\n      {how}")

@@ -421,11 +421,15 @@ def test_next_due_in_counts_a_lease_that_will_expire(db):
     assert 30 < next_due_in(db) <= 40
 
 
-# The functions 022_roles (and 020, the insert trigger) made SECURITY DEFINER with a fixed search_path.
+# The functions 022_roles (and 020, the insert trigger) made SECURITY DEFINER with a fixed search_path,
+# and the HTTP API's (036).
 DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats", "worker_settings",
                      "schema_version", "credential_keys", "expire_disabled_endpoint_rows",
                      "ensure_log_partitions", "purge", "publish", "notify_workers",
-                     "fill_idempotency_key", "register_worker", "reclaim_lost_workers")
+                     "fill_idempotency_key", "register_worker", "reclaim_lost_workers",
+                     "api_create_token", "api_revoke_token", "api_token_list", "api_token_role",
+                     "api_publish", "api_delete_endpoint", "api_start_replay", "api_replay_step",
+                     "api_running_operations", "api_fail_operation")
 
 
 def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):

@@ -1,0 +1,307 @@
+-- 036_api: what the HTTP API (`webhook-worker api`) needs: its tokens, its bulk-replay operations
+-- and the functions it calls (issue 20).
+--
+-- Tokens. Only a SHA-256 hash of each token is stored, never the token: whoever reads this table
+-- (a backup, a replica) cannot call the API with what they read. A token has one role: producer
+-- (publish only), reader (every read, as webhooks_reader), admin (everything). A revoked or
+-- expired token is refused by api_token_role() at once: nothing caches a positive answer.
+--
+-- Operations. A bulk replay of dead letters (POST /v1/dead-letters/replay) is a row here that an
+-- API process advances in bounded steps (api_replay_step), so it survives the process that
+-- started it: any API process resumes the running ones, and the row lock taken per step keeps two
+-- processes from stepping one operation at once.
+--
+-- Publishing. api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
+-- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
+-- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger of 031
+-- would let them pass).
+--
+-- Roles. The API connects as one login role and sets webhooks_producer or webhooks_reader per
+-- request (SET LOCAL ROLE), so that login must be a member of both; the owner running this
+-- migration is made one when it may be (docs/security.md says what to grant otherwise).
+--
+-- Every function is SECURITY DEFINER with a fixed search_path, granted beside it; the token and
+-- operation administration is the owner's alone.
+
+-- tables --------------------------------------------------------------------------------------------
+
+CREATE TABLE webhooks.api_tokens (
+    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name       text        NOT NULL UNIQUE
+               CONSTRAINT api_token_name_printable
+               CHECK (length(name) BETWEEN 1 AND 200 AND name !~ '[[:cntrl:]]'),
+    role       text        NOT NULL CHECK (role IN ('producer', 'reader', 'admin')),
+    -- SHA-256 of the token's UTF-8 text
+    token_hash bytea       NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz,
+    revoked_at timestamptz
+);
+
+COMMENT ON TABLE webhooks.api_tokens IS
+    'HTTP API tokens: name, role and the SHA-256 of the token (never the token itself) (036).';
+
+CREATE TABLE webhooks.api_operations (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind         text        NOT NULL CHECK (kind IN ('replay_dead_letters')),
+    -- replay_dead_letters(): webhook_id, event_type, category, since, until (absent: any)
+    filter       jsonb       NOT NULL DEFAULT '{}',
+    rate         double precision CHECK (rate IS NULL OR rate > 0),
+    max_rows     integer     CHECK (max_rows IS NULL OR max_rows > 0),
+    status       text        NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'done', 'failed')),
+    processed    bigint      NOT NULL DEFAULT 0,
+    requested_by text        NOT NULL,
+    error        text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz
+);
+
+COMMENT ON TABLE webhooks.api_operations IS
+    'Bulk operations started over the HTTP API, advanced in resumable steps (036).';
+
+CREATE INDEX api_operations_running ON webhooks.api_operations (id) WHERE status = 'running';
+
+-- tokens --------------------------------------------------------------------------------------------
+
+CREATE FUNCTION webhooks.api_create_token(p_name text, p_role text, p_token_hash bytea,
+                                          p_expires_at timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    INSERT INTO webhooks.api_tokens (name, role, token_hash, expires_at)
+    VALUES (p_name, p_role, p_token_hash, p_expires_at)
+    RETURNING id;
+$$;
+
+-- Whether a token was revoked now (false: no such token, or revoked before).
+CREATE FUNCTION webhooks.api_revoke_token(p_name text) RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH revoked AS (
+        UPDATE webhooks.api_tokens SET revoked_at = now()
+        WHERE name = p_name AND revoked_at IS NULL
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM revoked);
+$$;
+
+CREATE FUNCTION webhooks.api_token_list()
+RETURNS TABLE (name text, role text, state text, created_at timestamptz, expires_at timestamptz,
+               revoked_at timestamptz)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT t.name, t.role,
+           CASE WHEN t.revoked_at IS NOT NULL THEN 'revoked'
+                WHEN t.expires_at <= now() THEN 'expired'
+                ELSE 'active' END,
+           t.created_at, t.expires_at, t.revoked_at
+    FROM webhooks.api_tokens t ORDER BY t.name;
+$$;
+
+-- The name and role of a usable token by its hash; no row for an unknown, revoked or expired one.
+CREATE FUNCTION webhooks.api_token_role(p_token_hash bytea) RETURNS TABLE (name text, role text)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT t.name, t.role FROM webhooks.api_tokens t
+    WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
+      AND (t.expires_at IS NULL OR t.expires_at > now());
+$$;
+
+-- publishing ----------------------------------------------------------------------------------------
+
+-- One event to one endpoint (p_endpoint: its name or id; refused with SQLSTATE P0002 when there is
+-- none) or, when it is NULL, to every active endpoint subscribed to the event type, as publish()
+-- fans out. A named endpoint gets the delivery even while disabled: its rows wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
+-- delivery's key and event id, so publishing the same key again queues nothing and answers with
+-- the existing deliveries (created = false).
+CREATE FUNCTION webhooks.api_publish(
+    p_event_type      text,
+    p_payload         jsonb,
+    p_endpoint        text        DEFAULT NULL,
+    p_idempotency_key text        DEFAULT NULL,
+    p_ordering_key    text        DEFAULT NULL,
+    p_priority        integer     DEFAULT 0,
+    p_expires_at      timestamptz DEFAULT NULL,
+    p_traceparent     text        DEFAULT NULL
+) RETURNS TABLE (delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+                idempotency_key text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+-- the output columns share names with the queue's: in statements, a name means the column
+#variable_conflict use_column
+DECLARE
+    v_key text := coalesce(p_idempotency_key, 'evt_' || replace(gen_random_uuid()::text, '-', ''));
+    v_webhook_id bigint;
+BEGIN
+    IF p_endpoint IS NOT NULL THEN
+        SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
+        WHERE e.name = p_endpoint OR e.id::text = p_endpoint
+        ORDER BY e.name = p_endpoint DESC LIMIT 1;
+        IF v_webhook_id IS NULL THEN
+            RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
+        END IF;
+    END IF;
+    IF starts_with(p_event_type, 'webhook.') THEN
+        RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
+                        'operational events', p_event_type
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN QUERY
+    WITH targets AS (
+        SELECT e.id, e.name FROM webhooks.endpoints e
+        WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
+           OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type))
+    ), inserted AS (
+        INSERT INTO webhooks.alert_delivery_queue AS q
+            (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,
+             traceparent, expires_at)
+        SELECT t.id, v_key, v_key, p_event_type, p_payload, p_priority, p_ordering_key, p_traceparent,
+               p_expires_at
+        FROM targets t ORDER BY t.id
+        ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
+        RETURNING q.delivery_id, q.webhook_id
+    )
+    SELECT coalesce(i.delivery_id, q.delivery_id), t.id, t.name, i.delivery_id IS NOT NULL, v_key
+    FROM targets t
+    LEFT JOIN inserted i ON i.webhook_id = t.id
+    LEFT JOIN webhooks.alert_delivery_queue q
+           ON i.delivery_id IS NULL AND q.webhook_id = t.id AND q.idempotency_key = v_key
+    WHERE coalesce(i.delivery_id, q.delivery_id) IS NOT NULL
+    ORDER BY t.id;
+END;
+$$;
+
+-- endpoints ---------------------------------------------------------------------------------------
+
+-- Deletes an endpoint that has no deliveries left in the queue (delivered or dead-lettered rows
+-- included: deleting them would lose history an operator may still replay); refused otherwise with
+-- SQLSTATE 55006 and the count. Its audit rows stay. Returns false when there is no such endpoint.
+CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_rows bigint;
+BEGIN
+    PERFORM 1 FROM webhooks.endpoints e WHERE e.id = p_webhook_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q WHERE q.webhook_id = p_webhook_id;
+    IF v_rows > 0 THEN
+        RAISE EXCEPTION 'endpoint % still has % deliveries in the queue: disable it, and purge them once '
+                        'they are finished', p_webhook_id, v_rows
+            USING ERRCODE = 'object_in_use';
+    END IF;
+    DELETE FROM webhooks.endpoints e WHERE e.id = p_webhook_id;
+    RETURN true;
+END;
+$$;
+
+-- operations ----------------------------------------------------------------------------------------
+
+CREATE FUNCTION webhooks.api_start_replay(p_filter jsonb, p_rate double precision, p_max_rows integer,
+                                          p_requested_by text)
+RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    INSERT INTO webhooks.api_operations (kind, filter, rate, max_rows, requested_by)
+    VALUES ('replay_dead_letters', coalesce(p_filter, '{}'), p_rate, p_max_rows, p_requested_by)
+    RETURNING id;
+$$;
+
+-- One step of a running replay operation: at most p_limit more dead letters (and no more than its
+-- max_rows in all). No row when the operation is not running or another session is stepping it.
+CREATE FUNCTION webhooks.api_replay_step(p_operation_id bigint, p_limit integer)
+RETURNS TABLE (status text, processed bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_op webhooks.api_operations;
+    v_step integer;
+    v_done integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'api_replay_step: p_limit must be 1 to 10000, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO v_op FROM webhooks.api_operations o
+    WHERE o.id = p_operation_id AND o.status = 'running'
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    v_step := CASE WHEN v_op.max_rows IS NULL THEN p_limit
+                   ELSE least(p_limit, v_op.max_rows - v_op.processed)::integer END;
+    v_done := CASE WHEN v_step <= 0 THEN 0 ELSE webhooks.replay_dead_letters(
+        (v_op.filter ->> 'webhook_id')::bigint, v_op.filter ->> 'event_type', v_op.filter ->> 'category',
+        (v_op.filter ->> 'since')::timestamptz, (v_op.filter ->> 'until')::timestamptz, v_step) END;
+    UPDATE webhooks.api_operations o
+    SET processed = o.processed + v_done, updated_at = now(),
+        status = CASE WHEN v_done < v_step OR v_step <= 0
+                        OR o.processed + v_done >= coalesce(o.max_rows, 9223372036854775807)
+                      THEN 'done' ELSE 'running' END,
+        finished_at = CASE WHEN v_done < v_step OR v_step <= 0
+                             OR o.processed + v_done >= coalesce(o.max_rows, 9223372036854775807)
+                           THEN now() END
+    WHERE o.id = p_operation_id
+    RETURNING o.status, o.processed INTO status, processed;
+    RETURN NEXT;
+END;
+$$;
+
+-- An operation that cannot go on (its stored filter no longer reads, say) ends as failed, with why.
+CREATE FUNCTION webhooks.api_fail_operation(p_operation_id bigint, p_error text) RETURNS void
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    UPDATE webhooks.api_operations
+    SET status = 'failed', error = left(p_error, 1000), updated_at = now(), finished_at = now()
+    WHERE id = p_operation_id AND status = 'running';
+$$;
+
+CREATE FUNCTION webhooks.api_running_operations() RETURNS TABLE (id bigint, rate double precision)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT o.id, o.rate FROM webhooks.api_operations o WHERE o.status = 'running' ORDER BY o.id;
+$$;
+
+-- grants --------------------------------------------------------------------------------------------
+
+GRANT EXECUTE ON FUNCTION
+    webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
+TO webhooks_producer;
+GRANT SELECT ON webhooks.api_operations TO webhooks_reader;
+
+-- The API's login sets these roles per request; the owner is its usual login.
+DO $$
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        EXECUTE format('GRANT webhooks_producer, webhooks_reader TO %I', current_user);
+    END IF;
+EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
+    RAISE NOTICE 'the API''s login role needs membership of webhooks_producer and webhooks_reader: '
+                 'GRANT them to it (docs/security.md)';
+END;
+$$;

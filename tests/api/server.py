@@ -1,0 +1,180 @@
+"""The API served on 127.0.0.1 from a thread of the test process, and a plain HTTP client for it."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+from aiohttp import web
+
+from tests.support import LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, eventually
+from worker.api import tokens
+from worker.api.app import ApiState, build_state, create_app
+from worker.config import Config
+from worker.encryption import KEYS_ENV
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def api_config(dsn: str, **api: Any) -> Config:
+    return Config.model_validate(
+        {
+            "database": {"url": dsn, "pool_max_size": 4},
+            "api": {"host": "127.0.0.1", "port": 0, **api},
+            "security": {"allow_networks": LOOPBACK},
+        }
+    )
+
+
+class ApiServer:
+    """`create_app` on a real socket; the same application `webhook-worker api` serves."""
+
+    def __init__(self, config: Config, console: Any = None) -> None:
+        self.config = config
+        self.console = console
+        self.state: ApiState | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        # every /v1 answer received, for the contract check at the end of each test
+        self.answers: list[tuple[str, str, Answer]] = []
+
+    def start(self) -> ApiServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    async def _start(self) -> None:
+        state = build_state(self.config)
+        state.keyring = TEST_KEYRING
+        await state.db.open()
+        self.state = state
+        self._runner = web.AppRunner(create_app(state, self.console), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        token: str | None = None,
+        body: Any = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        sent = dict(headers or {})
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+        if data is not None:
+            sent.setdefault("Content-Type", "application/json")
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=data, headers=sent)
+            response = conn.getresponse()
+            headers_received = {k.lower(): v for k, v in response.getheaders()}
+            answer = Answer(response.status, headers_received, response.read())
+        finally:
+            conn.close()
+        if path.startswith("/v1/"):
+            self.answers.append((method, path, answer))
+        return answer
+
+    def contract_problems(self) -> list[str]:
+        from tests.api.contract import problems
+
+        found = []
+        for method, path, answer in self.answers:
+            body = answer.json if answer.body else None
+            found += problems(method, path, answer.status, answer.headers.get("content-type", ""), body)
+        return found
+
+    def get(self, path: str, token: str | None = None, **kwargs: Any) -> Answer:
+        return self.request("GET", path, token, **kwargs)
+
+    def post(self, path: str, token: str | None = None, body: Any = None, **kwargs: Any) -> Answer:
+        return self.request("POST", path, token, body, **kwargs)
+
+
+def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = None) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return tokens.create(conn, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at)
+
+
+class ApiProcess:
+    """`python -m worker api --config FILE` as a subprocess, as it runs in production."""
+
+    def __init__(self, dsn: str, workdir: Path, **api: Any) -> None:
+        config = {
+            "database": {"url": dsn},
+            "api": {"host": "127.0.0.1", "port": 0, **api},
+            "logging": {"level": "info", "format": "json"},
+            "security": {"allow_networks": LOOPBACK},
+        }
+        self.config_path = workdir / "api.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "api.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
+        env.pop("DATABASE_URL", None)
+        env[KEYS_ENV] = TEST_KEYS
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+            )
+        self.port = eventually(self._port, message="api listening")
+        self.client = ApiServer.__new__(ApiServer)
+        self.client.port = self.port
+        self.client.answers = []
+
+    def _port(self) -> int | None:
+        for line in self.log_path.read_text().splitlines():
+            if '"api listening"' in line:
+                return int(json.loads(line)["port"])
+        if self.process.poll() is not None:
+            raise AssertionError(f"api exited: {self.log_path.read_text()}")
+        return None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)

@@ -1,0 +1,108 @@
+"""Bulk replay as an operation that runs in steps and can be followed; stats and config."""
+
+from __future__ import annotations
+
+from tests.api.test_routes import dead_letter
+from tests.support import add_endpoint, eventually, query
+
+
+def test_bulk_replay_runs_to_done_within_its_max_and_filter(api, role_tokens, db):
+    target = add_endpoint(db, "https://example.com/a", name="target")
+    other = add_endpoint(db, "https://example.com/b", name="other")
+    mine = [dead_letter(db, target) for _ in range(5)]
+    theirs = dead_letter(db, other)
+    started = api.post(
+        "/v1/dead-letters/replay",
+        role_tokens["admin"],
+        {"filter": {"endpoint": "target", "category": "http_4xx"}, "max": 3, "rate": 1000},
+    )
+    assert started.status == 202, started.body
+    operation = started.json["id"]
+    done = eventually(
+        lambda: (
+            (a := api.get(f"/v1/operations/{operation}", role_tokens["reader"])).json["status"] == "done"
+            and a
+        ),
+        message="operation done",
+    )
+    assert done.json["processed"] == 3 and done.json["requested_by"].startswith("api:admin-")
+    statuses = dict(query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue"))
+    assert [statuses[d] for d in mine] == ["pending"] * 3 + ["dead_letter"] * 2  # oldest first
+    assert statuses[theirs] == "dead_letter"
+
+
+def test_a_bulk_replay_left_running_is_resumed(api, role_tokens, db):
+    endpoint = add_endpoint(db, "https://example.com/a", name="resumed")
+    rows = [dead_letter(db, endpoint) for _ in range(3)]
+    # as a process that stopped mid-way leaves it: running, one row done
+    [(operation,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'gone')")
+    query(db, "SELECT webhooks.api_replay_step(%s, 1)", (operation,))
+    eventually(
+        lambda: (
+            query(db, "SELECT status, processed FROM webhooks.api_operations WHERE id = %s", (operation,))
+            == [("done", 3)]
+        ),
+        message="resumed to done",
+    )
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'pending'") == [
+        (len(rows),)
+    ]
+
+
+def test_bulk_replay_refuses_bad_input(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    for body, field in (
+        ({"filter": {"endpoint": "nowhere"}}, "filter.endpoint"),
+        ({"filter": {"since": "last week"}}, "filter.since"),
+        ({"rate": 0}, "rate"),
+        ({"max": "all"}, "max"),
+        ({"filters": {}}, "filters"),
+    ):
+        answer = api.post("/v1/dead-letters/replay", admin, body)
+        assert answer.status == 422 and answer.json["field"] == field, (body, answer.body)
+    assert query(db, "SELECT count(*) FROM webhooks.api_operations") == [(0,)]
+
+
+def test_stats_and_config(api, role_tokens, db):
+    endpoint = add_endpoint(db, "https://example.com/a", name="counted")
+    dead_letter(db, endpoint)
+    stats = api.get("/v1/stats", role_tokens["reader"])
+    assert stats.status == 200
+    assert {row["status"]: row["deliveries"] for row in stats.json["queue"]}.get("dead_letter") == 1
+    config = api.get("/v1/config", role_tokens["reader"])
+    assert config.status == 200 and config.json["max_attempts"] == 10
+    changed = api.request(
+        "PATCH",
+        "/v1/config",
+        role_tokens["admin"],
+        {"max_attempts": 4, "retry_schedule": {"delays": [1, 2]}, "notify_enabled": True},
+    )
+    assert changed.status == 200 and changed.json["max_attempts"] == 4
+    for body, field in (
+        ({"max_attempts": "4"}, "max_attempts"),
+        ({"max_attempts": 1000}, "max_attempts"),
+        ({"nonsense": 1}, "nonsense"),
+        ({"retry_schedule": {"delays": []}}, "retry_schedule"),
+        ({"lease_seconds": 1}, "lease_seconds"),
+        ({"max_attempts": 5, "lease_seconds": 1}, "(body)"),
+    ):
+        answer = api.request("PATCH", "/v1/config", role_tokens["admin"], body)
+        assert answer.status == 422 and answer.json["field"] == field, (body, answer.body)
+    assert query(db, "SELECT max_attempts FROM webhooks.delivery_config") == [(4,)]
+
+
+def test_an_operation_that_cannot_go_on_fails_with_why_and_the_others_go_on(api, role_tokens, db):
+    endpoint = add_endpoint(db, "https://example.com/a", name="survivor")
+    dead_letter(db, endpoint)
+    # a filter no step can read (written past the API's checks)
+    [(broken,)] = query(
+        db, "SELECT webhooks.api_start_replay(%s::jsonb, NULL, NULL, 't')", ('{"since": "not a time"}',)
+    )
+    started = api.post("/v1/dead-letters/replay", role_tokens["admin"], {"filter": {"endpoint": "survivor"}})
+    healthy = started.json["id"]
+    eventually(
+        lambda: api.get(f"/v1/operations/{healthy}", role_tokens["reader"]).json["status"] == "done",
+        message="the healthy operation done",
+    )
+    failed = api.get(f"/v1/operations/{broken}", role_tokens["reader"]).json
+    assert failed["status"] == "failed" and "not a time" in failed["error"]

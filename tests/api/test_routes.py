@@ -1,0 +1,368 @@
+"""Every /v1 route: what it answers, for which roles, and how it refuses bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from openapi_spec_validator import validate
+
+from tests.support import add_endpoint, enqueue, query
+from worker.api.openapi import document
+from worker.api.routes import ROUTES
+
+PUBLIC = {"/v1/openapi.json"}
+ROLES = ("producer", "reader", "admin")
+
+
+def test_the_openapi_document_is_valid_openapi_3_1(api):
+    validate(document())
+    answer = api.get("/v1/openapi.json")
+    assert answer.status == 200 and answer.json == document()
+    documented = {(method.upper(), path) for path, item in document()["paths"].items() for method in item}
+    served = {(method, path) for method, path, _ in ROUTES}
+    assert documented == served
+
+
+def dead_letter(db, webhook_id, reason="http 400"):
+    [delivery_id] = enqueue(db, webhook_id)
+    query(
+        db,
+        "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', dead_letter_reason = %s,"
+        " failure_category = 'http_4xx', dead_lettered_at = now() WHERE delivery_id = %s",
+        (reason, delivery_id),
+    )
+    return delivery_id
+
+
+@pytest.fixture
+def world(db, receiver):
+    """An endpoint with a dead letter and a delivered row, and an endpoint with nothing queued."""
+    endpoint = add_endpoint(db, receiver.url("/hook"), name="orders")
+    spare = add_endpoint(db, receiver.url("/spare"), name="spare")
+    dead = dead_letter(db, endpoint)
+    [delivered] = enqueue(db, endpoint)
+    query(
+        db,
+        "UPDATE webhooks.alert_delivery_queue SET status = 'delivered', delivered_at = now()"
+        " WHERE delivery_id = %s",
+        (delivered,),
+    )
+    [(operation,)] = query(
+        db, "SELECT webhooks.api_start_replay('{\"event_type\": \"none\"}', NULL, NULL, 't')"
+    )
+    return {
+        "endpoint": endpoint,
+        "spare": spare,
+        "dead": dead,
+        "delivered": delivered,
+        "operation": operation,
+    }
+
+
+def sample_request(method, path, world, role):
+    """A request each route can act on, with the world's ids, so an allowed role reaches the database."""
+    ids = {
+        "/v1/deliveries/{id}": world["delivered"],
+        "/v1/deliveries/{id}/replay": world["dead"],
+        "/v1/operations/{id}": world["operation"],
+    }
+    target = ids.get(path, world["spare"] if method == "DELETE" else world["endpoint"])
+    url = path.replace("{id}", str(target))
+    bodies = {
+        ("POST", "/v1/messages"): {"event_type": "order.created", "payload": {"n": 1}, "endpoint": "orders"},
+        ("POST", "/v1/dead-letters/replay"): {"filter": {"endpoint": "orders"}, "max": 1},
+        ("POST", "/v1/endpoints"): {"name": f"new-{role}", "url": "https://example.com/hook"},
+        ("PATCH", "/v1/endpoints/{id}"): {"max_attempts": 5},
+        ("POST", "/v1/endpoints/{id}/circuit"): {"action": "reset"},
+        ("POST", "/v1/endpoints/{id}/disable"): {"reason": "maintenance"},
+        ("PATCH", "/v1/config"): {"max_attempts": 12},
+    }
+    return url, bodies.get((method, path))
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [(m, p) for m, p, _ in ROUTES if p not in PUBLIC], ids=lambda v: v
+)
+def test_every_route_for_every_role(api, role_tokens, world, method, path):
+    handler = next(h for m, p, h in ROUTES if (m, p) == (method, path))
+    allowed = handler.allowed_roles
+    url, body = sample_request(method, path, world, "none")
+    assert api.request(method, url, None, body).status == 401
+    for role in ROLES:
+        url, body = sample_request(method, path, world, role)
+        answer = api.request(method, url, role_tokens[role], body)
+        if role in allowed:
+            # past authentication and the role check, and the database role's grants allowed it
+            assert answer.status < 400 or answer.status in (404, 409), (role, answer.status, answer.body)
+        else:
+            assert answer.status == 403, (role, answer.status, answer.body)
+            assert answer.json["type"].endswith("/forbidden") and role in answer.json["detail"]
+
+
+def test_publish_then_the_same_key_again(api, role_tokens, db, receiver):
+    add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
+    add_endpoint(db, receiver.url("/b"), name="b", event_types=("order.created",))
+    add_endpoint(db, receiver.url("/c"), name="c", event_types=("invoice.*",))
+    message = {
+        "event_type": "order.created",
+        "payload": {"id": 7},
+        "idempotency_key": "order-7",
+        "ordering_key": "customer-1",
+        "priority": 5,
+    }
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    first = api.post("/v1/messages", role_tokens["producer"], message, headers={"traceparent": trace})
+    assert first.status == 202, first.body
+    assert sorted(d["endpoint_name"] for d in first.json["deliveries"]) == ["a", "b"]
+    again = api.post("/v1/messages", role_tokens["producer"], message)
+    assert again.status == 200 and again.json["created"] is False
+    assert again.json["deliveries"] == first.json["deliveries"]
+    rows = query(
+        db, "SELECT idempotency_key, ordering_key, priority, traceparent FROM webhooks.alert_delivery_queue"
+    )
+    assert rows == [("order-7", "customer-1", 5, trace)] * 2
+
+
+def test_publish_to_one_endpoint_by_name_or_id(api, role_tokens, db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/a"), name="only", event_types=("other.*",))
+    by_name = api.post(
+        "/v1/messages", role_tokens["producer"], {"event_type": "x.y", "payload": [1, 2], "endpoint": "only"}
+    )
+    by_id = api.post(
+        "/v1/messages", role_tokens["admin"], {"event_type": "x.y", "payload": "text", "endpoint": endpoint}
+    )
+    assert by_name.status == by_id.status == 202
+    assert (
+        by_name.json["deliveries"][0]["endpoint_id"] == endpoint == by_id.json["deliveries"][0]["endpoint_id"]
+    )
+
+
+def queue_rows(db):
+    return query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue")[0][0]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        (b"{not json", 400, None),
+        (b"", 400, None),
+        (b"[1, 2]", 422, "(body)"),
+        (b'{"payload": {}}', 422, "event_type"),
+        (b'{"event_type": "a.b"}', 422, "payload"),
+        (b'{"event_type": 5, "payload": {}}', 422, "event_type"),
+        (b'{"event_type": "a.b", "payload": {}, "priority": "high"}', 422, "priority"),
+        (b'{"event_type": "a.b", "payload": {}, "colour": "red"}', 422, "colour"),
+        (b'{"event_type": "a.b", "payload": {}, "endpoint": "nowhere"}', 422, "endpoint"),
+        (b'{"event_type": "a\\nb", "payload": {}}', 422, "event_type"),
+        (b'{"event_type": "webhook.fake", "payload": {}}', 422, "event_type"),
+        (b'{"event_type": "a.b", "payload": {}, "expires_at": "tomorrow"}', 422, "expires_at"),
+    ],
+    ids=[
+        "invalid json",
+        "empty",
+        "array",
+        "no event type",
+        "no payload",
+        "wrong type",
+        "wrong type 2",
+        "unknown field",
+        "unknown endpoint",
+        "control character",
+        "reserved type",
+        "bad timestamp",
+    ],
+)
+def test_publish_refuses_bad_input_and_writes_nothing(api, role_tokens, db, receiver, body, status, field):
+    add_endpoint(db, receiver.url("/a"), name="target")
+    answer = api.post("/v1/messages", role_tokens["producer"], raw=body)
+    assert answer.status == status, answer.body
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    if field is not None:
+        assert answer.json["field"] == field and answer.json["detail"].startswith(field)
+    assert queue_rows(db) == 0
+
+
+def test_publish_refuses_a_bad_traceparent_and_an_oversized_payload(api, role_tokens, db, receiver):
+    add_endpoint(db, receiver.url("/a"), name="target")
+    message = {"event_type": "a.b", "payload": {}, "endpoint": "target"}
+    bad_trace = api.post("/v1/messages", role_tokens["producer"], message, headers={"traceparent": "00-zz"})
+    assert bad_trace.status == 422 and bad_trace.json["field"] == "traceparent"
+    query(db, "UPDATE webhooks.delivery_config SET max_payload_bytes = 1024")
+    large = api.post("/v1/messages", role_tokens["producer"], {**message, "payload": {"x": "y" * 2000}})
+    assert large.status == 413 and large.json["field"] == "payload" and "limit" in large.json["detail"]
+    huge = api.post("/v1/messages", role_tokens["producer"], raw=b'{"payload": "' + b"x" * 2_000_000 + b'"}')
+    assert huge.status == 413
+    assert queue_rows(db) == 0
+
+
+def test_deliveries_page_stably_while_rows_are_inserted(api, role_tokens, db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/a"), name="paged")
+    first = enqueue(db, endpoint, count=5)
+    seen, cursor = [], None
+    while True:
+        path = "/v1/deliveries?endpoint=paged&limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = api.get(path, role_tokens["reader"])
+        assert page.status == 200, page.body
+        seen += [row["delivery_id"] for row in page.json["items"]]
+        enqueue(db, endpoint)  # a row inserted between pages does not shift the pages
+        cursor = page.json["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(first, reverse=True)
+
+
+def test_deliveries_filters_and_lookup_by_key(api, role_tokens, db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/a"), name="filtered")
+    dead = dead_letter(db, endpoint)
+    [pending] = enqueue(db, endpoint, event_type="other.thing")
+    reader = role_tokens["reader"]
+    assert [r["delivery_id"] for r in api.get("/v1/deliveries?status=dead_letter", reader).json["items"]] == [
+        dead
+    ]
+    assert [
+        r["delivery_id"] for r in api.get("/v1/deliveries?event_type=other.thing", reader).json["items"]
+    ] == [pending]
+    [(key,)] = query(
+        db, "SELECT idempotency_key FROM webhooks.alert_delivery_queue WHERE delivery_id = %s", (pending,)
+    )
+    assert [
+        r["delivery_id"] for r in api.get(f"/v1/deliveries?idempotency_key={key}", reader).json["items"]
+    ] == [pending]
+    assert (
+        api.get("/v1/deliveries?since=2000-01-01T00:00:00Z&category=http_4xx", reader).json["items"][0][
+            "delivery_id"
+        ]
+        == dead
+    )
+    detail = api.get(f"/v1/deliveries/{dead}", reader)
+    assert detail.status == 200 and detail.json["payload"] == {"n": 1}
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/deliveries?cursor=bm90LWEtY3Vyc29y", "cursor"),
+        ("/v1/deliveries?cursor=%%%", "cursor"),
+        ("/v1/dead-letters?cursor=WzFd", "cursor"),
+        ("/v1/deliveries?limit=1001", "limit"),
+        ("/v1/deliveries?limit=0", "limit"),
+        ("/v1/deliveries?status=lost", "status"),
+        ("/v1/deliveries?since=yesterday", "since"),
+        ("/v1/deliveries?since=2026-01-01T00:00:00", "since"),
+        ("/v1/deliveries?colour=red", "colour"),
+        ("/v1/deliveries?endpoint=nowhere", "endpoint"),
+        ("/v1/deliveries/abc", "id"),
+        ("/v1/deliveries/99999999999999999999", "id"),
+        ("/v1/endpoints?cursor=xyz", "cursor"),
+        ("/v1/endpoints/1/health?hours=0", "hours"),
+    ],
+    ids=lambda v: v,
+)
+def test_bad_query_parameters_name_the_parameter(api, role_tokens, world, path, field):
+    answer = api.get(path, role_tokens["reader"])
+    assert answer.status == 422, answer.body
+    assert answer.json["field"] == field
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/deliveries/987654", "/v1/operations/987654", "/v1/endpoints/987654", "/v1/endpoints/nobody/health"],
+)
+def test_unknown_ids_are_404(api, role_tokens, path):
+    answer = api.get(path, role_tokens["admin"])
+    assert answer.status == 404 and answer.json["type"].endswith("/not-found")
+
+
+def test_replay_one_and_refuse_a_row_that_is_not_finished(api, role_tokens, db, world):
+    admin = role_tokens["admin"]
+    answer = api.post(f"/v1/deliveries/{world['dead']}/replay", admin)
+    assert answer.status == 202 and answer.json == {"delivery_id": world["dead"], "status": "pending"}
+    again = api.post(f"/v1/deliveries/{world['dead']}/replay", admin)
+    assert again.status == 409 and "pending" in again.json["detail"]
+    assert api.post("/v1/deliveries/987654/replay", admin).status == 404
+    assert api.post(f"/v1/deliveries/{world['delivered']}/replay", admin, {"extra": 1}).status == 422
+
+
+def test_two_admins_replaying_one_row_at_once_give_one_replay(api, role_tokens, db, receiver):
+    endpoint = add_endpoint(db, receiver.url("/a"), name="raced")
+    for _round in range(5):
+        dead = dead_letter(db, endpoint)
+        barrier = threading.Barrier(2)
+        statuses = []
+
+        def replay(dead=dead, barrier=barrier, statuses=statuses):
+            barrier.wait()
+            statuses.append(api.post(f"/v1/deliveries/{dead}/replay", role_tokens["admin"]).status)
+
+        threads = [threading.Thread(target=replay) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(statuses) == [202, 409]
+        assert query(
+            db, "SELECT replays FROM webhooks.alert_delivery_queue WHERE delivery_id = %s", (dead,)
+        ) == [(1,)]
+        assert query(
+            db,
+            "SELECT count(*) FROM webhooks.alert_delivery_log WHERE delivery_id = %s"
+            " AND outcome = 'replayed'",
+            (dead,),
+        ) == [(1,)]
+
+
+BODY_ROUTES = [(m, p) for m, p, _ in ROUTES if m in ("POST", "PATCH")]
+
+
+def written(db):
+    """Everything a refused request must leave as it was."""
+    return query(
+        db,
+        "SELECT (SELECT count(*) FROM webhooks.alert_delivery_queue),"
+        " (SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'dead_letter'),"
+        " (SELECT count(*) FROM webhooks.endpoints), (SELECT count(*) FROM webhooks.api_operations),"
+        " (SELECT count(*) FROM webhooks.endpoint_events),"
+        " (SELECT row_to_json(c)::text FROM webhooks.delivery_config c)",
+    )
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES, ids=lambda v: v)
+def test_every_route_taking_a_body_refuses_bad_bodies_and_writes_nothing(
+    api, role_tokens, db, world, method, path
+):
+    admin = role_tokens["admin"]
+    url, _ = sample_request(method, path, world, "admin")
+    before = written(db)
+    invalid_json = api.request(method, url, admin, raw=b'{"oops": ')
+    assert invalid_json.status == 400 and invalid_json.json["type"].endswith("/invalid-json"), (
+        invalid_json.body
+    )
+    unknown = api.request(method, url, admin, {"no_such_field": 1})
+    assert unknown.status == 422, unknown.body
+    assert unknown.json["field"] == "no_such_field" or "no_such_field" in unknown.json["detail"]
+    wrong_type = api.request(method, url, admin, raw=b'"a string"')
+    assert wrong_type.status == 422, wrong_type.body
+    oversized = api.request(method, url, admin, raw=b'{"x": "' + b"y" * (2 * 1024 * 1024) + b'"}')
+    assert oversized.status == 413 and oversized.json["type"].endswith("/body-too-large"), oversized.body
+    assert written(db) == before
+
+
+@pytest.mark.parametrize(("method", "path"), [(m, p) for m, p, _ in ROUTES if "{id}" in p], ids=lambda v: v)
+def test_every_route_with_an_id_answers_404_for_an_unknown_one(api, role_tokens, db, world, method, path):
+    _, body = sample_request(method, path, world, "admin")
+    before = written(db)
+    answer = api.request(method, path.replace("{id}", "987654321"), role_tokens["admin"], body)
+    assert answer.status == 404 and answer.json["type"].endswith("/not-found"), answer.body
+    assert written(db) == before
+
+
+def test_publish_without_a_key_answers_the_generated_event_id_to_look_it_up_by(
+    api, role_tokens, db, receiver
+):
+    add_endpoint(db, receiver.url("/a"), name="keyless")
+    published = api.post("/v1/messages", role_tokens["producer"], {"event_type": "a.b", "payload": {}})
+    key = published.json["idempotency_key"]
+    assert published.status == 202 and key.startswith("evt_")
+    found = api.get(f"/v1/deliveries?idempotency_key={key}", role_tokens["reader"])
+    assert [d["delivery_id"] for d in found.json["items"]] == [published.json["deliveries"][0]["delivery_id"]]

@@ -1,0 +1,82 @@
+"""The HTTP API's pure decisions: token shape, cursors, bulk-replay pacing, traceparent."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from worker.api import tokens
+from worker.api.inputs import decode_cursor, encode_cursor
+from worker.api.operations import step_plan
+from worker.api.problems import Problem
+from worker.api.routes import _valid_traceparent
+
+
+def test_generated_tokens_are_unique_prefixed_and_well_formed():
+    made = {tokens.generate_token() for _ in range(200)}
+    assert len(made) == 200
+    assert all(t.startswith("whk_") and tokens.well_formed(t) for t in made)
+    assert not tokens.well_formed("whk_short") and not tokens.well_formed("ghp_" + "a" * 43)
+    assert tokens.token_hash("whk_x") != tokens.token_hash("whk_y") and len(tokens.token_hash("a")) == 32
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("ci", None),
+        ("", "must not be empty"),
+        (" ", "must not be empty"),
+        ("a\nb", "must be printable"),
+        ("x" * 201, "at most 200"),
+    ],
+)
+def test_token_names(name, problem):
+    found = tokens.name_problem(name)
+    assert (found is None) if problem is None else (problem in found)
+
+
+def test_cursors_round_trip_and_refuse_anything_else():
+    at = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    assert decode_cursor(encode_cursor(at, 42), (datetime, int)) == [at, 42]
+    assert decode_cursor(encode_cursor(7), (int,)) == [7]
+    for bad in (
+        "",
+        "!!!",
+        encode_cursor("x"),
+        encode_cursor(7, 8),
+        encode_cursor(-1),
+        encode_cursor(True),
+        encode_cursor(2**63),
+    ):
+        with pytest.raises(Problem) as refused:
+            decode_cursor(bad, (int,))
+        assert refused.value.field == "cursor"
+
+
+@pytest.mark.parametrize(
+    ("rows", "rate", "expected"),
+    [
+        (100, None, (100, 0.0)),
+        (100, 10.0, (10, 1.0)),
+        (100, 0.5, (1, 2.0)),
+        (5, 1000.0, (5, 0.005)),
+    ],
+)
+def test_a_bulk_replay_keeps_to_its_rate_in_whole_steps(rows, rate, expected):
+    assert step_plan(rows, rate) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", True),
+        ("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", False),
+        ("00-00000000000000000000000000000000-b7ad6b7169203331-01", False),
+        ("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", False),
+        ("00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01", False),
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nX: y", False),
+    ],
+)
+def test_traceparent_is_checked_as_the_queue_constraint_checks_it(value, valid):
+    assert _valid_traceparent(value) is valid

@@ -1,0 +1,77 @@
+"""Bulk operations (dead-letter replays) advanced in steps by every API process, resumable."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from worker.observability import get_logger
+
+if TYPE_CHECKING:
+    from worker.api.app import ApiState
+
+# How often a process looks for running operations it has not heard of (started by another
+# process, or left running by one that stopped).
+SCAN_SECONDS = 1.0
+
+
+def step_plan(step_rows: int, rate: float | None) -> tuple[int, float]:
+    """Rows per step and the pause after each: whole steps spaced out to keep to `rate` rows a second
+    (at least one row a step), as the CLI's `replay --all --rate` does."""
+    if rate is None:
+        return step_rows, 0.0
+    rows = max(1, min(step_rows, math.floor(rate)))
+    return rows, rows / rate
+
+
+async def _step(conn: psycopg.AsyncConnection[Any], operation_id: int, rows: int) -> tuple[Any, ...] | None:
+    """One step: (status, processed), or None while another session steps it. An operation that
+    cannot go on ends as failed, with why, so that the others still go on."""
+    try:
+        cur = await conn.execute("SELECT status, processed FROM webhooks.api_replay_step(%s, %s)",
+                                 (operation_id, rows))
+        return await cur.fetchone()
+    except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
+        error = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
+        await conn.execute("SELECT webhooks.api_fail_operation(%s, %s)", (operation_id, error))
+        get_logger().warning("api operation failed", operation_id=operation_id, error=error)
+        return ("failed", None)
+
+
+async def run_operations(state: ApiState) -> None:
+    """Step every running operation until it is done; runs for the life of the process."""
+    log = get_logger()
+    due: dict[int, float] = {}
+    while True:
+        try:
+            async with state.db.connection() as conn:
+                cur = await conn.execute("SELECT id, rate FROM webhooks.api_running_operations()")
+                running: list[tuple[Any, ...]] = await cur.fetchall()
+                now = time.monotonic()
+                for operation_id, rate in running:
+                    if due.get(operation_id, 0.0) > now:
+                        continue
+                    rows, pause = step_plan(state.config.api.replay_step_rows, rate)
+                    stepped = await _step(conn, operation_id, rows)
+                    due[operation_id] = time.monotonic() + pause
+                    if stepped is not None and stepped[0] != "running":
+                        due.pop(operation_id, None)
+                        log.info("api operation finished", operation_id=operation_id, processed=stepped[1])
+                for operation_id in set(due) - {r[0] for r in running}:
+                    del due[operation_id]
+                busy = any(d <= time.monotonic() for d in due.values())
+        except (psycopg.Error, TimeoutError) as exc:
+            log.warning("api operations paused: database call failed", error=type(exc).__name__)
+            busy = False
+        if busy:
+            await asyncio.sleep(0)
+            continue
+        wait = min([SCAN_SECONDS, *(max(0.0, d - time.monotonic()) for d in due.values())])
+        state.operations_wakeup.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.operations_wakeup.wait(), wait)

@@ -1,0 +1,210 @@
+"""What the /v1 routes (and the console) ask the database: SQL functions and views, by name."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from worker.api.data import fetch_all, fetch_one
+from worker.queue import SETTABLE
+
+Conn = psycopg.AsyncConnection[Any]
+
+# The columns of a delivery in lists (the payload only on a delivery's own page).
+DELIVERY_COLUMNS = (
+    "delivery_id, webhook_id AS endpoint_id, endpoint_name, event_id, idempotency_key, event_type, status,"
+    " attempts, max_attempts, replays, next_retry_at, last_http_status, failure_category, last_error,"
+    " dead_letter_reason, priority, created_at, delivered_at, dead_lettered_at"
+)
+ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
+                   " worker_id, stale, logged_at")
+
+
+async def endpoint_id(conn: Conn, name_or_id: str) -> int | None:
+    row = await fetch_one(
+        conn, "SELECT id FROM webhooks.endpoints WHERE name = %s OR id::text = %s ORDER BY name = %s DESC"
+              " LIMIT 1", (name_or_id, name_or_id, name_or_id))
+    return None if row is None else int(row["id"])
+
+
+async def publish(conn: Conn, event_type: str, payload: str, endpoint: str | None,
+                  idempotency_key: str | None, ordering_key: str | None, priority: int,
+                  expires_at: datetime | None, traceparent: str | None) -> list[dict[str, Any]]:
+    return await fetch_all(
+        conn, "SELECT delivery_id, webhook_id AS endpoint_id, endpoint_name, created, idempotency_key"
+              " FROM webhooks.api_publish(%s, %s::jsonb, %s, %s, %s, %s, %s, %s)",
+        (event_type, payload, endpoint, idempotency_key, ordering_key, priority, expires_at, traceparent))
+
+
+async def deliveries(
+    conn: Conn, filters: dict[str, Any], before_id: int | None, limit: int
+) -> list[dict[str, Any]]:
+    """Newest first, after a cursor: rows inserted meanwhile have larger ids, so pages do not shift."""
+    return await fetch_all(
+        conn,
+        f"SELECT {DELIVERY_COLUMNS} FROM webhooks.delivery_overview"
+        " WHERE (%(status)s::text IS NULL OR status = %(status)s)"
+        " AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+        " AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        " AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
+        " AND (%(idempotency_key)s::text IS NULL OR idempotency_key = %(idempotency_key)s)"
+        " AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)"
+        " AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"
+        " AND (%(before)s::bigint IS NULL OR delivery_id < %(before)s)"
+        " ORDER BY delivery_id DESC LIMIT %(limit)s",
+        {**filters, "before": before_id, "limit": limit})
+
+
+async def dead_letters(conn: Conn, filters: dict[str, Any], after: tuple[datetime, int] | None,
+                       limit: int) -> list[dict[str, Any]]:
+    """Oldest dead letter first, as the CLI lists them and replays them; new ones sort last."""
+    after_at, after_id = after if after is not None else (None, None)
+    return await fetch_all(
+        conn,
+        f"SELECT {DELIVERY_COLUMNS} FROM webhooks.delivery_overview"
+        " WHERE status = 'dead_letter'"
+        " AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+        " AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        " AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
+        " AND (%(since)s::timestamptz IS NULL OR dead_lettered_at >= %(since)s)"
+        " AND (%(until)s::timestamptz IS NULL OR dead_lettered_at < %(until)s)"
+        " AND (%(after_at)s::timestamptz IS NULL"
+        "      OR (dead_lettered_at, delivery_id) > (%(after_at)s, %(after_id)s))"
+        " ORDER BY dead_lettered_at, delivery_id LIMIT %(limit)s",
+        {**filters, "after_at": after_at, "after_id": after_id, "limit": limit})
+
+
+async def delivery(conn: Conn, delivery_id: int) -> dict[str, Any] | None:
+    row = await fetch_one(conn, f"SELECT {DELIVERY_COLUMNS}, payload, source_ref"
+                                " FROM webhooks.delivery(%s)", (delivery_id,))
+    if row is not None:
+        row["attempts_history"] = await fetch_all(
+            conn, f"SELECT {ATTEMPT_COLUMNS} FROM webhooks.delivery_history(%s)", (delivery_id,))
+    return row
+
+
+async def replay(conn: Conn, delivery_id: int) -> bool:
+    row = await fetch_one(conn, "SELECT webhooks.replay(%s) AS replayed", (delivery_id,))
+    return bool(row and row["replayed"])
+
+
+async def delivery_status(conn: Conn, delivery_id: int) -> str | None:
+    row = await fetch_one(conn, "SELECT status FROM webhooks.delivery(%s)", (delivery_id,))
+    return None if row is None else str(row["status"])
+
+
+async def start_replay(conn: Conn, filters: dict[str, Any], rate: float | None, max_rows: int | None,
+                       requested_by: str) -> int:
+    stored = {key: (value.isoformat() if isinstance(value, datetime) else value)
+              for key, value in filters.items() if value is not None}
+    row = await fetch_one(conn, "SELECT webhooks.api_start_replay(%s, %s, %s, %s) AS id",
+                          (Jsonb(stored), rate, max_rows, requested_by))
+    assert row is not None
+    return int(row["id"])
+
+
+async def operation(conn: Conn, operation_id: int) -> dict[str, Any] | None:
+    return await fetch_one(
+        conn, "SELECT id, kind, filter, rate, max_rows AS max, status, processed, requested_by, error,"
+              " created_at, updated_at, finished_at FROM webhooks.api_operations WHERE id = %s",
+        (operation_id,))
+
+
+ENDPOINT_COLUMNS = (
+    "id, name, url_display, active, disabled_reason, event_types, secrets, body_format, max_attempts,"
+    " timeout_ms, rate_limit_per_second, rate_limit_burst, max_in_flight, health_status, circuit_state,"
+    " circuit_open_until, consecutive_failures, last_success_at, last_failure_at, created_at"
+)
+
+
+async def endpoints(conn: Conn, after_id: int | None, limit: int) -> list[dict[str, Any]]:
+    return await fetch_all(
+        conn, f"SELECT {ENDPOINT_COLUMNS} FROM webhooks.endpoint_summary"
+              " WHERE (%(after)s::bigint IS NULL OR id > %(after)s) ORDER BY id LIMIT %(limit)s",
+        {"after": after_id, "limit": limit})
+
+
+async def endpoint(conn: Conn, endpoint_id: int) -> dict[str, Any] | None:
+    row = await fetch_one(conn, f"SELECT {ENDPOINT_COLUMNS} FROM webhooks.endpoint_summary WHERE id = %s",
+                          (endpoint_id,))
+    if row is None:
+        return None
+    row["queued"] = {r["status"]: r["n"] for r in await fetch_all(
+        conn, "SELECT status, count(*) AS n FROM webhooks.alert_delivery_queue WHERE webhook_id = %s"
+              " GROUP BY status ORDER BY status", (endpoint_id,))}
+    row["recent_changes"] = await fetch_all(
+        conn, "SELECT change, reason, decided_by, delivery_id, at FROM webhooks.endpoint_events"
+              " WHERE webhook_id = %s ORDER BY at DESC, id DESC LIMIT 10", (endpoint_id,))
+    return row
+
+
+async def endpoint_health(conn: Conn, endpoint_id: int, hours: int) -> dict[str, Any] | None:
+    row = await fetch_one(
+        conn, "SELECT id, name, active, health_status, circuit_state, circuit_open_until,"
+              " consecutive_failures, successes, failures, last_success_at, last_failure_at"
+              " FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,))
+    if row is None:
+        return None
+    row["window_hours"] = hours
+    row["recent"] = await fetch_all(
+        conn, "SELECT outcome, coalesce(failure_category, 'none') AS category, count(*) AS attempts"
+              " FROM webhooks.alert_delivery_log WHERE webhook_id = %s"
+              " AND logged_at >= now() - make_interval(hours => %s)"
+              " GROUP BY 1, 2 ORDER BY 1, 2", (endpoint_id, hours))
+    last = await fetch_one(
+        conn, "SELECT failure_category FROM webhooks.alert_delivery_log WHERE webhook_id = %s"
+              " AND failure_category IS NOT NULL ORDER BY logged_at DESC LIMIT 1", (endpoint_id,))
+    row["last_failure_category"] = None if last is None else last["failure_category"]
+    return row
+
+
+async def set_active(conn: Conn, endpoint_id: int, active: bool, reason: str, decided_by: str) -> str | None:
+    if active:
+        row = await fetch_one(conn, "SELECT webhooks.enable_endpoint(%s, %s) AS change",
+                              (endpoint_id, decided_by))
+    else:
+        row = await fetch_one(conn, "SELECT webhooks.disable_endpoint(%s, %s, %s) AS change",
+                              (endpoint_id, reason, decided_by))
+    return None if row is None else row["change"]
+
+
+async def set_circuit(conn: Conn, endpoint_id: int, action: str, until: datetime | None,
+                      decided_by: str) -> str:
+    row = await fetch_one(conn, "SELECT webhooks.set_circuit(%s, %s, %s, %s) AS change",
+                          (endpoint_id, action, until, decided_by))
+    assert row is not None
+    return str(row["change"])
+
+
+async def delete_endpoint(conn: Conn, endpoint_id: int) -> bool:
+    row = await fetch_one(conn, "SELECT webhooks.api_delete_endpoint(%s) AS deleted", (endpoint_id,))
+    return bool(row and row["deleted"])
+
+
+async def stats(conn: Conn) -> dict[str, Any]:
+    return {
+        "queue": await fetch_all(conn, "SELECT * FROM webhooks.queue_statistics ORDER BY status"),
+        "held_back": await fetch_all(
+            conn, "SELECT reason, sum(rows)::bigint AS rows FROM webhooks.held_back"
+                  " WHERE reason IS NOT NULL GROUP BY reason ORDER BY reason"),
+    }
+
+
+async def config(conn: Conn) -> dict[str, Any]:
+    row = await fetch_one(conn, "SELECT * FROM webhooks.delivery_config")
+    assert row is not None
+    row.pop("singleton", None)
+    return row
+
+
+async def set_config(conn: Conn, changes: dict[str, str | None]) -> None:
+    """The operator CLI's `config set`, for several keys in the caller's one transaction."""
+    for key, value in changes.items():
+        statement = sql.SQL(
+            "UPDATE webhooks.delivery_config SET {key} = %s::{type}, updated_at = now()"
+        ).format(key=sql.Identifier(key), type=sql.SQL(SETTABLE[key]))
+        await conn.execute(statement, (value,))
