@@ -19,10 +19,10 @@ from worker.encryption import DecryptionError, Keyring
 from worker.registration import headers_problem, url_has_userinfo
 
 
-def connect(config: Config) -> psycopg.Connection:
+def connect(config: Config, application_name: str = "webhook-worker") -> psycopg.Connection:
     """A connection for one operator command, in autocommit: each call is its own transaction
     unless it opens one."""
-    return psycopg.connect(config.database.url, autocommit=True)
+    return psycopg.connect(config.database.url, autocommit=True, application_name=application_name)
 
 
 def point_in_time(conn: psycopg.Connection, value: str) -> datetime | None:

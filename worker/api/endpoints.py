@@ -15,8 +15,8 @@ from worker.api.problems import invalid
 from worker.config import Config
 from worker.delivery import display_url
 from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
+from worker.operations import EndpointSpec
 from worker.policy import RetrySchedule
-from worker.queue import EndpointSpec
 from worker.registration import header_problem, headers_problem
 
 BodyFormat = Literal["raw", "envelope", "slack", "mattermost", "pagerduty"]

@@ -10,7 +10,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from worker.api.data import fetch_all, fetch_one
-from worker.queue import SETTABLE
+from worker.operations import SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
 

@@ -13,7 +13,7 @@ import psycopg
 from aiohttp import web
 from pydantic import Field, JsonValue, field_validator
 
-from worker import queue as operator_queries
+from worker import operations as operator_queries
 from worker import signing
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
@@ -281,12 +281,11 @@ def _keyring(state: ApiState) -> Any:
 
 
 async def _sync(state: ApiState, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The operator functions of worker.queue (sealing credentials bound to the endpoint's id) on a
+    """The operator functions of worker.operations (sealing credentials bound to the endpoint's id) on a
     connection of their own, in a thread: the same code the CLI runs, as the API's own login."""
 
     def run() -> T:
-        with psycopg.connect(state.config.database.url, autocommit=True,
-                             application_name="webhook-worker api") as conn:
+        with operator_queries.connect(state.config, application_name="webhook-worker api") as conn:
             return work(conn)
 
     return await asyncio.to_thread(run)
