@@ -269,3 +269,24 @@ def test_bad_input_gets_a_page_naming_the_field(console, db):
     assert answer.status == 422 and "endpoint: must be a positive whole number" in answer.body.decode()
     answer = person.get("/console/deliveries/0")
     assert answer.status == 422 and "delivery_id" in answer.body.decode()
+
+
+def test_the_session_functions_are_the_api_logins_alone(db):
+    rows = query(db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
+                     " WHERE pronamespace = 'webhooks'::regnamespace AND proname LIKE 'console_%'")
+    assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session"}
+    for name, definer, settings in rows:
+        assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
+    for group in ("webhooks_reader", "webhooks_producer", "webhooks_worker"):
+        allowed = query(db, "SELECT has_function_privilege(%s, 'webhooks.console_session(bytea)', 'EXECUTE'),"
+                            " has_table_privilege(%s, 'webhooks.console_sessions', 'SELECT')", (group, group))
+        assert allowed == [(False, False)], group
+
+
+def test_a_session_past_its_lifetime_ends(console, db):
+    person = logged_in(console, db, "reader")
+    query(db, "UPDATE webhooks.console_sessions SET expires_at = now() - interval '1 second'")
+    assert person.get("/console/").status == 303
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_lifetime"):
+        query(db, "SELECT * FROM webhooks.console_start_session(%s, %s, interval '8 days')",
+              (b"x" * 32, b"y" * 32))
