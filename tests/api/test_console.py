@@ -48,7 +48,7 @@ def test_pages_need_a_session(console):
     assert Browserless(console).post("/console/dead-letters/replay", {"delivery_id": "1"}).status == 303
 
 
-def test_login_opens_a_session_in_an_httponly_strict_cookie_that_is_not_the_token(console, db):
+def test_login_opens_a_session_in_an_httponly_strict_cookie_that_is_not_the_token(console, db, capfd):
     person = Browserless(console)
     token = make_token(db, "admin", name="alice")
     answer = person.login(token)
@@ -64,6 +64,9 @@ def test_login_opens_a_session_in_an_httponly_strict_cookie_that_is_not_the_toke
     assert session_id not in stored and token not in stored
     page = person.get("/console/")
     assert page.status == 200 and "alice" in page.body.decode()
+    logged = capfd.readouterr()
+    assert "console login" in logged.out and token not in logged.out + logged.err
+    assert session_id not in logged.out + logged.err
 
 
 def test_behind_tls_the_session_cookie_is_secure(console, db):
@@ -82,6 +85,33 @@ def test_a_wrong_or_producer_token_opens_no_session(console, db):
     assert answer.status == 403 and "producer token cannot open the console" in answer.body.decode()
     assert "webhook_console" not in person.cookies
     assert query(db, "SELECT count(*) FROM webhooks.console_sessions") == [(0,)]
+
+
+def test_failed_logins_lock_the_address_out_as_the_api_does(db):
+    server = ConsoleServer(api_config(db, failed_auth_per_minute=2)).start()
+    try:
+        person = Browserless(server)
+        assert [person.login("whk_" + "x" * 43).status for _ in range(2)] == [401, 401]
+        locked = person.login(make_token(db, "admin"))  # even a good token waits
+        assert locked.status == 429 and int(locked.headers["retry-after"]) >= 1
+        assert "failed to authenticate too often" in locked.body.decode()
+        assert "webhook_console" not in person.cookies
+    finally:
+        server.stop()
+
+
+def test_every_form_field_has_a_label(console, db):
+    dead_letter(db)
+    person = logged_in(console, db, "admin")
+    for path in ("/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
+                 "/console/deliveries/1"):
+        html = person.get(path).body.decode()
+        labelled = set(re.findall(r'<label for="([^"]+)"', html))
+        for field in re.findall(r"<(?:input|select|textarea)\b[^>]*>", html):
+            if 'type="hidden"' in field or "aria-label=" in field:
+                continue
+            found = re.search(r'\bid="([^"]+)"', field)
+            assert found and found.group(1) in labelled, f"{path}: {field} has no label"
 
 
 def test_login_without_the_forms_csrf_cookie_is_refused(console, db):

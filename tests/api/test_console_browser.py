@@ -86,7 +86,8 @@ def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
             assert '"host": "db-1"' in page.locator("pre.payload").inner_text()
             assert page.locator("#status").get_attribute("data-status") == "dead_letter"
 
-            page.get_by_role("button", name="Replay this delivery").click()
+            page.get_by_role("button", name="Replay this delivery").focus()
+            page.keyboard.press("Enter")  # forms work from the keyboard
             # the page refreshes itself until the row settles
             page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
             assert "1 dead letter(s) put back" in page.content() or page.locator("#status").is_visible()

@@ -116,9 +116,13 @@ async def console_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = error_page(request, exc.status, exc.reason,
                               f"{request.method} {request.path}: {exc.reason}")
     except psycopg.OperationalError:
-        get_logger().warning("console database unreachable", route=request.match_info.route.resource
-                             and request.match_info.route.resource.canonical)
+        get_logger().warning("console database unreachable", path=request.path)
         response = error_page(request, 503, "The database is unreachable", "Try again shortly.")
+    except psycopg.Error as exc:
+        # The type only: a database message can quote the values of the statement.
+        get_logger().error("console database call failed", path=request.path, error=type(exc).__name__)
+        response = error_page(request, 500, "The database refused this",
+                              f"{type(exc).__name__}; see the log.")
     response.headers.update(SECURITY_HEADERS)
     return response
 
