@@ -28,3 +28,13 @@ if [ -z "${DATABASE_URL:-}" ] && ! command -v initdb >/dev/null \
         exit 1
     fi
 fi
+# The console's browser test drives the system's chromium (Playwright's own download is not used).
+if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "chromium not found; installing it with apt-get (the console's browser test needs it)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "chromium not found: the console's browser test (tests/api/test_console_browser.py) will fail;" \
+             "install it (Debian: apt-get install chromium)" >&2
+    fi
+fi

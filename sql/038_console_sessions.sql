@@ -1,0 +1,89 @@
+-- 038_console_sessions: server-side sessions of the operator console (/console/, issue 20).
+--
+-- A person logs in with an API token (reader or admin); the console then keeps a session so the
+-- token is typed once. The cookie carries only a random session id; this table keeps the id's
+-- SHA-256 and the SHA-256 of the token it was opened with, never either secret. A session is
+-- usable only while its token is: console_session() joins api_tokens on every request, so
+-- revoking or expiring the token ends its sessions at once, with nothing cached.
+--
+-- Sessions also end after an absolute lifetime (expires_at) and on logout. Expired rows are
+-- removed when a new session starts, so the table stays as small as the number of people logged in.
+--
+-- The overview's chart counts the audit log's attempts of the last hours; a BRIN index on
+-- logged_at (tiny, as the log is appended in time order) lets that read only those hours' pages
+-- instead of every row of the day's partitions.
+--
+-- Every function is SECURITY DEFINER with a fixed search_path and granted to no group role: only
+-- the API's own login (the owner) calls them, as it does the token functions of 036.
+
+CREATE TABLE webhooks.console_sessions (
+    session_hash bytea       PRIMARY KEY CHECK (length(session_hash) = 32),
+    token_hash   bytea       NOT NULL CHECK (length(token_hash) = 32),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz NOT NULL
+);
+
+COMMENT ON TABLE webhooks.console_sessions IS
+    'Console sessions: SHA-256 of the session id and of the token it stands for, never either (038).';
+
+CREATE INDEX console_sessions_token ON webhooks.console_sessions (token_hash);
+
+CREATE INDEX alert_delivery_log_logged_at ON webhooks.alert_delivery_log USING brin (logged_at);
+
+-- Opens a session for a token that is usable now; returns its name and role (no row, and no
+-- session, for an unknown, revoked or expired token).
+CREATE FUNCTION webhooks.console_start_session(p_session_hash bytea, p_token_hash bytea, p_lifetime interval)
+RETURNS TABLE (name text, role text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF p_lifetime IS NULL OR p_lifetime <= interval '0' OR p_lifetime > interval '7 days' THEN
+        RAISE EXCEPTION 'console_start_session: p_lifetime must be more than 0 and at most 7 days, got %',
+            p_lifetime USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    DELETE FROM webhooks.console_sessions s WHERE s.expires_at <= now();
+    RETURN QUERY
+    WITH usable AS (
+        SELECT t.name, t.role FROM webhooks.api_token_role(p_token_hash) t
+    ), opened AS (
+        INSERT INTO webhooks.console_sessions (session_hash, token_hash, expires_at)
+        SELECT p_session_hash, p_token_hash, now() + p_lifetime FROM usable
+        RETURNING 1
+    )
+    SELECT u.name, u.role FROM usable u, opened;
+END;
+$$;
+
+-- The caller behind a session: no row once the session expired or ended, or its token was revoked
+-- or expired.
+CREATE FUNCTION webhooks.console_session(p_session_hash bytea)
+RETURNS TABLE (name text, role text)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT t.name, t.role
+    FROM webhooks.console_sessions s
+    CROSS JOIN LATERAL webhooks.api_token_role(s.token_hash) t
+    WHERE s.session_hash = p_session_hash AND s.expires_at > now();
+$$;
+
+-- Logout. Whether a session was ended.
+CREATE FUNCTION webhooks.console_end_session(p_session_hash bytea) RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH ended AS (
+        DELETE FROM webhooks.console_sessions s WHERE s.session_hash = p_session_hash RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM ended);
+$$;
+
+REVOKE ALL ON FUNCTION
+    webhooks.console_start_session(bytea, bytea, interval),
+    webhooks.console_session(bytea),
+    webhooks.console_end_session(bytea)
+FROM PUBLIC;

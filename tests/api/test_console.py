@@ -1,0 +1,322 @@
+"""The console without a browser: login into a server-side session, cookie attributes, CSP, CSRF,
+what a reader may not do, sessions ending with their token, replays and endpoint changes."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.api.console_client import Browserless, ConsoleServer
+from tests.api.server import api_config, make_token
+from tests.support import add_endpoint, enqueue, query
+from worker.api import tokens
+from worker.console.pages import CONTENT_SECURITY_POLICY
+
+
+@pytest.fixture
+def console(db: str) -> Iterator[ConsoleServer]:
+    server = ConsoleServer(api_config(db)).start()
+    yield server
+    server.stop()
+
+
+def dead_letter(db: str, endpoint: int | None = None) -> int:
+    """A dead-lettered delivery (set up in SQL: these tests are about the console, not the worker)."""
+    endpoint = endpoint or add_endpoint(db, "http://127.0.0.1:9/hook")
+    [delivery_id] = enqueue(db, endpoint, {"alert": "disk full"})
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', attempts = 1,"
+              " failure_category = 'http_5xx', last_http_status = 500, dead_letter_reason = 'http 500',"
+              " dead_lettered_at = now() WHERE delivery_id = %s", (delivery_id,))
+    return delivery_id
+
+
+def logged_in(console: ConsoleServer, db: str, role: str, name: str | None = None) -> Browserless:
+    person = Browserless(console)
+    answer = person.login(make_token(db, role, name=name))
+    assert answer.status == 303 and answer.headers["location"] == "/console/", answer.body
+    return person
+
+
+def test_pages_need_a_session(console):
+    for path in ("/console/", "/console/dead-letters", "/console/endpoints", "/console/deliveries/1"):
+        answer = Browserless(console).get(path)
+        assert answer.status == 303 and answer.headers["location"] == "/console/login", path
+    assert Browserless(console).post("/console/dead-letters/replay", {"delivery_id": "1"}).status == 303
+
+
+def test_login_opens_a_session_in_an_httponly_strict_cookie_that_is_not_the_token(console, db, capfd):
+    person = Browserless(console)
+    token = make_token(db, "admin", name="alice")
+    answer = person.login(token)
+    assert answer.status == 303
+    [session_cookie] = [h for h in person.set_cookie_headers if h.startswith("webhook_console=")]
+    attributes = {a.strip().split("=")[0].lower(): a for a in session_cookie.split(";")[1:]}
+    assert "httponly" in attributes and attributes["samesite"].strip() == "SameSite=Strict"
+    assert attributes["path"].strip() == "Path=/console"
+    assert "secure" not in attributes  # plain http here; see the TLS test below
+    session_id = person.cookies["webhook_console"]
+    assert token not in session_cookie and session_id != token
+    stored = str(query(db, "SELECT * FROM webhooks.console_sessions"))
+    assert session_id not in stored and token not in stored
+    page = person.get("/console/")
+    assert page.status == 200 and "alice" in page.body.decode()
+    logged = capfd.readouterr()
+    assert "console login" in logged.out and token not in logged.out + logged.err
+    assert session_id not in logged.out + logged.err
+
+
+def test_behind_tls_the_session_cookie_is_secure(console, db):
+    person = Browserless(console)
+    answer = person.login(make_token(db, "reader"), headers={"X-Forwarded-Proto": "https"})
+    assert answer.status == 303
+    [session_cookie] = [h for h in person.set_cookie_headers if h.startswith("webhook_console=")]
+    assert "secure" in [a.strip().lower() for a in session_cookie.split(";")]
+
+
+def test_a_wrong_or_producer_token_opens_no_session(console, db):
+    person = Browserless(console)
+    answer = person.login("whk_" + "x" * 43)
+    assert answer.status == 401 and "not valid" in answer.body.decode()
+    answer = person.login(make_token(db, "producer"))
+    assert answer.status == 403 and "producer token cannot open the console" in answer.body.decode()
+    assert "webhook_console" not in person.cookies
+    assert query(db, "SELECT count(*) FROM webhooks.console_sessions") == [(0,)]
+
+
+def test_failed_logins_lock_the_address_out_as_the_api_does(db):
+    server = ConsoleServer(api_config(db, failed_auth_per_minute=2)).start()
+    try:
+        person = Browserless(server)
+        assert [person.login("whk_" + "x" * 43).status for _ in range(2)] == [401, 401]
+        locked = person.login(make_token(db, "admin"))  # even a good token waits
+        assert locked.status == 429 and int(locked.headers["retry-after"]) >= 1
+        assert "failed to authenticate too often" in locked.body.decode()
+        assert "webhook_console" not in person.cookies
+    finally:
+        server.stop()
+
+
+def test_every_form_field_has_a_label(console, db):
+    dead_letter(db)
+    person = logged_in(console, db, "admin")
+    for path in ("/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
+                 "/console/deliveries/1"):
+        html = person.get(path).body.decode()
+        labelled = set(re.findall(r'<label for="([^"]+)"', html))
+        for field in re.findall(r"<(?:input|select|textarea)\b[^>]*>", html):
+            if 'type="hidden"' in field or "aria-label=" in field:
+                continue
+            found = re.search(r'\bid="([^"]+)"', field)
+            assert found and found.group(1) in labelled, f"{path}: {field} has no label"
+
+
+def test_login_without_the_forms_csrf_cookie_is_refused(console, db):
+    token = make_token(db, "admin")
+    person = Browserless(console)
+    answer = person.post("/console/login", {"csrf": "guessed", "token": token})
+    assert answer.status == 403 and "webhook_console" not in person.cookies
+    assert query(db, "SELECT count(*) FROM webhooks.console_sessions") == [(0,)]
+
+
+def test_every_page_carries_a_strict_csp_and_no_inline_script_or_style(console, db):
+    delivery_id = dead_letter(db)
+    person = logged_in(console, db, "admin")
+    pages = ["/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
+             f"/console/deliveries/{delivery_id}", "/console/deliveries/999999", "/console/nowhere"]
+    for path in pages:
+        answer = person.get(path)
+        assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        html = answer.body.decode()
+        assert not re.search(r"<script(?![^>]*\bsrc=)", html), path  # every script is a file of the app
+        assert " style=" not in html and "<style" not in html and " on" + "click=" not in html, path
+    assert "script-src 'self'" in CONTENT_SECURITY_POLICY and "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert "default-src 'none'" in CONTENT_SECURITY_POLICY
+    assert person.get("/console/static/console.js").status == 200
+
+
+def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(console, db):
+    delivery_id = dead_letter(db)
+    person = logged_in(console, db, "admin")
+    for form in ({"delivery_id": str(delivery_id)}, {"delivery_id": str(delivery_id), "csrf": "wrong"}):
+        answer = person.post("/console/dead-letters/replay", form)
+        assert answer.status == 403 and "csrf" in answer.body.decode()
+        answer = person.post(f"/console/deliveries/{delivery_id}/replay", form)
+        assert answer.status == 403
+    assert query(db, "SELECT status, replays FROM webhooks.alert_delivery_queue") == [("dead_letter", 0)]
+    # another session's token is no good either: the token is bound to the session
+    other = logged_in(console, db, "admin")
+    answer = person.post(f"/console/deliveries/{delivery_id}/replay", {"csrf": other.csrf()})
+    assert answer.status == 403
+    assert query(db, "SELECT status FROM webhooks.alert_delivery_queue") == [("dead_letter",)]
+
+
+def test_a_reader_sees_no_forms_or_buttons_and_its_posts_are_refused(console, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook", name="billing")
+    delivery_id = dead_letter(db, endpoint)
+    reader = logged_in(console, db, "reader")
+    pages = ("/console/", "/console/dead-letters", "/console/endpoints", f"/console/deliveries/{delivery_id}")
+    for path in pages:
+        html = reader.get(path).body.decode()
+        assert f"#{delivery_id}" in html or "billing" in html, path
+        # the only form that posts is the logout button; the filter form only reads
+        assert re.findall(r'<form[^>]*method="post"[^>]*action="([^"]+)"', html) == ["/console/logout"], path
+        assert set(re.findall(r"<button[^>]*>([^<]*)</button>", html)) <= {"Log out", "Filter"}, path
+        assert 'type="checkbox"' not in html and 'name="reason"' not in html, path
+    csrf = reader.csrf()
+    answers = [reader.post(f"/console/deliveries/{delivery_id}/replay", {"csrf": csrf}),
+               reader.post("/console/dead-letters/replay", {"csrf": csrf, "delivery_id": str(delivery_id)}),
+               reader.post(f"/console/endpoints/{endpoint}",
+                           {"csrf": csrf, "action": "disable", "reason": "x"})]
+    assert [a.status for a in answers] == [403, 403, 403]
+    assert "needs admin" in answers[0].body.decode()
+    assert query(db, "SELECT status FROM webhooks.alert_delivery_queue") == [("dead_letter",)]
+    assert query(db, "SELECT active FROM webhooks.endpoints") == [(True,)]
+
+
+def test_a_session_ends_at_once_when_its_token_is_revoked_or_expires(console, db):
+    person = logged_in(console, db, "admin", name="on-call")
+    assert person.get("/console/").status == 200
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert tokens.revoke(conn, "on-call")
+    answer = person.get("/console/")
+    assert answer.status == 303 and answer.headers["location"] == "/console/login"
+    assert "webhook_console" not in person.cookies  # and the dead cookie is cleared
+
+    other = logged_in(console, db, "reader", name="expiring")
+    assert other.get("/console/endpoints").status == 200
+    query(db, "UPDATE webhooks.api_tokens SET expires_at = now() - interval '1 second'"
+              " WHERE name = 'expiring'")
+    assert other.get("/console/endpoints").status == 303
+
+
+def test_logout_ends_the_session(console, db):
+    person = logged_in(console, db, "reader")
+    stolen = dict(person.cookies)
+    answer = person.post("/console/logout", {"csrf": person.csrf()})
+    assert answer.status == 303 and "webhook_console" not in person.cookies
+    replayed_cookie = Browserless(console)
+    replayed_cookie.cookies = stolen
+    assert replayed_cookie.get("/console/").status == 303
+    assert query(db, "SELECT count(*) FROM webhooks.console_sessions") == [(0,)]
+
+
+def test_replay_selected_dead_letters(console, db):
+    first, second, untouched = dead_letter(db), dead_letter(db), dead_letter(db)
+    person = logged_in(console, db, "admin")
+    page = person.get("/console/dead-letters").body.decode()
+    assert all(f'value="{d}"' in page for d in (first, second, untouched))
+    answer = person.post("/console/dead-letters/replay",
+                         [("csrf", person.csrf()), ("delivery_id", first), ("delivery_id", second)])
+    assert answer.status == 303 and "notice=replayed" in answer.headers["location"]
+    assert "2 dead letter(s) put back" in person.get(answer.headers["location"]).body.decode()
+    rows = dict(query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue"))
+    assert rows == {first: "pending", second: "pending", untouched: "dead_letter"}
+    answer = person.post("/console/dead-letters/replay", {"csrf": person.csrf()})
+    assert answer.status == 422 and "delivery_id: select at least one" in answer.body.decode()
+
+
+def test_two_admins_replaying_the_same_row_at_once_replay_it_once(console, db):
+    delivery_id = dead_letter(db)
+    people = [logged_in(console, db, "admin") for _ in range(2)]
+    forms = [{"csrf": p.csrf()} for p in people]
+    start = threading.Barrier(2)
+    answers = {}
+
+    def replay(index: int) -> None:
+        start.wait(10)
+        answers[index] = people[index].post(f"/console/deliveries/{delivery_id}/replay", forms[index])
+
+    threads = [threading.Thread(target=replay, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    notices = sorted(a.headers["location"].split("notice=")[1].split("&")[0] for a in answers.values())
+    assert notices == ["not_replayed", "replayed"]
+    assert query(db, "SELECT status, replays FROM webhooks.alert_delivery_queue") == [("pending", 1)]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE outcome = 'replayed'") == [(1,)]
+
+
+def test_endpoint_changes_call_the_sql_functions_and_record_the_reason(console, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook", name="pager")
+    person = logged_in(console, db, "admin", name="bob")
+
+    def act(action: str, reason: str) -> int:
+        answer = person.post(f"/console/endpoints/{endpoint}",
+                             {"csrf": person.csrf(), "action": action, "reason": reason})
+        return answer.status
+
+    assert act("disable", "receiver migrating") == 303
+    assert query(db, "SELECT active, disabled_reason FROM webhooks.endpoints") == [
+        (False, "receiver migrating")]
+    assert act("enable", "migration done") == 303
+    assert act("open", "receiver asked us to hold") == 303
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("forced_open",)]
+    assert act("reset", "receiver is back") == 303
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("closed",)]
+    events = query(db, "SELECT change, reason, decided_by FROM webhooks.endpoint_events ORDER BY id")
+    assert events == [
+        ("disabled", "receiver migrating", "bob (console)"),
+        ("enabled", None, "bob (console): migration done"),
+        ("circuit_forced_open", None, "bob (console): receiver asked us to hold"),
+        ("circuit_reset", None, "bob (console): receiver is back"),
+    ]
+    page = person.get("/console/endpoints").body.decode()
+    assert "receiver asked us to hold" in page
+    answer = person.post(f"/console/endpoints/{endpoint}", {"csrf": person.csrf(), "action": "disable"})
+    assert answer.status == 422 and "reason: say why" in answer.body.decode()
+    answer = person.post(f"/console/endpoints/{endpoint}",
+                         {"csrf": person.csrf(), "action": "explode", "reason": "x"})
+    assert answer.status == 422 and "action: must be one of" in answer.body.decode()
+    assert person.post("/console/endpoints/424242", {"csrf": person.csrf(), "action": "reset",
+                                                      "reason": "x"}).status == 404
+
+
+def test_the_overview_shows_queue_held_back_rows_endpoint_health_and_a_chart(console, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook", name="slack")
+    dead_letter(db, endpoint)
+    enqueue(db, endpoint, count=2)
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (endpoint,))
+    query(db, "INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome,"
+              " failure_category, http_status) VALUES (1, %s, 1, 'dead_letter', 'http_5xx', 500)",
+          (endpoint,))
+    html = logged_in(console, db, "reader").get("/console/").body.decode()
+    assert re.search(r"status-pending\">pending</span></td><td class=\"num\">2<", html)
+    assert "endpoint disabled" in html  # held back, and why
+    assert "slack" in html and "maintenance" in html
+    assert "<svg" in html and 'class="failed"' in html and "1 failed" in html
+
+
+def test_bad_input_gets_a_page_naming_the_field(console, db):
+    person = logged_in(console, db, "reader")
+    answer = person.get("/console/dead-letters?endpoint=abc")
+    assert answer.status == 422 and "endpoint: must be a positive whole number" in answer.body.decode()
+    answer = person.get("/console/deliveries/0")
+    assert answer.status == 422 and "delivery_id" in answer.body.decode()
+
+
+def test_the_session_functions_are_the_api_logins_alone(db):
+    rows = query(db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
+                     " WHERE pronamespace = 'webhooks'::regnamespace AND proname LIKE 'console_%'")
+    assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session"}
+    for name, definer, settings in rows:
+        assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
+    for group in ("webhooks_reader", "webhooks_producer", "webhooks_worker"):
+        allowed = query(db, "SELECT has_function_privilege(%s, 'webhooks.console_session(bytea)', 'EXECUTE'),"
+                            " has_table_privilege(%s, 'webhooks.console_sessions', 'SELECT')", (group, group))
+        assert allowed == [(False, False)], group
+
+
+def test_a_session_past_its_lifetime_ends(console, db):
+    person = logged_in(console, db, "reader")
+    query(db, "UPDATE webhooks.console_sessions SET expires_at = now() - interval '1 second'")
+    assert person.get("/console/").status == 303
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_lifetime"):
+        query(db, "SELECT * FROM webhooks.console_start_session(%s, %s, interval '8 days')",
+              (b"x" * 32, b"y" * 32))

@@ -1,0 +1,107 @@
+"""The console in a real browser (Debian's chromium driven by Playwright) against a real worker and
+receiver: a delivery dead-letters, the receiver recovers, a person logs in, finds it, replays it and
+watches it become delivered."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from tests.api.console_client import ConsoleServer
+from tests.api.server import api_config, make_token
+from tests.receiver import Reply
+from tests.support import add_endpoint, enqueue, eventually, statuses
+
+# Playwright's own browser download is not used: the system's chromium (scripts/bootstrap.sh installs it).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Set to a directory (docs/) to keep the screenshots README shows.
+SCREENSHOTS_ENV = "WEBHOOK_CONSOLE_SCREENSHOTS"
+WAIT_MS = 30_000
+
+
+@pytest.fixture
+def console(db: str) -> Iterator[ConsoleServer]:
+    server = ConsoleServer(api_config(db)).start()
+    yield server
+    server.stop()
+
+
+def screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    page.screenshot(path=str(tmp_path / name), full_page=True)
+    keep = os.environ.get(SCREENSHOTS_ENV)
+    if keep:
+        shutil.copy(tmp_path / name, Path(keep) / name)
+
+
+def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
+        db, receiver, spawn, console, tmp_path):
+    assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
+    receiver.script("/hook", Reply(503, body=b"upstream database is down"))
+    endpoint = add_endpoint(db, receiver.url("/hook"), name="pagerduty", max_attempts=1)
+    other = add_endpoint(db, receiver.url("/other"), name="slack")
+    worker = spawn(db)
+    [delivery_id] = enqueue(db, endpoint, {"alert": "disk full", "host": "db-1"}, event_type="alert.created")
+    enqueue(db, other, {"alert": "cpu high"}, count=3)
+    eventually(lambda: statuses(db, [delivery_id]) == {delivery_id: "dead_letter"}, message="dead letter")
+    receiver.script("/hook", Reply(200, body=b"accepted"))  # the receiver is fixed
+    token = make_token(db, "admin", name="on-call")
+    base = f"http://127.0.0.1:{console.port}/console"
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(WAIT_MS)
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+
+            page.goto(base + "/")
+            assert page.url == base + "/login"  # no session yet
+            # by keyboard: the token field has the focus, Enter submits
+            page.keyboard.type(token)
+            page.keyboard.press("Enter")
+            page.wait_for_url(base + "/")
+            assert page.get_by_role("heading", name="Overview").is_visible()
+            assert page.locator(f"#endpoint-{endpoint}").get_by_text("http_5xx").is_visible()
+            screenshot(page, tmp_path, "console-overview.png")
+
+            page.get_by_role("link", name="Dead letters").click()
+            page.get_by_label("Endpoint").select_option(label="pagerduty")
+            page.get_by_role("button", name="Filter").click()
+            row = page.locator(f"#dead-letter-{delivery_id}")
+            row.wait_for()
+            assert "http_5xx" in row.inner_text() and "503" in row.inner_text()
+            screenshot(page, tmp_path, "console-dead-letters.png")
+
+            row.get_by_role("link", name=f"#{delivery_id}").click()
+            page.wait_for_url(f"{base}/deliveries/{delivery_id}")
+            history = page.locator("table.history").inner_text()
+            assert "http_5xx" in history and "503" in history and "upstream database is down" in history
+            assert '"host": "db-1"' in page.locator("pre.payload").inner_text()
+            assert page.locator("#status").get_attribute("data-status") == "dead_letter"
+
+            page.get_by_role("button", name="Replay this delivery").focus()
+            page.keyboard.press("Enter")  # forms work from the keyboard
+            # the page refreshes itself until the row settles
+            page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
+            assert page.get_by_role("status").inner_text() == "1 dead letter(s) put back in the queue."
+            history = page.locator("table.history").inner_text()
+            assert "replayed" in history and "delivered" in history
+            screenshot(page, tmp_path, "console-delivery.png")
+
+            page.get_by_role("link", name="Endpoints").click()
+            screenshot(page, tmp_path, "console-endpoints.png")
+            assert problems == [], problems  # nothing the CSP blocked, no script error
+        finally:
+            browser.close()
+
+    assert statuses(db, [delivery_id]) == {delivery_id: "delivered"}
+    sent = receiver.to("/hook")
+    assert len(sent) == 2 and sent[0].headers["webhook-id"] == sent[1].headers["webhook-id"]
+    worker.stop()

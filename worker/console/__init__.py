@@ -1,0 +1,17 @@
+"""The operator console: server-rendered pages under /console/ of `webhook-worker api` (issue 20)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from worker.api.app import STATE, ApiState
+from worker.console.pages import TEMPLATES, add_routes, console_middleware, templates
+
+
+def create_console_app(state: ApiState) -> web.Application:
+    """The sub-application the API mounts at /console/."""
+    app = web.Application(middlewares=[console_middleware])
+    app[STATE] = state
+    app[TEMPLATES] = templates()
+    add_routes(app)
+    return app

@@ -1,0 +1,154 @@
+"""What the console reads and changes: the SQL views and functions the CLI uses, called by name."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from worker.api.data import fetch_all, fetch_one
+from worker.console import chart
+
+CHART_HOURS = 6
+CHART_BUCKET = timedelta(minutes=10)
+# Pages list at most this many rows: the console is for looking, bulk work has the API and CLI.
+PAGE_ROWS = 200
+# Failed attempts: what the chart draws in red (deferrals and state changes are neither).
+FAILED_OUTCOMES = ("retry", "dead_letter", "lease_expired")
+# A payload shown whole up to this size; a larger one is cut, saying so.
+PAYLOAD_SHOWN_CHARS = 64 * 1024
+
+
+async def overview(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
+    queue = await fetch_all(
+        conn, "SELECT status, deliveries, oldest_due_age_seconds FROM webhooks.queue_statistics")
+    held_back = await fetch_all(
+        conn, "SELECT reason, sum(rows)::bigint AS rows FROM webhooks.held_back"
+              " WHERE reason IS NOT NULL GROUP BY reason ORDER BY reason")
+    return {
+        "queue": queue,
+        "oldest_due_seconds": max((r["oldest_due_age_seconds"] or 0.0 for r in queue), default=0.0),
+        "held_back": held_back,
+        "endpoints": await endpoints(conn),
+        "chart": await attempts_chart(conn),
+    }
+
+
+async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    # The last failure's category comes from the audit log, read only from the last failure's time on.
+    return await fetch_all(
+        conn,
+        "SELECT s.id, s.name, s.url_display, s.active, s.disabled_reason, s.health_status, s.circuit_state,"
+        "       s.circuit_open_until, s.consecutive_failures, s.last_success_at, s.last_failure_at,"
+        "       f.failure_category AS last_failure_category"
+        " FROM webhooks.endpoint_summary s"
+        " LEFT JOIN LATERAL ("
+        "     SELECT l.failure_category FROM webhooks.alert_delivery_log l"
+        "     WHERE l.webhook_id = s.id AND l.failure_category IS NOT NULL"
+        "       AND l.logged_at >= s.last_failure_at - interval '1 minute'"
+        "     ORDER BY l.logged_at DESC LIMIT 1) f ON true"
+        " ORDER BY s.id LIMIT %s",
+        (PAGE_ROWS,))
+
+
+async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
+    row = await fetch_one(conn, "SELECT now() AS now")
+    assert row is not None
+    now: datetime = row["now"]
+    rows = await fetch_all(
+        conn,
+        "SELECT date_bin(%(bucket)s, l.logged_at, timestamptz 'epoch') AS bucket,"
+        "       count(*) FILTER (WHERE l.outcome = 'delivered') AS delivered,"
+        "       count(*) FILTER (WHERE l.outcome = ANY(%(failed)s)) AS failed"
+        " FROM webhooks.alert_delivery_log l"
+        " WHERE l.logged_at >= %(now)s - %(window)s"
+        " GROUP BY 1",
+        {"bucket": CHART_BUCKET, "failed": list(FAILED_OUTCOMES), "now": now,
+         "window": timedelta(hours=CHART_HOURS) + CHART_BUCKET})
+    counts = {r["bucket"]: (int(r["delivered"]), int(r["failed"])) for r in rows}
+    return chart.build(counts, now, CHART_HOURS, CHART_BUCKET)
+
+
+async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, Any]) -> list[dict[str, Any]]:
+    return await fetch_all(
+        conn,
+        "SELECT delivery_id, webhook_id, endpoint_name, event_type, attempts, replays, failure_category,"
+        "       last_http_status, dead_letter_reason, dead_lettered_at"
+        " FROM webhooks.delivery_overview"
+        " WHERE status = 'dead_letter'"
+        "   AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+        "   AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        "   AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
+        " ORDER BY dead_lettered_at DESC, delivery_id DESC LIMIT %(limit)s",
+        {**filters, "limit": PAGE_ROWS})
+
+
+async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
+    names = await fetch_all(conn, "SELECT id, name FROM webhooks.endpoint_summary ORDER BY name LIMIT %s",
+                            (PAGE_ROWS,))
+    return {"endpoints": names}
+
+
+async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict[str, Any] | None:
+    row = await fetch_one(conn, "SELECT * FROM webhooks.delivery(%s)", (delivery_id,))
+    if row is None:
+        return None
+    row["history"] = await fetch_all(
+        conn,
+        "SELECT attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
+        "       worker_id, stale, logged_at FROM webhooks.delivery_history(%s)",
+        (delivery_id,))
+    return row
+
+
+async def replay(conn: psycopg.AsyncConnection[Any], delivery_ids: list[int]) -> int:
+    """Replay each delivery with webhooks.replay(), as `dlq replay` does; how many were put back. A row
+    another operator replayed a moment earlier is no longer a dead letter and is left alone."""
+    replayed = 0
+    for delivery_id in delivery_ids:
+        cur = await conn.execute("SELECT webhooks.replay(%s)", (delivery_id,))
+        row = await cur.fetchone()
+        replayed += bool(row and row[0])
+    return replayed
+
+
+ENDPOINT_ACTIONS = ("enable", "disable", "reset", "open")
+
+
+async def endpoint_action(conn: psycopg.AsyncConnection[Any], endpoint_id: int, action: str, reason: str,
+                          decided_by: str) -> str | None:
+    """An endpoint change through the function the CLI calls; the change made, or None when there was
+    nothing to do (enabling an enabled endpoint). The reason is recorded in the endpoint's events:
+    as the reason where the function takes one (disable), else with who decided."""
+    if action == "disable":
+        cur = await conn.execute("SELECT webhooks.disable_endpoint(%s, %s, %s)",
+                                 (endpoint_id, reason, decided_by))
+    elif action == "enable":
+        cur = await conn.execute("SELECT webhooks.enable_endpoint(%s, %s)",
+                                 (endpoint_id, f"{decided_by}: {reason}"))
+    elif action in ("reset", "open"):
+        cur = await conn.execute("SELECT webhooks.set_circuit(%s, %s, NULL, %s)",
+                                 (endpoint_id, action, f"{decided_by}: {reason}"))
+    else:
+        raise ValueError(f"action: must be one of {', '.join(ENDPOINT_ACTIONS)}")
+    row = await cur.fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+async def endpoint_events(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    return await fetch_all(
+        conn,
+        "SELECT v.at, e.name AS endpoint_name, v.change, v.reason, v.decided_by"
+        " FROM webhooks.endpoint_events v JOIN webhooks.endpoint_summary e ON e.id = v.webhook_id"
+        " ORDER BY v.at DESC LIMIT 20")
+
+
+def payload_text(payload: Any) -> tuple[str, bool]:
+    """The payload as indented JSON, and whether it was cut to PAYLOAD_SHOWN_CHARS."""
+    import json
+
+    text = json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(text) > PAYLOAD_SHOWN_CHARS:
+        return text[:PAYLOAD_SHOWN_CHARS], True
+    return text, False

@@ -1,0 +1,304 @@
+"""The console's handlers and its middleware: sessions, CSRF, roles and security headers per request."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import psycopg
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from worker.api.app import STATE, client_address
+from worker.api.problems import Problem
+from worker.api.tokens import Caller
+from worker.console import data, forms, sessions
+from worker.observability import get_logger
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PREFIX = "/console"
+STATIC_DIR = Path(__file__).with_name("static")
+CALLER = web.RequestKey("webhook_console_caller", Caller)
+SESSION = web.RequestKey("webhook_console_session", str)
+FORM = web.RequestKey("webhook_console_form", MultiDictProxy[Any])
+TEMPLATES = web.AppKey("webhook_console_templates", jinja2.Environment)
+# Pages that need no session: the login form and the files it uses.
+PUBLIC = ("/console/login", "/console/static/")
+# No inline script or style anywhere, nothing from elsewhere, no framing, forms post only here.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+# Fixed texts for the notice a page shows after a change: the query string carries a code, never text.
+NOTICES = {
+    "replayed": "{n} dead letter(s) put back in the queue.",
+    "not_replayed": "Nothing replayed: no longer a dead letter (someone replayed it already?).",
+    "endpoint_changed": "Endpoint {id}: {action} done; the reason is recorded in its events.",
+    "endpoint_unchanged": "Endpoint {id}: nothing to {action} (it already was).",
+    "logged_out": "You are logged out.",
+}
+
+
+def templates() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("worker.console", "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    environment.filters["when"] = _when
+    environment.filters["age"] = _age
+    return environment
+
+
+def _when(value: Any) -> str:
+    return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _age(seconds: float | None) -> str:
+    if not seconds:
+        return "none due"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def notice(query: Any) -> str | None:
+    text = NOTICES.get(query.get("notice", ""))
+    if text is None:
+        return None
+    values = {k: query.get(k, "") for k in ("n", "id", "action")}
+    if not all(v.isalnum() or v == "" for v in values.values()):
+        return None
+    return text.format(**values)
+
+
+def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    caller = request.get(CALLER)
+    session = request.get(SESSION)
+    context.setdefault("page", "")
+    page = request.app[TEMPLATES].get_template(template).render(
+        prefix=PREFIX, caller=caller, is_admin=caller is not None and caller.role == "admin",
+        csrf=sessions.csrf_token(session) if session else "", notice=notice(request.query), **context)
+    return web.Response(text=page, status=status, content_type="text/html", charset="utf-8")
+
+
+def see_other(path: str, **query: Any) -> web.Response:
+    location = PREFIX + path + (("?" + urlencode(query)) if query else "")
+    return web.Response(status=303, headers={"Location": location})
+
+
+def error_page(request: web.Request, status: int, title: str, detail: str) -> web.Response:
+    return render(request, "error.html", status=status, title=title, detail=detail)
+
+
+@web.middleware
+async def console_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await _checked(request, handler)
+    except forms.FieldError as exc:
+        response = error_page(request, 422, "A field is invalid", str(exc))
+    except Problem as problem:
+        response = error_page(request, problem.status, problem.title, problem.detail or problem.title)
+        response.headers.update(problem.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = error_page(request, exc.status, exc.reason,
+                              f"{request.method} {request.path}: {exc.reason}")
+    except psycopg.OperationalError:
+        get_logger().warning("console database unreachable", path=request.path)
+        response = error_page(request, 503, "The database is unreachable", "Try again shortly.")
+    except psycopg.Error as exc:
+        # The type only: a database message can quote the values of the statement.
+        get_logger().error("console database call failed", path=request.path, error=type(exc).__name__)
+        response = error_page(request, 500, "The database refused this",
+                              f"{type(exc).__name__}; see the log.")
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every page but the login needs a live session; every POST a CSRF token; changes an admin."""
+    if request.path.startswith(PUBLIC):
+        return await handler(request)
+    state = request.app[STATE]
+    session_id = request.cookies.get(sessions.COOKIE, "")
+    caller = None
+    if session_id:
+        async with state.db.connection() as conn:
+            caller = await sessions.caller(conn, session_id)
+    if caller is None:
+        # A revoked or expired token lands here on its very next request.
+        response = see_other("/login")
+        if session_id:
+            response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
+        return response
+    request[CALLER] = caller
+    request[SESSION] = session_id
+    if request.method == "POST":
+        form = await request.post()
+        if not sessions.same_secret(sessions.csrf_token(session_id), _text(form.get("csrf"))):
+            return error_page(request, 403, "Form refused",
+                              "csrf: the form's CSRF token is missing or wrong; reload the page and retry.")
+        if request.path != PREFIX + "/logout" and caller.role != "admin":
+            return error_page(request, 403, "Not allowed",
+                              f"role {caller.role} may look but not change anything; it needs admin.")
+        request[FORM] = form
+    return await handler(request)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+# --- login ----------------------------------------------------------------------------------------
+
+
+def _secure(request: web.Request) -> bool:
+    return sessions.cookie_is_secure(request.scheme, request.headers.get("X-Forwarded-Proto"))
+
+
+async def login_form(request: web.Request, error: str | None = None, status: int = 200) -> web.Response:
+    login_csrf = sessions.new_secret()
+    response = render(request, "login.html", status=status, login_csrf=login_csrf, error=error)
+    response.set_cookie(sessions.LOGIN_COOKIE, login_csrf, **sessions.cookie_options(_secure(request), 3600))
+    return response
+
+
+async def login_page(request: web.Request) -> web.Response:
+    return await login_form(request)
+
+
+async def login(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    form = await request.post()
+    if not sessions.same_secret(request.cookies.get(sessions.LOGIN_COOKIE), _text(form.get("csrf"))):
+        return await login_form(request, "The login form expired or did not come from this page; retry.", 403)
+    token = _text(form.get("token")).strip()
+    if not token:
+        return await login_form(request, "token: paste an admin or reader token.", 422)
+    try:
+        caller = await state.verify_token(token, client_address(request))
+    except Problem as problem:
+        response = await login_form(request, problem.detail or problem.title, problem.status)
+        response.headers.update(problem.headers)
+        return response
+    if caller.role not in ("admin", "reader"):
+        return await login_form(request, f"A {caller.role} token cannot open the console: use a reader "
+                                         "or admin token.", 403)
+    session_id = sessions.new_secret()
+    async with state.db.connection() as conn:
+        opened = await sessions.start(conn, session_id, token)
+    if opened is None:
+        return await login_form(request, "The token stopped being valid; use another.", 401)
+    get_logger().info("console login", name=opened.name, role=opened.role)
+    response = see_other("/")
+    response.set_cookie(sessions.COOKIE, session_id, **sessions.cookie_options(
+        _secure(request), int(sessions.LIFETIME.total_seconds())))
+    response.del_cookie(sessions.LOGIN_COOKIE, path=sessions.COOKIE_PATH)
+    return response
+
+
+async def logout(request: web.Request) -> web.Response:
+    async with request.app[STATE].db.connection() as conn:
+        await sessions.end(conn, request[SESSION])
+    response = see_other("/login", notice="logged_out")
+    response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
+    return response
+
+
+# --- pages ----------------------------------------------------------------------------------------
+
+
+async def overview(request: web.Request) -> web.Response:
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        facts = await data.overview(conn)
+    return render(request, "overview.html", page="overview", **facts)
+
+
+async def dead_letters(request: web.Request) -> web.Response:
+    filters = forms.dead_letter_filters(request.query)
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        rows = await data.dead_letters(conn, filters)
+        choices = await data.filter_choices(conn)
+    return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
+                  choices=choices, limit=data.PAGE_ROWS)
+
+
+async def replay_selected(request: web.Request) -> web.Response:
+    ids = forms.selected_ids([_text(v) for v in request[FORM].getall("delivery_id", [])])
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        replayed = await data.replay(conn, ids)
+    get_logger().info("console replay", name=request[CALLER].name, selected=len(ids), replayed=replayed)
+    return see_other("/dead-letters", notice="replayed" if replayed else "not_replayed", n=replayed)
+
+
+async def delivery(request: web.Request) -> web.Response:
+    delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        row = await data.delivery(conn, delivery_id)
+    if row is None:
+        return error_page(request, 404, "Not found", f"delivery {delivery_id}: not found")
+    payload, cut = data.payload_text(row["payload"])
+    return render(request, "delivery.html", page="dead_letters", row=row, payload=payload, payload_cut=cut,
+                  settled=row["status"] in ("delivered", "dead_letter"))
+
+
+async def replay_one(request: web.Request) -> web.Response:
+    delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        replayed = await data.replay(conn, [delivery_id])
+    get_logger().info("console replay", name=request[CALLER].name, selected=1, replayed=replayed)
+    return see_other(f"/deliveries/{delivery_id}", notice="replayed" if replayed else "not_replayed",
+                     n=replayed)
+
+
+async def endpoints(request: web.Request) -> web.Response:
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        rows = await data.endpoints(conn)
+        events = await data.endpoint_events(conn)
+    return render(request, "endpoints.html", page="endpoints", rows=rows, events=events)
+
+
+async def endpoint_action(request: web.Request) -> web.Response:
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    form = request[FORM]
+    action = forms.endpoint_action(_text(form.get("action")))
+    reason = forms.reason(_text(form.get("reason")))
+    caller = request[CALLER]
+    try:
+        async with request.app[STATE].db.transaction(caller) as conn:
+            cur = await conn.execute("SELECT 1 FROM webhooks.endpoints WHERE id = %s", (endpoint_id,))
+            if await cur.fetchone() is None:
+                return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+            change = await data.endpoint_action(conn, endpoint_id, action, reason, f"{caller.name} (console)")
+    except psycopg.errors.RaiseException as exc:
+        return error_page(request, 409, "The current state refuses this", str(exc.diag.message_primary))
+    get_logger().info("console endpoint change", name=caller.name, endpoint_id=endpoint_id, action=action,
+                      changed=change is not None)
+    return see_other("/endpoints", notice="endpoint_changed" if change else "endpoint_unchanged",
+                     id=endpoint_id, action=action)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", overview, name="overview")
+    app.router.add_get("/login", login_page)
+    app.router.add_post("/login", login)
+    app.router.add_post("/logout", logout)
+    app.router.add_get("/dead-letters", dead_letters)
+    app.router.add_post("/dead-letters/replay", replay_selected)
+    app.router.add_get("/deliveries/{delivery_id}", delivery)
+    app.router.add_post("/deliveries/{delivery_id}/replay", replay_one)
+    app.router.add_get("/endpoints", endpoints)
+    app.router.add_post("/endpoints/{endpoint_id}", endpoint_action)
+    app.router.add_static("/static/", STATIC_DIR)

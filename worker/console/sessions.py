@@ -1,0 +1,75 @@
+"""Console sessions: a random id in an HttpOnly cookie, its hash stored beside the token's hash."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from worker.api.tokens import Caller, token_hash
+
+COOKIE = "webhook_console"
+# The login form's double-submit cookie: a cross-site page cannot read it, so it cannot forge the
+# matching form field (login CSRF would otherwise log a victim into an attacker's session).
+LOGIN_COOKIE = "webhook_console_login"
+COOKIE_PATH = "/console"
+# A session ends this long after login whatever happens; its token's revocation ends it sooner.
+LIFETIME = timedelta(hours=12)
+SESSION_BYTES = 32
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(SESSION_BYTES)
+
+
+def session_hash(session_id: str) -> bytes:
+    return hashlib.sha256(session_id.encode("utf-8")).digest()
+
+
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of a session's forms: derived from the secret id, so nothing more is stored and
+    only the cookie's holder can compute it."""
+    digest = hmac.new(session_id.encode("utf-8"), b"webhook-console csrf", hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+def same_secret(expected: str | None, given: str | None) -> bool:
+    return bool(expected) and bool(given) and hmac.compare_digest(str(expected), str(given))
+
+
+def cookie_is_secure(scheme: str, forwarded_proto: str | None) -> bool:
+    """Secure cookies behind TLS: served over https, or behind a proxy that says the client used it.
+    A forged header can only make the cookie stricter."""
+    return scheme == "https" or (forwarded_proto or "").split(",")[0].strip().lower() == "https"
+
+
+def cookie_options(secure: bool, max_age: int | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"path": COOKIE_PATH, "httponly": True, "samesite": "Strict", "secure": secure}
+    if max_age is not None:
+        options["max_age"] = max_age
+    return options
+
+
+async def start(conn: psycopg.AsyncConnection[Any], session_id: str, token: str) -> Caller | None:
+    """Open a session for a token; None when the token stopped being usable meanwhile."""
+    cur = await conn.execute("SELECT name, role FROM webhooks.console_start_session(%s, %s, %s)",
+                             (session_hash(session_id), token_hash(token), LIFETIME))
+    row = await cur.fetchone()
+    return None if row is None else Caller(str(row[0]), row[1])
+
+
+async def caller(conn: psycopg.AsyncConnection[Any], session_id: str) -> Caller | None:
+    """Who holds a session, asked of the database on every request so that a revoked token stops at once."""
+    cur = await conn.execute("SELECT name, role FROM webhooks.console_session(%s)",
+                             (session_hash(session_id),))
+    row = await cur.fetchone()
+    return None if row is None else Caller(str(row[0]), row[1])
+
+
+async def end(conn: psycopg.AsyncConnection[Any], session_id: str) -> None:
+    await conn.execute("SELECT webhooks.console_end_session(%s)", (session_hash(session_id),))
