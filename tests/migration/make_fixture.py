@@ -82,10 +82,11 @@ def fill(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         main, spare, disabled = (register_endpoint(conn, EndpointSpec(
             name=name, url=f"http://127.0.0.1:9/{name}", url_display=display_url(f"http://127.0.0.1:9/{name}"),
-            signing_secrets=(signing.generate_secret(),), headers={"Authorization": "Bearer fixture"},
-            active=name != "fixture-disabled"), keyring)
+            signing_secrets=(signing.generate_secret(),), headers={"Authorization": "Bearer fixture"}),
+            keyring)
             for name in ("fixture-main", "fixture-spare", "fixture-disabled"))
         conn.execute("UPDATE webhooks.delivery_config SET max_attempts = 3")
+        conn.execute("SELECT webhooks.disable_endpoint(%s, 'taken out for the fixture')", (disabled,))
 
         def enqueue(endpoint: int, count: int, **columns: object) -> None:
             names = ", ".join(columns)

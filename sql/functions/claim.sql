@@ -1,8 +1,92 @@
--- 029_claim_in_flight: webhooks.acquire() as in 025_claim_cost, counting each endpoint's rows in
--- flight once per claim instead of once per place that reads it (issue 7). auto_explain on the database
--- benchmark showed the count, a scan of the leased index, run once for each place the concurrency
--- cap and the half-open probe budget read it. Same rows, same order, same locks. Restated whole,
--- with SECURITY DEFINER, search_path and plan_cache_mode as in 025.
+CREATE OR REPLACE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+-- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+SET plan_cache_mode = auto
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue
+                   WHERE status = 'delivering' AND locked_until < now()) THEN
+        RETURN 0;
+    END IF;
+    WITH cfg AS (
+        SELECT max_attempts FROM webhooks.delivery_config
+    ), expired AS (
+        SELECT q.delivery_id, q.lease_token, q.locked_by,
+               q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts) AS exhausted
+        FROM webhooks.alert_delivery_queue q
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        CROSS JOIN cfg
+        WHERE q.status = 'delivering' AND q.locked_until < now()
+        ORDER BY q.locked_until
+        LIMIT p_limit
+        FOR UPDATE OF q SKIP LOCKED
+    ), reaped AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE WHEN x.exhausted THEN 'dead_letter' ELSE 'retrying' END,
+            next_retry_at = now(),
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            failure_category = 'internal',
+            last_error = 'lease expired',
+            dead_letter_reason = CASE WHEN x.exhausted THEN 'lease expired' END,
+            dead_lettered_at = CASE WHEN x.exhausted THEN now() END,
+            updated_at = now()
+        FROM expired x
+        WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts, q.status, x.lease_token, x.locked_by
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, failure_category, error, worker_id, lease_token)
+        SELECT delivery_id, webhook_id, attempts, 'lease_expired', 'internal',
+               CASE WHEN status = 'dead_letter' THEN 'lease expired on the last attempt'
+                    ELSE 'lease expired' END,
+               locked_by, lease_token
+        FROM reaped
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO v_count FROM logged;
+    RETURN v_count;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.expire_deliveries(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+-- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+SET plan_cache_mode = auto
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue
+                   WHERE expires_at < now() AND expires_at IS NOT NULL
+                     AND status IN ('pending', 'retrying')) THEN
+        RETURN 0;
+    END IF;
+    WITH expired AS (
+        SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+        WHERE q.expires_at < now() AND q.expires_at IS NOT NULL AND q.status IN ('pending', 'retrying')
+        ORDER BY q.expires_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), dead AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'dead_letter', failure_category = 'expired',
+            dead_letter_reason = 'expired before delivery', last_error = 'expired before delivery',
+            dead_lettered_at = now(), updated_at = now()
+        FROM expired x WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, failure_category, error)
+        SELECT delivery_id, webhook_id, attempts, 'dead_letter', 'expired', 'expired before delivery' FROM dead
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO v_count FROM logged;
+    RETURN v_count;
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer)
 RETURNS TABLE (
@@ -44,6 +128,16 @@ AS $$
 DECLARE
     v_endpoints bigint[];
 BEGIN
+    -- Bounds (031): a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
+    -- of more rows than any worker can hold only locks them.
+    IF p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'acquire: p_batch_size must be between 1 and 10000, not %', p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_lease_seconds IS NULL OR p_lease_seconds NOT BETWEEN 1 AND 3600 THEN
+        RAISE EXCEPTION 'acquire: p_lease_seconds must be between 1 and 3600, not %', p_lease_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM webhooks.reap_expired_leases();
     PERFORM webhooks.expire_deliveries();
 
@@ -194,3 +288,94 @@ BEGIN
     WHERE webhook_id = ANY(v_endpoints);
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.acquire(text, integer, integer) TO webhooks_worker;
+
+CREATE OR REPLACE FUNCTION webhooks.next_due_in() RETURNS double precision
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    v_at := (
+    WITH cfg AS (
+        SELECT * FROM webhooks.delivery_config
+    ), per_endpoint AS (
+        SELECT greatest(
+                   due.at,
+                   h.paused_until,
+                   CASE WHEN h.circuit_state = 'open' THEN h.circuit_open_until END,
+                   CASE WHEN r.rate IS NOT NULL AND coalesce(h.rate_tokens, 1) < 1
+                        THEN h.rate_refilled_at + make_interval(secs => (1 - h.rate_tokens) / r.rate) END
+               ) AS at
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        CROSS JOIN cfg
+        CROSS JOIN LATERAL (SELECT coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second)::double precision
+                            AS rate) r
+        CROSS JOIN LATERAL (
+            SELECT min(q.next_retry_at) AS at
+            FROM webhooks.alert_delivery_queue q
+            WHERE q.webhook_id = h.webhook_id AND q.status IN ('pending', 'retrying')
+              AND (q.ordering_key IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM webhooks.alert_delivery_queue o
+                  WHERE o.webhook_id = q.webhook_id AND o.ordering_key = q.ordering_key
+                    AND o.delivery_id < q.delivery_id
+                    AND o.status IN ('pending', 'retrying', 'delivering')))
+        ) due
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS flying FROM webhooks.alert_delivery_queue d
+            WHERE d.webhook_id = h.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
+        ) f
+        WHERE e.active AND h.circuit_state <> 'forced_open' AND due.at IS NOT NULL
+          -- an endpoint at its cap (or out of probes) is woken by the finish that frees a place
+          AND f.flying < coalesce(e.max_in_flight, cfg.max_in_flight)
+          AND NOT (h.circuit_state = 'half_open' AND f.flying + h.probe_successes + h.probe_failures
+                   >= coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes))
+    )
+    SELECT least(
+        (SELECT min(at) FROM per_endpoint),
+        (SELECT min(locked_until) FROM webhooks.alert_delivery_queue WHERE status = 'delivering')));
+    IF v_at IS NULL THEN
+        RETURN NULL;  -- nothing waits: sleep until NOTIFY or the polling interval
+    END IF;
+    RETURN greatest(0, extract(epoch FROM v_at - now()))::double precision;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.next_due_in() TO webhooks_worker;
+
+CREATE OR REPLACE FUNCTION webhooks.release(p_worker_id text, p_leases jsonb) RETURNS integer
+LANGUAGE sql
+-- Short OLTP statements: JIT compilation would cost far more than it saves.
+SET jit = off
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH l AS (
+        SELECT (x ->> 'delivery_id')::bigint AS delivery_id, (x ->> 'lease_token')::uuid AS lease_token
+        FROM jsonb_array_elements(p_leases) x
+    ), released AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE WHEN q.attempts <= 1 AND q.failure_category IS NULL
+                          THEN 'pending' ELSE 'retrying' END,
+            attempts = q.attempts - 1,
+            next_retry_at = now(),
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            updated_at = now()
+        FROM l
+        WHERE q.delivery_id = l.delivery_id AND q.status = 'delivering'
+          AND q.lease_token = l.lease_token
+        RETURNING q.delivery_id, q.webhook_id, q.attempts + 1 AS attempt, l.lease_token
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, error, worker_id, lease_token)
+        SELECT delivery_id, webhook_id, attempt, 'released', 'released at shutdown; attempt not counted',
+               p_worker_id, lease_token
+        FROM released
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM logged;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.release(text, jsonb) TO webhooks_worker;

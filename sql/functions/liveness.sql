@@ -1,51 +1,11 @@
--- 035_worker_liveness: dead workers found by their database session, not by their lease (issue 18).
---
--- A crashed worker's rows used to wait for their lease (60 s by default), and counted against their
--- endpoints' max_in_flight all that time. Now each worker process registers here on a connection it
--- keeps for its whole life, holding a session-level advisory lock keyed on its worker id (as GoodJob
--- and Que do). When the process dies, PostgreSQL ends the session and drops the lock; every worker
--- runs webhooks.reclaim_lost_workers() twice a second, which reclaims the rows of a registered
--- worker whose lock is gone: attempt counted (as any crash), `lease expired` on the last attempt,
--- one audit row each, exactly as webhooks.reap_expired_leases() treats an expired lease.
---
--- When the lock's absence is trusted:
--- - Only for a registration made in the current lifetime of the postmaster. A PostgreSQL restart
---   drops every lock while the workers are alive; until a worker registers again (after its
---   reconnection), its rows are not taken from it: the lease stays their backstop.
--- - Only after the lock has been missing for a grace (1 s, the default of the argument): a worker
---   whose liveness connection was cut reconnects and registers again well within it, keeping its
---   rows.
--- - A worker that is alive but stuck (SIGSTOP, network partition) still holds its lock: the lease
---   applies to it as before.
--- A new process under an id whose previous process died reclaims that process's rows itself when
--- it registers (it holds the lock, so nobody else does). A second live process under an id that is
--- in use cannot take the lock and is refused.
-
-CREATE TABLE webhooks.worker_liveness (
-    worker_id             text        PRIMARY KEY,
-    -- a random id per process: tells a reconnection of the same process from a new process
-    instance              uuid        NOT NULL,
-    lock_key              bigint      NOT NULL,
-    backend_pid           integer     NOT NULL,
-    -- the PostgreSQL lifetime the registration (and its lock) belongs to
-    postmaster_started_at timestamptz NOT NULL,
-    started_at            timestamptz NOT NULL DEFAULT now(),
-    registered_at         timestamptz NOT NULL DEFAULT now(),
-    -- first seen without its lock; cleared when the worker registers again
-    lost_at               timestamptz
-);
-
-COMMENT ON TABLE webhooks.worker_liveness IS
-    'One row per running worker process; its session holds an advisory lock on lock_key (035).';
-
 -- The advisory lock key of a worker id: the same in every session and every release.
-CREATE FUNCTION webhooks.worker_lock_key(p_worker_id text) RETURNS bigint
+CREATE OR REPLACE FUNCTION webhooks.worker_lock_key(p_worker_id text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
     SELECT hashtextextended('webhook-worker liveness:' || p_worker_id, 0);
 $$;
 
 -- The advisory locks held in this database, as the (high, low) halves of their bigint keys.
-CREATE FUNCTION webhooks.held_advisory_locks() RETURNS TABLE (key_high bigint, key_low bigint)
+CREATE OR REPLACE FUNCTION webhooks.held_advisory_locks() RETURNS TABLE (key_high bigint, key_low bigint)
 LANGUAGE sql STABLE AS $$
     SELECT l.classid::bigint, l.objid::bigint FROM pg_catalog.pg_locks l
     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -55,7 +15,7 @@ $$;
 -- The rows a lost worker held, back to the queue under the rules of reap_expired_leases(): the
 -- attempt stays counted, the last attempt is dead-lettered with reason `lease expired`, and each
 -- row gets an audit row (outcome lease_expired) saying why its lease ended early.
-CREATE FUNCTION webhooks.reclaim_rows_of(p_worker_id text) RETURNS integer
+CREATE OR REPLACE FUNCTION webhooks.reclaim_rows_of(p_worker_id text) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
 AS $$
@@ -110,7 +70,7 @@ $$;
 -- session holds it. A new process under the id reclaims what an earlier, dead process of the same
 -- id left in flight (`reclaimed`); the same process registering again after a lost connection or
 -- a PostgreSQL restart keeps its rows.
-CREATE FUNCTION webhooks.register_worker(p_worker_id text, p_instance uuid)
+CREATE OR REPLACE FUNCTION webhooks.register_worker(p_worker_id text, p_instance uuid)
 RETURNS TABLE (registered boolean, holder_pid integer, holder_since timestamptz, reclaimed integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -147,12 +107,13 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.register_worker(text, uuid) TO webhooks_worker;
 
 -- Called by every worker twice a second on its liveness connection. Marks registrations whose
 -- lock is gone; reclaims the rows of those missing it for longer than the grace (only those
 -- registered in this PostgreSQL lifetime, see the header); forgets registrations that nothing
 -- depends on any more. Returns how many rows were reclaimed. Concurrent callers skip each other.
-CREATE FUNCTION webhooks.reclaim_lost_workers(p_grace_seconds double precision DEFAULT 1.0)
+CREATE OR REPLACE FUNCTION webhooks.reclaim_lost_workers(p_grace_seconds double precision DEFAULT 1.0)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -190,9 +151,4 @@ BEGIN
     RETURN v_total;
 END;
 $$;
-
-GRANT EXECUTE ON FUNCTION
-    webhooks.register_worker(text, uuid),
-    webhooks.reclaim_lost_workers(double precision)
-TO webhooks_worker;
-GRANT SELECT ON webhooks.worker_liveness TO webhooks_reader;
+GRANT EXECUTE ON FUNCTION webhooks.reclaim_lost_workers(double precision) TO webhooks_worker;
