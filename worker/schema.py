@@ -133,6 +133,9 @@ def migrate(conninfo: str) -> list[str]:
                 with conn.transaction():
                     _apply_definitions(conn, definitions)
                 applied.extend(f"functions/{d.name}" for d in definitions)
+            # PostgreSQL grants EXECUTE to PUBLIC on every new function, wherever it came from:
+            # nothing in the schema is callable by everyone.
+            conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC")
             conn.execute("SELECT webhooks.ensure_log_partitions()")
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
@@ -236,7 +239,7 @@ def _apply_definitions(conn: psycopg.Connection, definitions: list[Definitions])
             " WHERE c.relnamespace = 'webhooks'::regnamespace AND c.relkind = 'v'"
             "   AND r.xmin::text::bigint <> (pg_current_xact_id()::text::bigint & 4294967295)").fetchall():
         conn.execute(f"DROP VIEW {view}")
-    # PostgreSQL grants EXECUTE to PUBLIC on every new function: nothing is callable by everyone.
+    # PostgreSQL grants EXECUTE to PUBLIC on every new function: revoked before this commits.
     conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC")
     conn.execute("DELETE FROM webhooks.schema_definitions")
     for definition in definitions:
