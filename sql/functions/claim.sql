@@ -1,53 +1,90 @@
-CREATE OR REPLACE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
-LANGUAGE plpgsql
-SET jit = off
--- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
-SET plan_cache_mode = auto
-AS $$
+-- Rows a claim may take once they are due: waiting (pending or retrying) and, with an ordering key,
+-- the first unfinished row of their key (earlier rows of the key, in flight included, go first).
+-- Claimable now is a row of this view with next_retry_at <= now(). acquire(), next_due_in() and the
+-- held_back view all read it here, so they cannot disagree (two copies that did once made idle
+-- workers wake to claim twenty times a second). A view, not a function: the planner inlines it into
+-- each query and keeps using the partial indexes; a function called per row was never inlined and
+-- cost more than the rest of the claim's scan.
+CREATE OR REPLACE VIEW webhooks.claimable AS
+SELECT q.delivery_id, q.webhook_id, q.priority, q.next_retry_at
+FROM webhooks.alert_delivery_queue q
+WHERE q.status IN ('pending', 'retrying')
+  AND (q.ordering_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM webhooks.alert_delivery_queue o
+      WHERE o.webhook_id = q.webhook_id AND o.ordering_key = q.ordering_key
+        AND o.delivery_id < q.delivery_id
+        AND o.status IN ('pending', 'retrying', 'delivering')));
+
+-- Ends the leases of the given rows that are still in flight (the caller holds their locks): each
+-- goes back to `retrying`, due now, with its attempt still counted (the request may have been
+-- sent), or to `dead_letter` with reason `lease expired` if that was its last attempt; each gets an
+-- audit row (outcome lease_expired) with the worker and lease it had. p_cause says why the lease
+-- ended early, if it did (in last_error; p_logged_cause in the audit row). The one rule for expired
+-- leases (reap_expired_leases) and lost workers (reclaim_rows_of, liveness.sql).
+CREATE OR REPLACE FUNCTION webhooks.end_leases(p_delivery_ids bigint[], p_cause text DEFAULT NULL,
+                                               p_logged_cause text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql AS $$
 DECLARE
     v_count integer;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue
-                   WHERE status = 'delivering' AND locked_until < now()) THEN
-        RETURN 0;
-    END IF;
     WITH cfg AS (
         SELECT max_attempts FROM webhooks.delivery_config
-    ), expired AS (
+    ), ended AS (
         SELECT q.delivery_id, q.lease_token, q.locked_by,
                q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts) AS exhausted
         FROM webhooks.alert_delivery_queue q
         JOIN webhooks.endpoints e ON e.id = q.webhook_id
         CROSS JOIN cfg
-        WHERE q.status = 'delivering' AND q.locked_until < now()
-        ORDER BY q.locked_until
-        LIMIT p_limit
-        FOR UPDATE OF q SKIP LOCKED
-    ), reaped AS (
+        WHERE q.delivery_id = ANY (p_delivery_ids) AND q.status = 'delivering'
+    ), returned AS (
         UPDATE webhooks.alert_delivery_queue q
         SET status = CASE WHEN x.exhausted THEN 'dead_letter' ELSE 'retrying' END,
             next_retry_at = now(),
             locked_by = NULL, lease_token = NULL, locked_until = NULL,
             failure_category = 'internal',
-            last_error = 'lease expired',
+            last_error = concat_ws(': ', 'lease expired', p_cause),
             dead_letter_reason = CASE WHEN x.exhausted THEN 'lease expired' END,
             dead_lettered_at = CASE WHEN x.exhausted THEN now() END,
             updated_at = now()
-        FROM expired x
+        FROM ended x
         WHERE q.delivery_id = x.delivery_id
         RETURNING q.delivery_id, q.webhook_id, q.attempts, q.status, x.lease_token, x.locked_by
     ), logged AS (
         INSERT INTO webhooks.alert_delivery_log
             (delivery_id, webhook_id, attempt, outcome, failure_category, error, worker_id, lease_token)
         SELECT delivery_id, webhook_id, attempts, 'lease_expired', 'internal',
-               CASE WHEN status = 'dead_letter' THEN 'lease expired on the last attempt'
-                    ELSE 'lease expired' END,
+               concat_ws(': ', CASE WHEN status = 'dead_letter' THEN 'lease expired on the last attempt'
+                                    ELSE 'lease expired' END,
+                         p_logged_cause),
                locked_by, lease_token
-        FROM reaped
+        FROM returned
         RETURNING 1
     )
     SELECT count(*)::integer INTO v_count FROM logged;
     RETURN v_count;
+END;
+$$;
+
+-- Rows whose lease ran out (their worker crashed, stalled or was cut off) go back to the queue, at
+-- most p_limit per call, oldest lease first. Every claim calls this first, so it asks the (small)
+-- partial index of leased rows whether there is anything to do before doing it.
+CREATE OR REPLACE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+-- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+SET plan_cache_mode = auto
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue
+                   WHERE status = 'delivering' AND locked_until < now()) THEN
+        RETURN 0;
+    END IF;
+    RETURN webhooks.end_leases(ARRAY(
+        SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+        WHERE q.status = 'delivering' AND q.locked_until < now()
+        ORDER BY q.locked_until
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED));
 END;
 $$;
 
@@ -150,9 +187,8 @@ BEGIN
           AND (h.paused_until IS NULL OR h.paused_until <= now())
           AND h.circuit_state <> 'forced_open'
           AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
-          AND EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue q
-                      WHERE q.webhook_id = h.webhook_id AND q.status IN ('pending', 'retrying')
-                        AND q.next_retry_at <= now())
+          AND EXISTS (SELECT 1 FROM webhooks.claimable q
+                      WHERE q.webhook_id = h.webhook_id AND q.next_retry_at <= now())
         -- least recently served first, and a bounded number: a claim never locks every endpoint
         ORDER BY h.last_claimed_at NULLS FIRST, h.webhook_id
         LIMIT p_batch_size
@@ -218,16 +254,8 @@ BEGIN
         FROM quota qt
         CROSS JOIN LATERAL (
             SELECT q.delivery_id, q.priority, q.next_retry_at
-            FROM webhooks.alert_delivery_queue q
-            WHERE q.webhook_id = qt.webhook_id AND q.status IN ('pending', 'retrying')
-              AND q.next_retry_at <= now()
-              -- webhooks.is_head_of_key(), written out: a SQL function with a subquery is never
-              -- inlined, and calling it for every row cost more than the rest of the claim's scan.
-              AND (q.ordering_key IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM webhooks.alert_delivery_queue o
-                  WHERE o.webhook_id = q.webhook_id AND o.ordering_key = q.ordering_key
-                    AND o.delivery_id < q.delivery_id
-                    AND o.status IN ('pending', 'retrying', 'delivering')))
+            FROM webhooks.claimable q
+            WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
             LIMIT qt.quota
         ) r
@@ -317,13 +345,8 @@ BEGIN
                             AS rate) r
         CROSS JOIN LATERAL (
             SELECT min(q.next_retry_at) AS at
-            FROM webhooks.alert_delivery_queue q
-            WHERE q.webhook_id = h.webhook_id AND q.status IN ('pending', 'retrying')
-              AND (q.ordering_key IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM webhooks.alert_delivery_queue o
-                  WHERE o.webhook_id = q.webhook_id AND o.ordering_key = q.ordering_key
-                    AND o.delivery_id < q.delivery_id
-                    AND o.status IN ('pending', 'retrying', 'delivering')))
+            FROM webhooks.claimable q
+            WHERE q.webhook_id = h.webhook_id
         ) due
         CROSS JOIN LATERAL (
             SELECT count(*) AS flying FROM webhooks.alert_delivery_queue d

@@ -12,9 +12,8 @@ LANGUAGE sql STABLE AS $$
       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database());
 $$;
 
--- The rows a lost worker held, back to the queue under the rules of reap_expired_leases(): the
--- attempt stays counted, the last attempt is dead-lettered with reason `lease expired`, and each
--- row gets an audit row (outcome lease_expired) saying why its lease ended early.
+-- The rows a lost worker held, back to the queue under the rules of an expired lease (end_leases(),
+-- claim.sql), saying that the lease ended early because its worker was lost; idle workers are woken.
 CREATE OR REPLACE FUNCTION webhooks.reclaim_rows_of(p_worker_id text) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
@@ -22,41 +21,11 @@ AS $$
 DECLARE
     v_count integer;
 BEGIN
-    WITH cfg AS (
-        SELECT max_attempts FROM webhooks.delivery_config
-    ), lost AS (
-        SELECT q.delivery_id, q.lease_token, q.locked_by,
-               q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts) AS exhausted
-        FROM webhooks.alert_delivery_queue q
-        JOIN webhooks.endpoints e ON e.id = q.webhook_id
-        CROSS JOIN cfg
-        WHERE q.status = 'delivering' AND q.locked_by = p_worker_id
-        FOR UPDATE OF q SKIP LOCKED
-    ), reclaimed AS (
-        UPDATE webhooks.alert_delivery_queue q
-        SET status = CASE WHEN x.exhausted THEN 'dead_letter' ELSE 'retrying' END,
-            next_retry_at = now(),
-            locked_by = NULL, lease_token = NULL, locked_until = NULL,
-            failure_category = 'internal',
-            last_error = 'lease expired: its worker was lost',
-            dead_letter_reason = CASE WHEN x.exhausted THEN 'lease expired' END,
-            dead_lettered_at = CASE WHEN x.exhausted THEN now() END,
-            updated_at = now()
-        FROM lost x
-        WHERE q.delivery_id = x.delivery_id
-        RETURNING q.delivery_id, q.webhook_id, q.attempts, q.status, x.lease_token, x.locked_by
-    ), logged AS (
-        INSERT INTO webhooks.alert_delivery_log
-            (delivery_id, webhook_id, attempt, outcome, failure_category, error, worker_id, lease_token)
-        SELECT delivery_id, webhook_id, attempts, 'lease_expired', 'internal',
-               CASE WHEN status = 'dead_letter'
-                    THEN 'lease expired on the last attempt: its worker was lost (database session ended)'
-                    ELSE 'lease expired: its worker was lost (database session ended)' END,
-               locked_by, lease_token
-        FROM reclaimed
-        RETURNING 1
-    )
-    SELECT count(*)::integer INTO v_count FROM logged;
+    v_count := webhooks.end_leases(
+        ARRAY(SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+              WHERE q.status = 'delivering' AND q.locked_by = p_worker_id
+              FOR UPDATE SKIP LOCKED),
+        'its worker was lost', 'its worker was lost (database session ended)');
     IF v_count > 0 THEN
         -- the rows are due now: wake idle workers rather than let them sleep out their poll
         PERFORM pg_notify('webhooks_queue', '');

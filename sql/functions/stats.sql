@@ -28,8 +28,8 @@ FROM webhooks.endpoints e
 JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
 CROSS JOIN webhooks.delivery_config c
 CROSS JOIN LATERAL (
-    SELECT count(*) AS rows FROM webhooks.alert_delivery_queue q
-    WHERE q.webhook_id = e.id AND q.status IN ('pending', 'retrying') AND q.next_retry_at <= now()
+    SELECT count(*) AS rows FROM webhooks.claimable q
+    WHERE q.webhook_id = e.id AND q.next_retry_at <= now()
 ) due
 WHERE due.rows > 0;
 GRANT SELECT ON webhooks.held_back TO webhooks_reader;

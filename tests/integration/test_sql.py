@@ -421,7 +421,50 @@ def test_next_due_in_counts_a_lease_that_will_expire(db):
     assert 30 < next_due_in(db) <= 40
 
 
-# The functions 022_roles (and 020, the insert trigger) made SECURITY DEFINER with a fixed search_path.
+def held_back(dsn):
+    return query(dsn, "SELECT webhook_id, reason, rows FROM webhooks.held_back ORDER BY webhook_id")
+
+
+def test_a_row_behind_its_ordering_key_is_claimable_nowhere_and_held_back_by_nothing(db):
+    # acquire(), next_due_in() and held_back read one definition of "claimable now" (issue 19)
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [head] = enqueue(db, endpoint)
+    [behind] = enqueue(db, endpoint)
+    set_ordering_key(db, [head, behind], "order-1")
+    assert [c[0] for c in acquire(db, "w", batch=10)] == [head]
+    # `behind` is due, but not claimable while `head` is in flight: nothing is due but the lease
+    assert 20 < next_due_in(db) <= 30
+    assert acquire(db, "w", batch=10) == []
+    assert held_back(db) == []
+
+
+def test_expired_leases_and_a_lost_worker_s_rows_come_back_by_the_same_rule_with_their_cause(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_attempts=2)
+    expired, lost, lost_last = enqueue(db, endpoint, count=3)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET attempts = 1 WHERE delivery_id = %s RETURNING 1",
+          (lost_last,))
+    acquire(db, "gone", batch=3)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET locked_by = 'w',"
+              " locked_until = now() - interval '1 s' WHERE delivery_id = %s RETURNING 1", (expired,))
+    assert query(db, "SELECT webhooks.reap_expired_leases()") == [(1,)]
+    assert query(db, "SELECT webhooks.reclaim_rows_of('gone')") == [(2,)]
+    rows = query(db, "SELECT delivery_id, status, attempts, last_error, dead_letter_reason, failure_category,"
+                     " locked_by, lease_token FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
+    assert rows == [
+        (expired, "retrying", 1, "lease expired", None, "internal", None, None),
+        (lost, "retrying", 1, "lease expired: its worker was lost", None, "internal", None, None),
+        (lost_last, "dead_letter", 2, "lease expired: its worker was lost", "lease expired", "internal",
+         None, None)]
+    log = query(db, "SELECT delivery_id, attempt, outcome, error, worker_id, lease_token IS NOT NULL"
+                    " FROM webhooks.alert_delivery_log ORDER BY delivery_id")
+    assert log == [
+        (expired, 1, "lease_expired", "lease expired", "w", True),
+        (lost, 1, "lease_expired", "lease expired: its worker was lost (database session ended)", "gone",
+         True),
+        (lost_last, 2, "lease_expired",
+         "lease expired on the last attempt: its worker was lost (database session ended)", "gone", True)]
+
+
 def test_functions_granted_to_a_role_run_as_the_owner_with_a_fixed_search_path(db):
     # A role without table privileges reaches the tables only through SECURITY DEFINER functions,
     # and each of those fixes its search_path so that a caller cannot substitute objects of its own.
