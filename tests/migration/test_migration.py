@@ -98,3 +98,38 @@ def test_a_worker_finishes_the_rows_that_were_in_flight_and_waiting(old_db, rece
     spawn(old_db, keys=FIXTURE_KEYS)
     eventually(lambda: set(statuses(old_db, in_flight + waiting).values()) == {"delivered"}, timeout=60,
                message="every row in flight or due delivered")
+
+
+def test_the_migrations_alone_define_no_function_view_or_trigger_but_what_a_constraint_calls(fresh_db):
+    # functions, views, triggers and grants belong in sql/functions/, each defined once
+    dsn = fresh_db(False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA webhooks")
+        for migration in schema.load_migrations():
+            conn.execute(migration.sql.encode())
+    defined = query(dsn, """
+        SELECT 'function ' || p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = 'webhooks'::regnamespace
+          AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refobjid = p.oid
+                            AND d.classid = 'pg_constraint'::regclass)
+        UNION ALL
+        SELECT 'view ' || c.oid::regclass FROM pg_class c
+        WHERE c.relnamespace = 'webhooks'::regnamespace AND c.relkind = 'v'
+        UNION ALL
+        SELECT 'trigger ' || t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE c.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal""")
+    assert defined == []
+
+
+def test_an_applied_migration_whose_file_changed_is_refused_naming_the_file(db):
+    query(db, "UPDATE webhooks.schema_migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(schema.MigrationError, match=r"sql/migrations/001_baseline\.sql changed after it was"):
+        schema.migrate(db)
+
+
+def test_a_database_of_the_old_layout_at_another_version_is_refused(old_db):
+    query(old_db, "DELETE FROM webhooks.schema_migrations WHERE version > 32")
+    before = contents(old_db)
+    with pytest.raises(schema.MigrationError, match=r"at version 32 \(circuit_and_categories\)"):
+        schema.migrate(old_db)
+    assert contents(old_db) == before
