@@ -1,3 +1,28 @@
+-- claim: taking due rows to send, and giving back what was not sent. Short transactions, never held
+-- across HTTP.
+--
+-- webhooks.acquire(worker, batch, lease), the claim:
+-- 1. Rows whose lease expired (a crashed or stalled worker) become claimable again or, if the lost
+--    attempt was their last, dead letters with reason 'lease expired'; rows past their expires_at
+--    become dead letters ('expired').
+-- 2. The endpoints that may send now are locked with SKIP LOCKED, at most p_batch_size of them,
+--    least recently looked at first: active, not paused by Retry-After, circuit not open (an open
+--    circuit whose sleep is over turns half-open here), with claimable rows. Locking the endpoint's
+--    state row is what makes its limits hold across the fleet: no two claims for one endpoint run
+--    at once, and none ever waits for another.
+-- 3. In a new statement (so it sees every claim committed before the lock), each endpoint gets a
+--    quota: the least of its free concurrency (max_in_flight minus rows in flight), its rate
+--    tokens, its remaining half-open probes, and the batch size. Each endpoint's claimable rows are
+--    taken in priority, then due-time order, up to its quota. The batch is filled by priority, then
+--    round-robin across endpoints, so a large backlog on one endpoint never starves the others.
+--    Rows of a limited endpoint are not touched: they wait in the table.
+-- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
+--    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
+--    rate tokens are debited.
+-- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
+-- lease expires. webhooks.release(): rows claimed but not sent at shutdown go back with their
+-- attempt given back.
+
 -- Rows a claim may take once they are due: waiting (pending or retrying) and, with an ordering key,
 -- the first unfinished row of their key (earlier rows of the key, in flight included, go first).
 -- Claimable now is a row of this view with next_retry_at <= now(). acquire(), next_due_in() and the
@@ -165,7 +190,7 @@ AS $$
 DECLARE
     v_endpoints bigint[];
 BEGIN
-    -- Bounds (031): a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
+    -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
     -- of more rows than any worker can hold only locks them.
     IF p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'acquire: p_batch_size must be between 1 and 10000, not %', p_batch_size

@@ -1,3 +1,16 @@
+-- endpoints: registering, changing, disabling and enabling endpoints; their circuit by hand; their
+-- sealed credentials; the operational events their state changes publish.
+--
+-- The worker side computes url_display and seals the credentials (URL, signing secrets, secret
+-- settings, header values) with a key PostgreSQL never sees; these functions only validate and
+-- store. endpoint_summary is what may be shown. Rotation keeps the old secrets signing until the
+-- time the operator sets, so receivers can switch keys without downtime. Every state change is
+-- recorded in endpoint_events with who or what decided it and why, and published as an
+-- operational event ('webhook.endpoint.*', 'webhook.circuit.*') to the endpoints that subscribe to
+-- its type explicitly ('*' does not include them), never to the endpoint it is about, so an event
+-- cannot loop back to its cause. Disabled endpoints' rows wait; once a row's retry window has
+-- passed it becomes a dead letter (reason 'endpoint disabled') that can be replayed.
+
 -- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
 CREATE OR REPLACE FUNCTION webhooks.create_health_row() RETURNS trigger
 LANGUAGE plpgsql AS $$

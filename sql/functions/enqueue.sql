@@ -1,6 +1,23 @@
+-- enqueue: the ways in. A plain INSERT into webhooks.alert_delivery_queue, webhooks.enqueue() (the
+-- idempotent way for producers that may retry), webhooks.publish() (one event, one delivery per
+-- subscribed endpoint), and webhooks.observer_queue_alert(), the trigger an application attaches to
+-- its own table:
+--   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts FOR EACH ROW
+--       EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
+-- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
+-- holding a stable event key; the payload is the row as JSON).
+--
+-- Every way passes through the queue's insert triggers: fill_idempotency_key() bounds the payload,
+-- metadata and source_ref and defaults the key to the event id; refuse_reserved_event_type() keeps
+-- 'webhook.*' for the worker's own events; notify_workers() sends one NOTIFY per statement (not per
+-- row), switchable off in delivery_config for very high insert rates. A duplicate key neither
+-- raises nor aborts the producer's transaction (ON CONFLICT DO NOTHING). Every delivery of one
+-- event shares its event id, which is also each delivery's idempotency key; given a stable event
+-- key, the event id is derived from it, so a producer that retries publishes nothing twice.
+
 CREATE OR REPLACE FUNCTION webhooks.fill_idempotency_key() RETURNS trigger
 LANGUAGE plpgsql
--- Runs for producers that may not read endpoints or the config (see 022_roles).
+-- Runs for producers that may not read endpoints or the config (see roles.sql).
 SECURITY DEFINER SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
@@ -16,7 +33,7 @@ BEGIN
                   HINT = 'Send a smaller payload (for example an id the receiver looks up), or raise '
                          'webhooks.delivery_config.max_payload_bytes.';
     END IF;
-    -- Fixed limits (031): neither is sent to the receiver, and neither needs to be large.
+    -- Fixed limits: neither is sent to the receiver, and neither needs to be large.
     v_size := octet_length(NEW.metadata::text);
     IF v_size > 65536 THEN
         RAISE EXCEPTION 'webhook metadata is % bytes; the limit is 65536 bytes', v_size
@@ -100,7 +117,7 @@ CREATE OR REPLACE FUNCTION webhooks.enqueue(
     p_expires_at      timestamptz DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql
--- SECURITY INVOKER (031): the insert trigger must see the caller. The search_path stays fixed.
+-- SECURITY INVOKER: the insert trigger must see the caller. The search_path stays fixed.
 SET search_path = pg_catalog, webhooks, pg_temp
 -- Short OLTP statements: JIT compilation would cost far more than it saves.
 SET jit = off

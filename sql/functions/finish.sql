@@ -1,3 +1,24 @@
+-- finish: webhooks.finish(), the outcome write for a batch of attempts, in one transaction, and the
+-- endpoint state it updates (health, the circuit breaker, pauses, disabling).
+--
+-- p_outcomes is a JSON array, one object per attempt (webhooks.attempt_outcome names the fields).
+-- The worker decides what an HTTP result means (classification and backoff are pure Python); this
+-- function applies it under the fencing rule: a row changes only if it is still held under the
+-- same lease token. A late outcome (its lease was taken over) leaves the row alone but is still
+-- logged, marked stale, so the history is complete. Whether attempts are exhausted is decided here,
+-- from the row, the endpoint and webhooks.delivery_config. A deferral (Retry-After on 429/503) gives
+-- the attempt back, up to max_deferrals; past that it counts as an attempt, and it pauses the whole
+-- endpoint until then. An attempt refused by the worker's destination rules ('blocked') or cut off
+-- by its shutdown ('interrupted') leaves the endpoint's health and circuit alone: the receiver said
+-- nothing. Endpoint state is then updated once per endpoint, in endpoint-id order, so concurrent
+-- batches never deadlock.
+--
+-- The circuit counts availability failures only (5xx, 408, 429, timeouts, connection, DNS, TLS):
+-- it opens when at least failure_ratio of the attempts in the last window_seconds failed, with at
+-- least min_attempts of them; while open nothing is claimed; after sleep_seconds up to `probes`
+-- requests go through (half-open); at least probe_success_ratio of them succeeding closes it,
+-- otherwise it reopens with the sleep doubled, up to max_sleep_seconds.
+
 CREATE OR REPLACE FUNCTION webhooks.availability_failure(p_failure_category text, p_http_status integer)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
@@ -286,7 +307,7 @@ BEGIN
     ), per_outcome AS (
         SELECT t.*,
                -- A deferral (429 or 503 with Retry-After) is back-pressure from a receiver that
-               -- answered: the pause below holds its rows, the circuit must not open on it (032).
+               -- answered: the pause below holds its rows, the circuit must not open on it.
                t.outcome NOT IN ('delivered', 'deferred')
                    AND webhooks.availability_failure(t.failure_category, t.http_status) AS unavailable,
                t.ord > coalesce(max(t.ord) FILTER (WHERE t.outcome = 'delivered')

@@ -1,3 +1,16 @@
+-- liveness: dead workers found by their database session, not by their lease.
+--
+-- Each worker process registers here on a connection it keeps for its whole life, holding a
+-- session-level advisory lock keyed on its worker id. When the process dies, PostgreSQL ends the
+-- session and drops the lock; every worker runs reclaim_lost_workers() twice a second, which
+-- reclaims the rows of a registered worker whose lock is gone, exactly as an expired lease is
+-- (end_leases(), claim.sql). The lock's absence is trusted only for a registration made in the
+-- current lifetime of the postmaster (a restart drops every lock while the workers live on), and
+-- only after it has been missing for a grace (a worker whose liveness connection was cut registers
+-- again well within it). A worker alive but stuck still holds its lock: the lease applies to it.
+-- A new process under an id whose previous process died reclaims that process's rows when it
+-- registers; a second live process under an id in use cannot take the lock and is refused.
+
 -- The advisory lock key of a worker id: the same in every session and every release.
 CREATE OR REPLACE FUNCTION webhooks.worker_lock_key(p_worker_id text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$

@@ -1,3 +1,14 @@
+-- replay: putting finished deliveries back in the queue, and answering "what happened to this
+-- delivery?" from psql:
+--   SELECT * FROM webhooks.delivery(42);                      -- the row, with its endpoint's name
+--   SELECT * FROM webhooks.delivery_by_key('alert-42');       -- every endpoint's delivery of a key
+--   SELECT * FROM webhooks.delivery_history(42);              -- every attempt and state change
+--
+-- A replay is the same row, sent again: status back to 'pending', attempts and deferrals reset,
+-- `replays` incremented, the same idempotency key (so a receiver that already processed it can
+-- deduplicate). The audit log keeps every earlier attempt and records the replay. An operator who
+-- wants a new event enqueues a new one.
+
 CREATE OR REPLACE FUNCTION webhooks.replay_rows(p_delivery_ids bigint[]) RETURNS integer
 LANGUAGE sql
 SET jit = off

@@ -1,3 +1,11 @@
+-- retention: removing what is no longer needed, in bounded batches, one worker at a time.
+--
+-- Delivered rows leave after delivered_retention (7 days): the idempotency key stays unique for as
+-- long as its row is kept. Audit log partitions wholly older than log_retention (30 days) are
+-- dropped, not deleted from; rows of that age in the default partition are deleted in batches.
+-- Dead letters stay until replayed or purged by an operator (webhooks.purge_dead_letters).
+-- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
+
 CREATE OR REPLACE FUNCTION webhooks.ensure_log_partitions(days_ahead integer DEFAULT 7) RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -8,7 +16,7 @@ DECLARE
     part text;
     created integer := 0;
 BEGIN
-    -- Bound (031): each partition is a table; a month ahead is more than any caller needs.
+    -- Bound: each partition is a table; a month ahead is more than any caller needs.
     IF days_ahead IS NULL OR days_ahead NOT BETWEEN 0 AND 31 THEN
         RAISE EXCEPTION 'ensure_log_partitions: days_ahead must be between 0 and 31, not %', days_ahead
             USING ERRCODE = 'invalid_parameter_value';

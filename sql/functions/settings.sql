@@ -1,4 +1,7 @@
--- What the worker reads, as functions (it has no table privileges).
+-- settings: what a worker reads besides its rows, as functions (it has no table privileges): the
+-- fleet-wide delivery settings and the schema version (the highest migration applied), which a
+-- worker checks against the range it supports before it claims and in /ready.
+
 CREATE OR REPLACE FUNCTION webhooks.worker_settings()
 RETURNS TABLE (max_attempts integer, timeout_ms integer, lease_seconds integer, claim_batch_size integer,
                finish_batch_size integer, notify_enabled boolean)

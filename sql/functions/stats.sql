@@ -1,3 +1,11 @@
+-- stats: queue statistics for metrics and people, computed by one worker at a time.
+--
+-- webhooks.queue_stats() counts only for the first caller in each interval (stats_sample records
+-- when the fleet last sampled), so with N workers offering every 15 s the database counts about
+-- once per 15 s, not N times; the others get NULL and keep their last sample. Aggregate the
+-- sampled gauges across pods with max(). webhooks.queue_statistics is the same numbers, for psql;
+-- webhooks.held_back, the claimable rows a claim leaves in the table on purpose, and why.
+
 CREATE OR REPLACE VIEW webhooks.queue_statistics AS
 SELECT s.status, coalesce(c.deliveries, 0) AS deliveries, c.oldest_due_age_seconds
 FROM unnest(ARRAY['pending', 'delivering', 'retrying', 'delivered', 'dead_letter']) AS s(status)
