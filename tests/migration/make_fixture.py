@@ -1,20 +1,20 @@
-"""Regenerate the old-layout fixture: the old migrations of a git revision, rows in every state, dumped.
+"""Regenerate a migration fixture: a database migrated by a git revision, rows in every state, dumped.
 
     python -m tests.migration.make_fixture REVISION tests/migration/fixtures/schema_v35.sql
 
-REVISION is the last commit of the old layout (sql/NNN_name.sql at the top of sql/). The database is
-migrated exactly as that layout's `webhook-worker migrate` did (each file once, in order, its checksum
-recorded; then PUBLIC's EXECUTE revoked and the log partitions made), filled through the schema's own
-functions, and dumped with pg_dump (schema and data, no owner: the test restores it as its own user).
+The database is migrated by that revision's own `webhook-worker migrate` (its worker/ and sql/,
+taken with `git archive`), filled through the schema's functions, and dumped with pg_dump (schema and
+data, no owner: the test restores it as its own user). schema_v35.sql was made from 7659895, the
+last commit of the numbered layout before the baseline.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -28,38 +28,21 @@ from worker.queue import EndpointSpec, register_endpoint
 # A key for this fixture only (it seals the fixture endpoints' URL and secrets): the migration test
 # gives it to the worker that finishes the fixture's rows. It protects nothing else.
 FIXTURE_KEYS = "2pJaEmHHSPPq9aIYzMFfcd+LYBHIgr3Tc8IdvkzZcEE="
-_OLD_NAME = re.compile(r"^sql/(\d{3})_([a-z0-9_]+)\.sql$")
 
 
-def old_migrations(revision: str) -> list[tuple[int, str, str]]:
-    names = subprocess.run(["git", "ls-tree", "--name-only", revision, "sql/"], check=True,
-                           capture_output=True, text=True).stdout.split()
-    found = []
-    for name in sorted(names):
-        match = _OLD_NAME.match(name)
-        if match:
-            text = subprocess.run(["git", "show", f"{revision}:{name}"], check=True,
-                                  capture_output=True, text=True).stdout
-            found.append((int(match[1]), match[2], text))
-    return found
-
-
-def migrate_old_layout(url: str, migrations: list[tuple[int, str, str]]) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE SCHEMA webhooks")
-        conn.execute("""CREATE TABLE webhooks.schema_migrations (
-                            version    integer     PRIMARY KEY,
-                            name       text        NOT NULL,
-                            checksum   text        NOT NULL,
-                            applied_at timestamptz NOT NULL DEFAULT now())""")
-        for version, name, text in migrations:
-            with conn.transaction():
-                conn.execute(text.encode())
-                conn.execute("INSERT INTO webhooks.schema_migrations (version, name, checksum)"
-                             " VALUES (%s, %s, %s)",
-                             (version, name, hashlib.sha256(text.encode()).hexdigest()))
-        conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC")
-        conn.execute("SELECT webhooks.ensure_log_partitions()")
+def migrate_as_of(revision: str, url: str) -> int:
+    """Migrate with the revision's own code; returns the schema version it reached."""
+    with tempfile.TemporaryDirectory(prefix="webhook-worker-rev-") as checkout:
+        archive = subprocess.run(["git", "archive", revision, "worker", "sql"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", checkout], input=archive, check=True)
+        env = {**os.environ, "PYTHONPATH": checkout}
+        program = "import sys; from worker import schema; schema.migrate(sys.argv[1])"
+        subprocess.run([sys.executable, "-c", program, url], check=True, cwd=checkout, env=env)
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT max(version) FROM webhooks.schema_migrations").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def claim(conn: psycopg.Connection, worker: str, batch: int) -> list[tuple[int, str, int]]:
@@ -122,18 +105,17 @@ def fill(url: str) -> None:
 
 
 def main(revision: str, output: Path) -> None:
-    migrations = old_migrations(revision)
     with LocalPostgres() as local:
         with psycopg.connect(local.url, autocommit=True) as conn:
             conn.execute("CREATE DATABASE fixture")
-        url = local.url.replace("dbname=postgres", "dbname=fixture")
-        migrate_old_layout(url, migrations)
+        url = local.url.rsplit("/", 1)[0] + "/fixture"
+        version = migrate_as_of(revision, url)
         fill(url)
         dump = subprocess.run([_find_binary("pg_dump"), "--no-owner", "--schema=webhooks", url],
                               check=True, capture_output=True, text=True).stdout
-    header = (f"-- The old layout's schema at version {migrations[-1][0]} with rows in every state, for the\n"
-              f"-- migration test. Made by `python -m tests.migration.make_fixture {revision}` (migrations\n"
-              "-- of that revision, rows through the schema's functions, pg_dump --no-owner); do not edit.\n")
+    header = (f"-- The schema at version {version} with rows in every state, for the migration test.\n"
+              f"-- Made by `python -m tests.migration.make_fixture {revision}` (that revision's migrate,\n"
+              "-- rows through the schema's functions, pg_dump --no-owner); do not edit.\n")
     output.write_text(header + dump, encoding="utf-8")
 
 
