@@ -197,34 +197,32 @@ def _definitions_changed(conn: psycopg.Connection, definitions: list[Definitions
     return recorded != {d.name: d.checksum for d in definitions}
 
 
+# Written by this transaction itself (not by one of its savepoints): a catalog row's xmin is then
+# the transaction's own id.
+_WRITTEN_HERE = "{alias}.xmin::text::bigint = (pg_current_xact_id()::text::bigint & 4294967295)"
+# Something other than a function of ours needs it: a CHECK constraint (valid_retry_schedule(), part
+# of the tables), a trigger (ours, or an application's on observer_queue_alert()), a view.
+_NEEDED = ("EXISTS (SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_proc'::regclass"
+           " AND d.refobjid = p.oid AND d.classid <> 'pg_proc'::regclass)")
+
+
 def _apply_definitions(conn: psycopg.Connection, definitions: list[Definitions]) -> None:
     """In the caller's transaction: every function, view, trigger and grant of the schema as the
     files define them now, and nothing else."""
-    # Triggers on our tables are recreated by the files; their functions can then be dropped.
-    for (statement,) in conn.execute(
-            "SELECT format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass) FROM pg_trigger t"
-            " JOIN pg_class c ON c.oid = t.tgrelid"
-            " WHERE c.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal").fetchall():
-        conn.execute(statement)
-    # Functions are dropped and made again: a function no longer in the files is gone, and no
-    # setting or grant survives that the files do not state. Kept (and replaced in place) are those
-    # something else needs: a CHECK constraint (valid_retry_schedule(), part of the tables), or an
-    # application's trigger on its own table (observer_queue_alert()).
-    dropped = [row[0] for row in conn.execute(
-        """SELECT p.oid::regprocedure::text FROM pg_proc p
-           WHERE p.pronamespace = 'webhooks'::regnamespace
-             AND NOT EXISTS (SELECT 1 FROM pg_depend d
-                             WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid
-                               AND (d.classid <> 'pg_proc'::regclass OR d.deptype = 'e'))
-             AND NOT EXISTS (SELECT 1 FROM pg_depend d
-                             WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')"""
-    ).fetchall()]
-    if dropped:
-        conn.execute(f"DROP FUNCTION {', '.join(dropped)}")
-    # Privileges: only what the files grant (the owner's own are untouched).
-    for kind in ("TABLES", "SEQUENCES", "FUNCTIONS"):
-        conn.execute(f"REVOKE ALL ON ALL {kind} IN SCHEMA webhooks FROM {_ROLES}")
-    conn.execute(f"REVOKE ALL ON SCHEMA webhooks FROM {_ROLES}")
+    # Functions nothing else needs are dropped and made again: a changed signature or result type
+    # needs nothing more than the edit, and no setting survives that the files do not state. The
+    # others are replaced in place; those no file defines any more are dropped below.
+    droppable = [row[0] for row in conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        f" WHERE p.pronamespace = 'webhooks'::regnamespace AND NOT {_NEEDED}").fetchall()]
+    if droppable:
+        conn.execute(f"DROP FUNCTION {', '.join(droppable)}")
+    # Privileges: only what the files grant (the owner's own are untouched). In a savepoint, so
+    # that the catalog rows it rewrites do not look written by the files below.
+    with conn.transaction():
+        for kind in ("TABLES", "SEQUENCES", "FUNCTIONS"):
+            conn.execute(f"REVOKE ALL ON ALL {kind} IN SCHEMA webhooks FROM {_ROLES}")
+        conn.execute(f"REVOKE ALL ON SCHEMA webhooks FROM {_ROLES}")
     # Bodies refer to objects of later files; each is checked when first called, as pg_dump does.
     conn.execute("SET LOCAL check_function_bodies = off")
     for definition in definitions:
@@ -232,13 +230,25 @@ def _apply_definitions(conn: psycopg.Connection, definitions: list[Definitions])
             conn.execute(definition.sql.encode())
         except psycopg.Error as error:
             raise MigrationError(f"sql/functions/{definition.name}: {error}") from error
-    # Views are replaced in place (an application's view over ours keeps working); one that no file
-    # defined any more is the only one whose rule this transaction did not write.
+    # Views and triggers are replaced in place (an application's view over ours keeps working, and
+    # the queue is never without its triggers, nor locked against readers); what no file defined is
+    # what this transaction did not write.
+    for (statement,) in conn.execute(
+            "SELECT format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass) FROM pg_trigger t"
+            " JOIN pg_class c ON c.oid = t.tgrelid"
+            " WHERE c.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal"
+            f"   AND NOT {_WRITTEN_HERE.format(alias='t')}").fetchall():
+        conn.execute(statement)
     for (view,) in conn.execute(
             "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_rewrite r ON r.ev_class = c.oid"
             " WHERE c.relnamespace = 'webhooks'::regnamespace AND c.relkind = 'v'"
-            "   AND r.xmin::text::bigint <> (pg_current_xact_id()::text::bigint & 4294967295)").fetchall():
+            f"   AND NOT {_WRITTEN_HERE.format(alias='r')}").fetchall():
         conn.execute(f"DROP VIEW {view}")
+    for (function,) in conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p"
+            f" WHERE p.pronamespace = 'webhooks'::regnamespace AND NOT {_WRITTEN_HERE.format(alias='p')}"
+            f"   AND NOT {_NEEDED}").fetchall():
+        conn.execute(f"DROP FUNCTION {function}")
     # PostgreSQL grants EXECUTE to PUBLIC on every new function: revoked before this commits.
     conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA webhooks FROM PUBLIC")
     conn.execute("DELETE FROM webhooks.schema_definitions")

@@ -21,7 +21,7 @@ BEGIN
 END;
 $$;
 
-CREATE TRIGGER create_health_row
+CREATE OR REPLACE TRIGGER create_health_row
     AFTER INSERT ON webhooks.endpoints
     FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();
 

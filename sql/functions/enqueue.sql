@@ -55,7 +55,7 @@ BEGIN
 END;
 $$;
 
-CREATE TRIGGER fill_idempotency_key
+CREATE OR REPLACE TRIGGER fill_idempotency_key
     BEFORE INSERT ON webhooks.alert_delivery_queue
     FOR EACH ROW EXECUTE FUNCTION webhooks.fill_idempotency_key();
 
@@ -77,7 +77,7 @@ END;
 $$;
 
 -- The WHEN clause keeps the cost off every ordinary insert.
-CREATE TRIGGER refuse_reserved_event_type
+CREATE OR REPLACE TRIGGER refuse_reserved_event_type
     BEFORE INSERT ON webhooks.alert_delivery_queue
     FOR EACH ROW WHEN (starts_with(NEW.event_type, 'webhook.'))
     EXECUTE FUNCTION webhooks.refuse_reserved_event_type();
@@ -97,7 +97,7 @@ BEGIN
 END;
 $$;
 
-CREATE TRIGGER notify_workers
+CREATE OR REPLACE TRIGGER notify_workers
     AFTER INSERT ON webhooks.alert_delivery_queue
     FOR EACH STATEMENT EXECUTE FUNCTION webhooks.notify_workers();
 

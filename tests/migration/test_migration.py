@@ -133,3 +133,21 @@ def test_a_database_of_the_old_layout_at_another_version_is_refused(old_db):
     with pytest.raises(schema.MigrationError, match=r"at version 32 \(circuit_and_categories\)"):
         schema.migrate(old_db)
     assert contents(old_db) == before
+
+
+def test_what_no_file_defines_is_dropped_but_an_application_s_trigger_is_kept(db):
+    expected = snapshot(db)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION webhooks.stray() RETURNS trigger LANGUAGE plpgsql"
+                     " AS 'BEGIN RETURN NEW; END'")
+        conn.execute("CREATE TRIGGER stray BEFORE INSERT ON webhooks.alert_delivery_queue"
+                     " FOR EACH ROW EXECUTE FUNCTION webhooks.stray()")
+        conn.execute("CREATE VIEW webhooks.stray_view AS SELECT 1 AS one")
+        conn.execute("CREATE TABLE public.alerts (id bigint PRIMARY KEY)")
+        conn.execute("CREATE TRIGGER alerts_webhooks AFTER INSERT ON public.alerts FOR EACH ROW"
+                     " EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id')")
+        conn.execute("DELETE FROM webhooks.schema_definitions")  # as when a file changes
+    schema.migrate(db)
+    assert differences(expected, snapshot(db)) == []
+    assert query(db, "SELECT tgname FROM pg_trigger WHERE tgrelid = 'public.alerts'::regclass") == [
+        ("alerts_webhooks",)]
