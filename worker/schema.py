@@ -125,11 +125,10 @@ def migrate(conninfo: str) -> list[str]:
                         (migration.version, migration.name, migration.checksum),
                     )
                 applied.append(f"migrations/{migration.filename}")
-            if max(done, default=0) > migrations[-1].version:
-                # A newer release migrated this database: its definitions are the current ones, and
-                # this release's (older) files must not replace them.
-                return applied
-            if _definitions_changed(conn, definitions):
+            # A newer release migrated this database: its definitions are the current ones, and
+            # this release's (older) files must not replace them.
+            newer_release = max(done, default=0) > migrations[-1].version
+            if not newer_release and _definitions_changed(conn, definitions):
                 with conn.transaction():
                     _apply_definitions(conn, definitions)
                 applied.extend(f"functions/{d.name}" for d in definitions)

@@ -151,3 +151,11 @@ def test_what_no_file_defines_is_dropped_but_an_application_s_trigger_is_kept(db
     assert differences(expected, snapshot(db)) == []
     assert query(db, "SELECT tgname FROM pg_trigger WHERE tgrelid = 'public.alerts'::regclass") == [
         ("alerts_webhooks",)]
+
+
+def test_an_older_release_migrating_after_a_newer_one_leaves_its_definitions_alone(db):
+    query(db, "INSERT INTO webhooks.schema_migrations (version, name, checksum)"
+              " VALUES (%s, 'from_a_newer_release', 'x')", (schema.latest_version() + 1,))
+    query(db, "UPDATE webhooks.schema_definitions SET checksum = 'newer'")
+    assert schema.migrate(db) == []
+    assert {c for (c,) in query(db, "SELECT checksum FROM webhooks.schema_definitions")} == {"newer"}
