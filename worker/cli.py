@@ -73,8 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = _config(args)
     applied = schema.migrate(config.database.url)
-    for migration in applied:
-        print(f"applied {migration.version:03d}_{migration.name}")
+    for name in applied:
+        print(f"applied {name}")
     print(f"schema at version {schema.latest_version()} ({len(applied)} applied)")
     return 0
 

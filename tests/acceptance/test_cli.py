@@ -82,7 +82,8 @@ def test_migrate_works_from_a_wheel_installed_outside_the_checkout(tmp_path, fre
                            capture_output=True, text=True, timeout=300, check=False)
     assert built.returncode == 0, built.stderr
     [wheel] = dist.glob("webhook_worker-*.whl")
-    assert "worker/sql/003_queue.sql" in zipfile.ZipFile(wheel).namelist()
+    shipped = zipfile.ZipFile(wheel).namelist()
+    assert {"worker/sql/migrations/001_baseline.sql", "worker/sql/functions/claim.sql"} <= set(shipped)
     site = tmp_path / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                                 str(site), str(wheel)], capture_output=True, text=True, timeout=300,
@@ -97,7 +98,8 @@ def test_migrate_works_from_a_wheel_installed_outside_the_checkout(tmp_path, fre
     assert Path(where.stdout.strip()).is_relative_to(site), where.stdout + where.stderr
     result = cli(env=env, cwd=elsewhere, executable=(str(site / "bin" / "webhook-worker"), "migrate"))
     assert result.returncode == 0, result.stderr
-    assert "applied 001_endpoints" in result.stdout
+    assert "applied migrations/001_baseline.sql" in result.stdout
+    assert "applied functions/claim.sql" in result.stdout
     assert query(env["DATABASE_URL"], "SELECT count(*) > 0 FROM webhooks.schema_migrations") == [(True,)]
 
 
@@ -112,10 +114,11 @@ def test_three_concurrent_migrations_record_each_migration_once(fresh_db):
         thread.join(120)
     assert [r.returncode for r in results] == [0, 0, 0], [r.stderr for r in results]
     applied = sorted(int(r.stdout.split("(")[1].split()[0]) for r in results)
-    files = len(list((ROOT / "sql").glob("*.sql")))
-    assert applied == [0, 0, files]
+    migrations = len(list((ROOT / "sql" / "migrations").glob("*.sql")))
+    definitions = len(list((ROOT / "sql" / "functions").glob("*.sql")))
+    assert applied == [0, 0, migrations + definitions]
     assert query(url, "SELECT count(*), count(DISTINCT version) FROM webhooks.schema_migrations") == [
-        (files, files)]
+        (migrations, migrations)]
 
 
 def test_endpoints_add_and_list(db):

@@ -124,7 +124,8 @@ def test_a_role_runs_under_its_database_role(api, db):
 
 
 def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db):
-    # api_publish is the producers'; the token and operation functions are the owner's alone (036)
+    # api_publish is the producers'; the token and operation functions are the owner's alone
+    # (sql/functions/api.sql)
     rows = query(
         db,
         "SELECT p.proname, r.rolname, has_function_privilege(r.rolname, p.oid, 'EXECUTE')"

@@ -6,7 +6,6 @@ import psycopg
 
 from tests.receiver import Reply
 from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses, worker_dsn
-from worker import schema
 
 FAST_RETRY = {"delays": [0.1]}
 # Opens after 5 failed attempts of 5; sleeps long enough that a wrongly opened circuit shows.
@@ -120,19 +119,6 @@ def test_a_disabled_endpoint_s_expired_rows_are_dead_letters_with_category_disab
         ("dead_letter", "disabled", "endpoint disabled")] * 3
     # the category finds them for a replay
     assert query(db, "SELECT webhooks.replay_dead_letters(p_failure_category => 'disabled')") == [(3,)]
-
-
-def test_an_upgrade_gives_earlier_endpoint_disabled_dead_letters_their_category(fresh_db):
-    url = fresh_db(False)
-    schema.migrate(url, up_to=31)
-    endpoint = add_endpoint(url, "http://127.0.0.1:9/off")
-    [earlier] = enqueue(url, endpoint)
-    query(url, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (endpoint,))
-    assert backdate_and_expire(url, endpoint) == 1
-    assert query(url, "SELECT failure_category FROM webhooks.alert_delivery_queue") == [(None,)]
-    schema.migrate(url)
-    assert query(url, "SELECT delivery_id, failure_category FROM webhooks.alert_delivery_queue") == [
-        (earlier, "disabled")]
 
 
 def test_an_interrupted_attempt_leaves_the_endpoint_s_health_and_a_half_open_circuit_alone(db):

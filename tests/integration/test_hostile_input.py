@@ -47,10 +47,11 @@ def endpoint(db, receiver):
     return add_endpoint(db, receiver.url("/hostile"))
 
 
-# What the schema refuses (sql/003, 020, 023): an empty event type; an event type over 256 bytes or
-# a key over 512 (they travel in headers); control characters in either (the constraint refuses
-# [[:cntrl:]], which in every locale includes ASCII's); NUL anywhere (PostgreSQL text cannot hold
-# it); a payload over max_payload_bytes (256 KiB by default, far above what is generated here).
+# What the schema refuses (sql/migrations/001_baseline.sql, sql/functions/enqueue.sql): an empty
+# event type; an event type over 256 bytes or a key over 512 (they travel in headers); control
+# characters in either (the constraint refuses [[:cntrl:]], which in every locale includes ASCII's);
+# NUL anywhere (PostgreSQL text cannot hold it); a payload over max_payload_bytes (256 KiB by
+# default, far above what is generated here).
 EVENT_TYPE_BYTES, KEY_BYTES = 256, 512
 
 

@@ -405,24 +405,3 @@ def test_the_readme_producer_statements_work_for_a_producer(db, receiver):
             " ON CONFLICT (webhook_id, idempotency_key) DO NOTHING RETURNING delivery_id",
             (endpoint,)).fetchall()
     assert len(first) == 1 and again == []
-
-
-def test_an_upgrade_dead_letters_queued_rows_whose_identifiers_cannot_be_sent(fresh_db, receiver):
-    url = fresh_db(False)
-    schema.migrate(url, up_to=18)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("INSERT INTO webhooks.endpoints (name, url, url_display) VALUES ('old', %s, 'x')",
-                     (receiver.url("/old"),))
-        conn.execute("INSERT INTO webhooks.alert_delivery_queue"
-                     " (webhook_id, event_type, payload, idempotency_key, status) VALUES"
-                     " (1, 'alert\r\ncreated', '{}', 'a', 'pending'),"
-                     " (1, 'alert.created', '{}', repeat('k', 600), 'pending'),"
-                     " (1, 'alert.created', '{}', 'fine', 'pending'),"
-                     " (1, 'alert\nold', '{}', 'done', 'delivered')")
-    schema.migrate(url)
-    rows = query(url, "SELECT idempotency_key, status, dead_letter_reason"
-                      " FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
-    assert [(status, reason is not None) for _key, status, reason in rows] == [
-        ("dead_letter", True), ("dead_letter", True), ("pending", False), ("delivered", False)]
-    claimed = query(url, "SELECT idempotency_key FROM webhooks.acquire('w', 10, 60)")
-    assert claimed == [("fine",)]  # the claim is not blocked by the old rows

@@ -421,30 +421,70 @@ def test_next_due_in_counts_a_lease_that_will_expire(db):
     assert 30 < next_due_in(db) <= 40
 
 
-# The functions 022_roles (and 020, the insert trigger) made SECURITY DEFINER with a fixed search_path,
-# and the HTTP API's (036).
-DEFINER_FUNCTIONS = ("acquire", "finish", "release", "next_due_in", "queue_stats", "worker_settings",
-                     "schema_version", "credential_keys", "expire_disabled_endpoint_rows",
-                     "ensure_log_partitions", "purge", "publish", "notify_workers",
-                     "fill_idempotency_key", "register_worker", "reclaim_lost_workers",
-                     "api_create_token", "api_revoke_token", "api_token_list", "api_token_role",
-                     "api_publish", "api_delete_endpoint", "api_start_replay", "api_replay_step",
-                     "api_running_operations", "api_fail_operation")
+def held_back(dsn):
+    return query(dsn, "SELECT webhook_id, reason, rows FROM webhooks.held_back ORDER BY webhook_id")
 
 
-def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(db):
-    # CREATE OR REPLACE resets SECURITY DEFINER and SET clauses: every later restatement repeats them.
+def test_a_row_behind_its_ordering_key_is_claimable_nowhere_and_held_back_by_nothing(db):
+    # acquire(), next_due_in() and held_back read one definition of "claimable now" (issue 19)
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [head] = enqueue(db, endpoint)
+    [behind] = enqueue(db, endpoint)
+    set_ordering_key(db, [head, behind], "order-1")
+    assert [c[0] for c in acquire(db, "w", batch=10)] == [head]
+    # `behind` is due, but not claimable while `head` is in flight: nothing is due but the lease
+    assert 20 < next_due_in(db) <= 30
+    assert acquire(db, "w", batch=10) == []
+    assert held_back(db) == []
+
+
+def test_expired_leases_and_a_lost_worker_s_rows_come_back_by_the_same_rule_with_their_cause(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_attempts=2)
+    expired, lost, lost_last = enqueue(db, endpoint, count=3)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET attempts = 1 WHERE delivery_id = %s RETURNING 1",
+          (lost_last,))
+    acquire(db, "gone", batch=3)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET locked_by = 'w',"
+              " locked_until = now() - interval '1 s' WHERE delivery_id = %s RETURNING 1", (expired,))
+    assert query(db, "SELECT webhooks.reap_expired_leases()") == [(1,)]
+    assert query(db, "SELECT webhooks.reclaim_rows_of('gone')") == [(2,)]
+    rows = query(db, "SELECT delivery_id, status, attempts, last_error, dead_letter_reason, failure_category,"
+                     " locked_by, lease_token FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
+    assert rows == [
+        (expired, "retrying", 1, "lease expired", None, "internal", None, None),
+        (lost, "retrying", 1, "lease expired: its worker was lost", None, "internal", None, None),
+        (lost_last, "dead_letter", 2, "lease expired: its worker was lost", "lease expired", "internal",
+         None, None)]
+    log = query(db, "SELECT delivery_id, attempt, outcome, error, worker_id, lease_token IS NOT NULL"
+                    " FROM webhooks.alert_delivery_log ORDER BY delivery_id")
+    assert log == [
+        (expired, 1, "lease_expired", "lease expired", "w", True),
+        (lost, 1, "lease_expired", "lease expired: its worker was lost (database session ended)", "gone",
+         True),
+        (lost_last, 2, "lease_expired",
+         "lease expired on the last attempt: its worker was lost (database session ended)", "gone", True)]
+
+
+def test_functions_granted_to_a_role_run_as_the_owner_with_a_fixed_search_path(db):
+    # A role without table privileges reaches the tables only through SECURITY DEFINER functions,
+    # and each of those fixes its search_path so that a caller cannot substitute objects of its own.
+    granted = query(db, """
+        SELECT p.proname, a.grantee::regrole::text, p.prosecdef
+        FROM pg_proc p, aclexplode(p.proacl) a
+        WHERE p.pronamespace = 'webhooks'::regnamespace AND a.grantee <> p.proowner""")
+    worker_functions = {name for name, grantee, _ in granted if grantee == "webhooks_worker"}
+    assert {"acquire", "finish", "release", "register_worker", "purge"} <= worker_functions
+    assert all(definer for _, grantee, definer in granted if grantee == "webhooks_worker")
+    for name, config in query(db, "SELECT proname, coalesce(proconfig, '{}') FROM pg_proc"
+                                  " WHERE pronamespace = 'webhooks'::regnamespace AND prosecdef"):
+        assert "search_path=pg_catalog, webhooks, pg_temp" in config, name
     rows = {name: (definer, settings or []) for name, definer, settings in query(
         db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
             " WHERE pronamespace = 'webhooks'::regnamespace")}
-    assert set(DEFINER_FUNCTIONS) <= set(rows)
-    for name in DEFINER_FUNCTIONS:
-        definer, settings = rows[name]
-        assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
     assert "plan_cache_mode=force_generic_plan" in rows["acquire"][1]
     for name in ("acquire", "finish", "enqueue", "expire_disabled_endpoint_rows"):
         assert "jit=off" in rows[name][1], name
-    # the reserved event type check must see the inserting role, not the owner (031)
+    # the reserved event type check must see the inserting role, not the owner
     assert rows["refuse_reserved_event_type"][0] is False
     assert rows["enqueue"][0] is False and "search_path=pg_catalog, webhooks, pg_temp" in rows["enqueue"][1]
     # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)

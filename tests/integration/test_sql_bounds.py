@@ -7,7 +7,6 @@ import pytest
 from pydantic import ValidationError
 
 from tests.support import PRODUCER_LOGIN, add_endpoint, enqueue, login_as, query, worker_dsn
-from worker import schema
 from worker.config import MAX_CLAIM_BATCH_SIZE, MAX_LEASE_SECONDS, DeliveryConfig
 
 VALID_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -102,32 +101,6 @@ def test_a_w3c_traceparent_is_accepted(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
     insert(producer_dsn(db), endpoint, traceparent=VALID_TRACEPARENT)
     assert query(db, "SELECT traceparent FROM webhooks.alert_delivery_queue") == [(VALID_TRACEPARENT,)]
-
-
-def test_an_upgrade_dead_letters_queued_rows_whose_traceparent_cannot_be_sent_and_bounds_the_lease(fresh_db):
-    url = fresh_db(False)
-    schema.migrate(url, up_to=30)
-    endpoint = add_endpoint(url, "http://127.0.0.1:9/old")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("INSERT INTO webhooks.alert_delivery_queue"
-                     " (webhook_id, event_type, payload, idempotency_key, traceparent, status) VALUES"
-                     " (%(e)s, 'a', '{}', 'bad', E'00-abc\\r\\nX-Evil: 1', 'pending'),"
-                     " (%(e)s, 'a', '{}', 'good', %(good)s, 'pending'),"
-                     " (%(e)s, 'a', '{}', 'none', NULL, 'pending'),"
-                     " (%(e)s, 'a', '{}', 'done', 'junk', 'delivered')",
-                     {"e": endpoint, "good": VALID_TRACEPARENT})
-        conn.execute("UPDATE webhooks.delivery_config SET lease_seconds = 7200")
-    schema.migrate(url)
-    assert query(url, "SELECT lease_seconds FROM webhooks.delivery_config") == [(MAX_LEASE_SECONDS,)]
-    rows = query(url, "SELECT idempotency_key, status, dead_letter_reason, traceparent"
-                      " FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
-    assert rows == [("bad", "dead_letter", "traceparent is not a W3C trace context", "00-abc\r\nX-Evil: 1"),
-                    ("good", "pending", None, VALID_TRACEPARENT), ("none", "pending", None, None),
-                    ("done", "delivered", None, "junk")]
-    assert query(url, "SELECT outcome, error FROM webhooks.alert_delivery_log") == [
-        ("dead_letter", "traceparent is not a W3C trace context")]
-    claimed = query(url, "SELECT idempotency_key FROM webhooks.acquire('w', 10, 60) ORDER BY 1")
-    assert claimed == [("good",), ("none",)]
 
 
 # --- 6. sizes and caller-controlled arguments -------------------------------------------------------

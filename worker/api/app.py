@@ -28,8 +28,9 @@ from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
 
-# The first schema with the API's tables and functions (sql/036_api.sql).
-API_SCHEMA_VERSION = 36
+# The first schema with the API's and the console's tables (sql/migrations/002_api.sql,
+# 003_console_sessions.sql).
+API_SCHEMA_VERSION = 3
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)

@@ -1,14 +1,57 @@
--- 017_retention: removing what is no longer needed, in bounded batches, one worker at a time.
+-- retention: removing what is no longer needed, in bounded batches, one worker at a time.
 --
 -- Delivered rows leave after delivered_retention (7 days): the idempotency key stays unique for as
 -- long as its row is kept. Audit log partitions wholly older than log_retention (30 days) are
 -- dropped, not deleted from; rows of that age in the default partition are deleted in batches.
 -- Dead letters stay until replayed or purged by an operator (webhooks.purge_dead_letters).
+-- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
 
-CREATE FUNCTION webhooks.purge(p_batch_size integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION webhooks.ensure_log_partitions(days_ahead integer DEFAULT 7) RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    day date;
+    part text;
+    created integer := 0;
+BEGIN
+    -- Bound: each partition is a table; a month ahead is more than any caller needs.
+    IF days_ahead IS NULL OR days_ahead NOT BETWEEN 0 AND 31 THEN
+        RAISE EXCEPTION 'ensure_log_partitions: days_ahead must be between 0 and 31, not %', days_ahead
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.ensure_log_partitions')) THEN
+        RETURN 0;
+    END IF;
+    FOR day IN
+        SELECT d::date FROM generate_series(current_date, current_date + days_ahead, '1 day') d
+    LOOP
+        part := 'alert_delivery_log_' || to_char(day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass('webhooks.' || part) IS NOT NULL;
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM webhooks.alert_delivery_log_default
+            WHERE logged_at >= day AND logged_at < day + 1);
+        BEGIN
+            EXECUTE format(
+                'CREATE TABLE webhooks.%I PARTITION OF webhooks.alert_delivery_log '
+                'FOR VALUES FROM (%L) TO (%L)', part, day::timestamptz, (day + 1)::timestamptz);
+            created := created + 1;
+        EXCEPTION WHEN duplicate_table OR check_violation THEN
+            NULL;  -- another worker made it first, or rows arrived in the default partition
+        END;
+    END LOOP;
+    RETURN created;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.ensure_log_partitions(integer) TO webhooks_worker;
+
+CREATE OR REPLACE FUNCTION webhooks.purge(p_batch_size integer DEFAULT 1000)
 RETURNS TABLE (delivered_rows integer, log_partitions integer, log_rows integer)
 LANGUAGE plpgsql
 SET jit = off
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
     cfg webhooks.delivery_config;
@@ -56,9 +99,10 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.purge(integer) TO webhooks_worker;
 
 -- An operator's purge of dead letters (with their audit rows kept until log retention).
-CREATE FUNCTION webhooks.purge_dead_letters(
+CREATE OR REPLACE FUNCTION webhooks.purge_dead_letters(
     p_older_than interval DEFAULT '0 seconds',
     p_webhook_id bigint   DEFAULT NULL,
     p_limit      integer  DEFAULT 10000

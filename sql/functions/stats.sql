@@ -1,10 +1,10 @@
--- 030_stats_cost: the queue statistics one worker of the fleet samples every interval, cheaper
--- (issue 7). webhooks.queue_statistics counts every row of the queue by status, finished rows kept
--- for retention included, so it is a pass over the whole table; queue_stats() read it twice.
--- Measured on 50,000 rows: the view 60 ms -> 25-45 ms (rows are counted per status and then
--- joined to the five statuses, instead of each row being joined first); queue_stats() now reads
--- it once (the two reads took 85-106 ms). Same columns, same results. queue_stats() is restated
--- whole, with the SECURITY DEFINER and search_path of 022_roles.
+-- stats: queue statistics for metrics and people, computed by one worker at a time.
+--
+-- webhooks.queue_stats() counts only for the first caller in each interval (stats_sample records
+-- when the fleet last sampled), so with N workers offering every 15 s the database counts about
+-- once per 15 s, not N times; the others get NULL and keep their last sample. Aggregate the
+-- sampled gauges across pods with max(). webhooks.queue_statistics is the same numbers, for psql;
+-- webhooks.held_back, the claimable rows a claim leaves in the table on purpose, and why.
 
 CREATE OR REPLACE VIEW webhooks.queue_statistics AS
 SELECT s.status, coalesce(c.deliveries, 0) AS deliveries, c.oldest_due_age_seconds
@@ -17,6 +17,30 @@ LEFT JOIN (
     FROM webhooks.alert_delivery_queue q
     GROUP BY q.status
 ) c ON c.status = s.status;
+GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader;
+
+-- Due rows held back, and why: what the claim leaves in the table on purpose.
+CREATE OR REPLACE VIEW webhooks.held_back AS
+SELECT CASE WHEN NOT e.active THEN 'endpoint_disabled'
+            WHEN h.paused_until > now() THEN 'paused'
+            WHEN h.circuit_state = 'forced_open'
+              OR (h.circuit_state = 'open' AND h.circuit_open_until > now()) THEN 'circuit_open'
+            WHEN coalesce(e.rate_limit_per_second, c.rate_limit_per_second) IS NOT NULL
+              AND coalesce(h.rate_tokens, 1) < 1 THEN 'rate_limited'
+            WHEN (SELECT count(*) FROM webhooks.alert_delivery_queue d
+                  WHERE d.webhook_id = e.id AND d.status = 'delivering' AND d.locked_until > now())
+                 >= coalesce(e.max_in_flight, c.max_in_flight) THEN 'concurrency_cap'
+       END AS reason,
+       e.id AS webhook_id, due.rows
+FROM webhooks.endpoints e
+JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
+CROSS JOIN webhooks.delivery_config c
+CROSS JOIN LATERAL (
+    SELECT count(*) AS rows FROM webhooks.claimable q
+    WHERE q.webhook_id = e.id AND q.next_retry_at <= now()
+) due
+WHERE due.rows > 0;
+GRANT SELECT ON webhooks.held_back TO webhooks_reader;
 
 CREATE OR REPLACE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100,
                                                 p_interval interval DEFAULT '10 seconds') RETURNS jsonb
@@ -51,3 +75,4 @@ BEGIN
     );
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.queue_stats(integer, interval) TO webhooks_worker;

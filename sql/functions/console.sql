@@ -1,34 +1,13 @@
--- 038_console_sessions: server-side sessions of the operator console (/console/, issue 20).
+-- console: the operator console's server-side sessions.
 --
 -- A person logs in with an API token (reader or admin); the console then keeps a session so the
--- token is typed once. The cookie carries only a random session id; this table keeps the id's
--- SHA-256 and the SHA-256 of the token it was opened with, never either secret. A session is
--- usable only while its token is: console_session() joins api_tokens on every request, so
--- revoking or expiring the token ends its sessions at once, with nothing cached.
---
--- Sessions also end after an absolute lifetime (expires_at) and on logout. Expired rows are
--- removed when a new session starts, so the table stays as small as the number of people logged in.
---
--- The overview's chart counts the audit log's attempts of the last hours; a BRIN index on
--- logged_at (tiny, as the log is appended in time order) lets that read only those hours' pages
--- instead of every row of the day's partitions.
+-- token is typed once. A session is usable only while its token is: console_session() calls
+-- api_token_role() on every request, so revoking or expiring the token ends its sessions at once,
+-- with nothing cached. Expired rows are removed when a new session starts, so the table stays as
+-- small as the number of people logged in.
 --
 -- Every function is SECURITY DEFINER with a fixed search_path and granted to no group role: only
--- the API's own login (the owner) calls them, as it does the token functions of 036.
-
-CREATE TABLE webhooks.console_sessions (
-    session_hash bytea       PRIMARY KEY CHECK (length(session_hash) = 32),
-    token_hash   bytea       NOT NULL CHECK (length(token_hash) = 32),
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    expires_at   timestamptz NOT NULL
-);
-
-COMMENT ON TABLE webhooks.console_sessions IS
-    'Console sessions: SHA-256 of the session id and of the token it stands for, never either (038).';
-
-CREATE INDEX console_sessions_token ON webhooks.console_sessions (token_hash);
-
-CREATE INDEX alert_delivery_log_logged_at ON webhooks.alert_delivery_log USING brin (logged_at);
+-- the API's own login (the owner) calls them, as it does the token functions of api.sql.
 
 -- Opens a session for a token that is usable now; returns its name and role (no row, and no
 -- session, for an unknown, revoked or expired token).

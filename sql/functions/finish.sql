@@ -1,5 +1,17 @@
--- 006_endpoint_state: an endpoint's fleet-wide state and its changes: the circuit breaker, pauses,
--- disabling and enabling, and the table that records who or what decided each change and why.
+-- finish: webhooks.finish(), the outcome write for a batch of attempts, in one transaction, and the
+-- endpoint state it updates (health, the circuit breaker, pauses, disabling).
+--
+-- p_outcomes is a JSON array, one object per attempt (webhooks.attempt_outcome names the fields).
+-- The worker decides what an HTTP result means (classification and backoff are pure Python); this
+-- function applies it under the fencing rule: a row changes only if it is still held under the
+-- same lease token. A late outcome (its lease was taken over) leaves the row alone but is still
+-- logged, marked stale, so the history is complete. Whether attempts are exhausted is decided here,
+-- from the row, the endpoint and webhooks.delivery_config. A deferral (Retry-After on 429/503) gives
+-- the attempt back, up to max_deferrals; past that it counts as an attempt, and it pauses the whole
+-- endpoint until then. An attempt refused by the worker's destination rules ('blocked') or cut off
+-- by its shutdown ('interrupted') leaves the endpoint's health and circuit alone: the receiver said
+-- nothing. Endpoint state is then updated once per endpoint, in endpoint-id order, so concurrent
+-- batches never deadlock.
 --
 -- The circuit counts availability failures only (5xx, 408, 429, timeouts, connection, DNS, TLS):
 -- it opens when at least failure_ratio of the attempts in the last window_seconds failed, with at
@@ -7,30 +19,16 @@
 -- requests go through (half-open); at least probe_success_ratio of them succeeding closes it,
 -- otherwise it reopens with the sleep doubled, up to max_sleep_seconds.
 
-CREATE TABLE webhooks.endpoint_events (
-    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    webhook_id  bigint      NOT NULL REFERENCES webhooks.endpoints (id) ON DELETE CASCADE,
-    -- disabled, enabled, circuit_opened, circuit_half_open, circuit_closed, circuit_reset,
-    -- circuit_forced_open, circuit_forced_closed, paused
-    change      text        NOT NULL,
-    reason      text,
-    decided_by  text        NOT NULL,
-    delivery_id bigint,
-    attempt     integer,
-    at          timestamptz NOT NULL DEFAULT now()
-);
-
-CREATE INDEX endpoint_events_by_endpoint ON webhooks.endpoint_events (webhook_id, at);
-
-CREATE FUNCTION webhooks.availability_failure(p_failure_category text, p_http_status integer)
+CREATE OR REPLACE FUNCTION webhooks.availability_failure(p_failure_category text, p_http_status integer)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(p_failure_category IN ('timeout', 'connect', 'dns', 'tls', 'http_5xx', 'rate_limited'),
+    SELECT coalesce(p_failure_category IN ('timeout', 'connect', 'dns', 'tls', 'protocol', 'http_5xx',
+                                           'rate_limited'),
                     false)
         OR coalesce(p_http_status IN (408, 429) OR p_http_status >= 500, false);
 $$;
 
-CREATE FUNCTION webhooks.health_status(consecutive_failures bigint) RETURNS text
+CREATE OR REPLACE FUNCTION webhooks.health_status(consecutive_failures bigint) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN consecutive_failures = 0 THEN 'healthy'
                 WHEN consecutive_failures < 5 THEN 'degraded'
@@ -38,7 +36,7 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The circuit settings in force for one endpoint: its circuit_policy over delivery_config.
-CREATE FUNCTION webhooks.circuit_policy(p_webhook_id bigint)
+CREATE OR REPLACE FUNCTION webhooks.circuit_policy(p_webhook_id bigint)
 RETURNS TABLE (failure_ratio real, window_seconds integer, min_attempts integer, sleep_seconds integer,
                max_sleep_seconds integer, probes integer, probe_success_ratio real)
 LANGUAGE sql STABLE AS $$
@@ -53,165 +51,11 @@ LANGUAGE sql STABLE AS $$
     WHERE e.id = p_webhook_id;
 $$;
 
--- Operational events: an endpoint's state changes, published (webhooks.publish) to the endpoints
--- that subscribe to their type explicitly ('*' does not include them), never to the endpoint the
--- event is about, so an event cannot loop back to its cause.
-CREATE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE p_change
-        WHEN 'disabled' THEN 'webhook.endpoint.disabled'
-        WHEN 'enabled' THEN 'webhook.endpoint.enabled'
-        WHEN 'circuit_opened' THEN 'webhook.circuit.opened'
-        WHEN 'circuit_closed' THEN 'webhook.circuit.closed'
-        WHEN 'dead_letters' THEN 'webhook.endpoint.dead_letters'
-    END;
-$$;
-
-CREATE FUNCTION webhooks.publish_operational(p_event_row bigint) RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    ev record;
-    v_type text;
-BEGIN
-    SELECT x.*, e.name AS endpoint_name INTO ev
-    FROM webhooks.endpoint_events x JOIN webhooks.endpoints e ON e.id = x.webhook_id
-    WHERE x.id = p_event_row;
-    v_type := webhooks.operational_event_type(ev.change);
-    IF v_type IS NULL THEN
-        RETURN 0;
-    END IF;
-    RETURN webhooks.publish(
-        v_type,
-        jsonb_build_object(
-            'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
-            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
-            'source', 'webhook-worker',
-            'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'change', ev.change,
-            'reason', ev.reason, 'decided_by', ev.decided_by, 'delivery_id', ev.delivery_id,
-            'at', ev.at),
-        p_event_key => 'endpoint_events:' || ev.id,
-        p_source_ref => 'endpoint_events:' || ev.id,
-        p_priority => 10,
-        p_exclude_webhook_id => ev.webhook_id,
-        p_explicit_only => true);
-END;
-$$;
-
-CREATE FUNCTION webhooks.record_endpoint_event(
-    p_webhook_id bigint, p_change text, p_reason text, p_decided_by text,
-    p_delivery_id bigint DEFAULT NULL, p_attempt integer DEFAULT NULL
-) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id bigint;
-BEGIN
-    INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by, delivery_id, attempt)
-    VALUES (p_webhook_id, p_change, p_reason, p_decided_by, p_delivery_id, p_attempt)
-    RETURNING id INTO v_id;
-    PERFORM webhooks.publish_operational(v_id);
-    -- for listeners inside the database (documented channel)
-    PERFORM pg_notify('webhooks_endpoint_events', json_build_object(
-        'endpoint_id', p_webhook_id, 'change', p_change, 'reason', p_reason)::text);
-    RETURN p_change || coalesce(': ' || p_reason, '');
-END;
-$$;
-
-CREATE FUNCTION webhooks.disable_endpoint(
-    p_webhook_id bigint, p_reason text, p_decided_by text DEFAULT 'operator',
-    p_delivery_id bigint DEFAULT NULL, p_attempt integer DEFAULT NULL
-) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- Health row first, then the endpoint: the order webhooks.finish() takes them in.
-    PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
-    UPDATE webhooks.endpoints
-    SET active = false, disabled_reason = p_reason, disabled_at = now(), updated_at = now()
-    WHERE id = p_webhook_id AND active;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    UPDATE webhooks.webhook_health_metrics SET health_status = 'disabled', updated_at = now()
-    WHERE webhook_id = p_webhook_id;
-    RETURN webhooks.record_endpoint_event(p_webhook_id, 'disabled', p_reason, p_decided_by,
-                                          p_delivery_id, p_attempt);
-END;
-$$;
-
--- Enabling also resets the circuit, the pause and the failure streak: the operator says the
--- receiver is back. Rows that waited are claimable at once.
-CREATE FUNCTION webhooks.enable_endpoint(p_webhook_id bigint, p_decided_by text DEFAULT 'operator')
-RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
-    UPDATE webhooks.endpoints
-    SET active = true, disabled_reason = NULL, disabled_at = NULL, updated_at = now()
-    WHERE id = p_webhook_id AND NOT active;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    UPDATE webhooks.webhook_health_metrics
-    SET health_status = 'unknown', consecutive_failures = 0, failing_since = NULL,
-        circuit_state = 'closed', circuit_open_until = NULL, circuit_sleep_seconds = NULL,
-        paused_until = NULL, window_attempts = 0, window_failures = 0, previous_attempts = 0,
-        previous_failures = 0, updated_at = now()
-    WHERE webhook_id = p_webhook_id;
-    PERFORM pg_notify('webhooks_queue', '');
-    RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', NULL, p_decided_by);
-END;
-$$;
-
--- Manual circuit control: 'reset' (closed, counters cleared), 'open' (forced open until p_until,
--- or until reset), 'close' (forced closed: never opens by itself until reset).
-CREATE FUNCTION webhooks.set_circuit(
-    p_webhook_id bigint, p_action text, p_until timestamptz DEFAULT NULL,
-    p_decided_by text DEFAULT 'operator'
-) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_change text;
-    v_found boolean;
-BEGIN
-    IF p_action = 'reset' THEN
-        UPDATE webhooks.webhook_health_metrics
-        SET circuit_state = 'closed', circuit_open_until = NULL, circuit_sleep_seconds = NULL,
-            window_attempts = 0, window_failures = 0, previous_attempts = 0, previous_failures = 0,
-            updated_at = now()
-        WHERE webhook_id = p_webhook_id;
-        v_found := FOUND;
-        v_change := 'circuit_reset';
-        PERFORM pg_notify('webhooks_queue', '');
-    ELSIF p_action = 'open' THEN
-        UPDATE webhooks.webhook_health_metrics
-        SET circuit_state = CASE WHEN p_until IS NULL THEN 'forced_open' ELSE 'open' END,
-            circuit_opened_at = now(), circuit_open_until = p_until, updated_at = now()
-        WHERE webhook_id = p_webhook_id;
-        v_found := FOUND;
-        v_change := 'circuit_forced_open';
-    ELSIF p_action = 'close' THEN
-        UPDATE webhooks.webhook_health_metrics
-        SET circuit_state = 'forced_closed', circuit_open_until = NULL, updated_at = now()
-        WHERE webhook_id = p_webhook_id;
-        v_found := FOUND;
-        v_change := 'circuit_forced_closed';
-        PERFORM pg_notify('webhooks_queue', '');
-    ELSE
-        RAISE EXCEPTION 'set_circuit: action must be reset, open or close, not %', p_action;
-    END IF;
-    IF NOT v_found THEN
-        RAISE EXCEPTION 'set_circuit: no endpoint %', p_webhook_id;
-    END IF;
-    RETURN webhooks.record_endpoint_event(
-        p_webhook_id, v_change, CASE WHEN p_until IS NOT NULL THEN 'until ' || p_until END,
-        p_decided_by);
-END;
-$$;
-
 -- One batch's outcomes for one endpoint: counters, the circuit's window and transitions, a pause
 -- asked for by Retry-After, and disabling (410 Gone, or no success for disable_after). Called by
 -- webhooks.finish() once per endpoint per batch, in endpoint-id order. Returns the state change
 -- it made, if any, worded for a log line.
-CREATE FUNCTION webhooks.record_endpoint_outcomes(
+CREATE OR REPLACE FUNCTION webhooks.record_endpoint_outcomes(
     p_webhook_id            bigint,
     p_decided_by            text,
     p_attempts              integer,
@@ -377,47 +221,153 @@ BEGIN
 END;
 $$;
 
--- How long a row keeps being retried: the schedule's delays for max_attempts - 1 retries.
-CREATE FUNCTION webhooks.retry_window(p_schedule jsonb, p_max_attempts integer) RETURNS interval
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT make_interval(secs => coalesce(sum(
-        CASE WHEN p_schedule ? 'delays'
-             THEN (p_schedule -> 'delays' ->> least(n, jsonb_array_length(p_schedule -> 'delays') - 1))::double precision
-             ELSE least((p_schedule ->> 'cap')::double precision,
-                        (p_schedule ->> 'base')::double precision
-                        * power(coalesce((p_schedule ->> 'multiplier')::double precision, 2), n))
-        END), 0))
-    FROM generate_series(0, p_max_attempts - 2) AS n;
-$$;
-
--- Disabled endpoints' rows wait; once a row's retry window has passed it becomes a dead letter
--- (reason 'endpoint disabled') that can be replayed. Bounded per call; returns how many.
-CREATE FUNCTION webhooks.expire_disabled_endpoint_rows(p_limit integer DEFAULT 1000) RETURNS integer
-LANGUAGE sql
+CREATE OR REPLACE FUNCTION webhooks.finish(p_worker_id text, p_outcomes jsonb)
+RETURNS TABLE (delivery_id bigint, applied boolean, status text, endpoint_change text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
 AS $$
-    WITH expired AS (
-        SELECT q.delivery_id
-        FROM webhooks.endpoints e
-        CROSS JOIN webhooks.delivery_config c
-        JOIN webhooks.alert_delivery_queue q
-          ON q.webhook_id = e.id AND q.status IN ('pending', 'retrying')
-        WHERE NOT e.active
-          AND q.scheduled_at + webhooks.retry_window(
-                coalesce(e.retry_schedule, c.retry_schedule),
-                coalesce(q.max_attempts, e.max_attempts, c.max_attempts)) < now()
-        LIMIT p_limit
-        FOR UPDATE OF q SKIP LOCKED
-    ), dead AS (
+#variable_conflict use_column
+DECLARE
+    v_delivery_ids bigint[];
+    v_applied boolean[];
+    v_statuses text[];
+    v_endpoints jsonb;
+    v_changes jsonb := '{}';
+    s record;
+    v_change text;
+BEGIN
+    WITH o AS (
+        SELECT r.*, item.ord
+        FROM jsonb_array_elements(p_outcomes) WITH ORDINALITY AS item(value, ord),
+             jsonb_populate_record(NULL::webhooks.attempt_outcome, item.value) AS r
+    ), cfg AS (
+        SELECT max_attempts, max_deferrals FROM webhooks.delivery_config
+    ), target AS (
+        -- the rows as they were, with the decision each outcome leads to
+        SELECT o.*, q.webhook_id,
+               CASE
+                   WHEN o.outcome = 'delivered' THEN 'delivered'
+                   WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
+                   WHEN o.outcome = 'deferred' AND q.deferrals < cfg.max_deferrals THEN 'deferred'
+                   WHEN q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts)
+                       THEN 'exhausted'
+                   ELSE 'retry'
+               END AS decision
+        FROM o
+        JOIN webhooks.alert_delivery_queue q ON q.delivery_id = o.delivery_id
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        CROSS JOIN cfg
+    ), applied AS (
         UPDATE webhooks.alert_delivery_queue q
-        SET status = 'dead_letter', dead_letter_reason = 'endpoint disabled',
-            dead_lettered_at = now(), updated_at = now()
-        FROM expired x WHERE q.delivery_id = x.delivery_id
-        RETURNING q.delivery_id, q.webhook_id, q.attempts
+        SET status = CASE t.decision
+                         WHEN 'delivered' THEN 'delivered'
+                         WHEN 'dead_letter' THEN 'dead_letter'
+                         WHEN 'exhausted' THEN 'dead_letter'
+                         ELSE 'retrying'
+                     END,
+            attempts = CASE WHEN t.decision = 'deferred' THEN q.attempts - 1 ELSE q.attempts END,
+            deferrals = CASE WHEN t.outcome = 'deferred' THEN q.deferrals + 1 ELSE q.deferrals END,
+            next_retry_at = CASE WHEN t.decision IN ('retry', 'deferred')
+                                 THEN now() + make_interval(secs => coalesce(t.retry_after_s, 0))
+                                 ELSE q.next_retry_at END,
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            last_http_status = t.http_status,
+            last_error = t.error,
+            failure_category = t.failure_category,
+            dead_letter_reason = CASE t.decision
+                                     WHEN 'dead_letter' THEN coalesce(t.reason, t.error)
+                                     WHEN 'exhausted' THEN concat_ws(': ', 'attempts exhausted', t.error)
+                                 END,
+            delivered_at = CASE WHEN t.decision = 'delivered' THEN now() END,
+            dead_lettered_at = CASE WHEN t.decision IN ('dead_letter', 'exhausted') THEN now() END,
+            updated_at = now()
+        -- Driven from the outcomes through the primary key, whatever the row estimates (`target`
+        -- is estimated at 320 rows per outcome: delivery_config is never analyzed). No
+        -- `status = 'delivering'` here: it let the planner read every leased row instead, and
+        -- a matching token already means the row is delivering (lease_token_only_while_delivering).
+        FROM target t
+        WHERE q.delivery_id = ANY (ARRAY(SELECT t2.delivery_id FROM target t2))
+          AND q.delivery_id = t.delivery_id AND q.lease_token = t.lease_token
+        RETURNING q.delivery_id, q.status
     ), logged AS (
-        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, error)
-        SELECT delivery_id, webhook_id, attempts, 'dead_letter', 'endpoint disabled' FROM dead
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, failure_category, http_status, latency_ms,
+             error, response_excerpt, worker_id, lease_token, stale)
+        SELECT t.delivery_id, t.webhook_id, t.attempt,
+               CASE t.decision WHEN 'exhausted' THEN 'dead_letter' ELSE t.decision END,
+               t.failure_category, t.http_status, t.latency_ms,
+               CASE WHEN t.decision = 'exhausted'
+                    THEN concat_ws(': ', 'attempts exhausted', t.error) ELSE t.error END,
+               left(t.response_excerpt, 1024), p_worker_id, t.lease_token, a.delivery_id IS NULL
+        FROM target t
+        LEFT JOIN applied a ON a.delivery_id = t.delivery_id
         RETURNING 1
+    ), per_outcome AS (
+        SELECT t.*,
+               -- A deferral (429 or 503 with Retry-After) is back-pressure from a receiver that
+               -- answered: the pause below holds its rows, the circuit must not open on it.
+               t.outcome NOT IN ('delivered', 'deferred')
+                   AND webhooks.availability_failure(t.failure_category, t.http_status) AS unavailable,
+               t.ord > coalesce(max(t.ord) FILTER (WHERE t.outcome = 'delivered')
+                                OVER (PARTITION BY t.webhook_id), 0) AS after_last_success
+        FROM target t
+        -- A refused destination, and a request cut off because its worker shut down (category
+        -- 'interrupted'), say nothing about the receiver: keep them out of the endpoint's state, or
+        -- a cut-off half-open probe would count as a success and could close the circuit.
+        WHERE coalesce(t.failure_category, '') NOT IN ('blocked', 'interrupted')
+    ), per_endpoint AS (
+        SELECT p.webhook_id,
+               count(*)::integer AS attempts,
+               count(*) FILTER (WHERE p.outcome = 'delivered')::integer AS successes,
+               count(*) FILTER (WHERE p.unavailable)::integer AS availability_failures,
+               count(*) FILTER (WHERE p.outcome <> 'delivered' AND p.after_last_success)::integer
+                   AS trailing_failures,
+               coalesce(sum(p.latency_ms), 0)::bigint AS latency_ms,
+               (array_agg(p.http_status ORDER BY p.ord DESC))[1] AS last_http_status,
+               (array_agg(p.failure_category ORDER BY p.ord DESC)
+                   FILTER (WHERE p.outcome <> 'delivered'))[1] AS last_failure_category,
+               max(p.retry_after_s) FILTER (WHERE p.outcome = 'deferred') AS pause_seconds,
+               min(p.delivery_id) FILTER (WHERE p.disable_endpoint) AS gone_delivery_id,
+               (array_agg(p.delivery_id ORDER BY p.ord DESC))[1] AS last_delivery_id,
+               (array_agg(p.attempt ORDER BY p.ord DESC))[1] AS last_attempt,
+               count(*) FILTER (WHERE p.decision IN ('dead_letter', 'exhausted'))::integer AS dead_letters
+        FROM per_outcome p
+        GROUP BY p.webhook_id
     )
-    SELECT count(*)::integer FROM logged;
+    -- (`logged` runs to completion although nothing reads it: data-modifying CTEs always do.)
+    SELECT r.delivery_ids, r.applied, r.statuses,
+           (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.webhook_id) FROM per_endpoint p)
+    INTO v_delivery_ids, v_applied, v_statuses, v_endpoints
+    FROM (SELECT array_agg(o.delivery_id ORDER BY o.ord) AS delivery_ids,
+                 array_agg(a.delivery_id IS NOT NULL ORDER BY o.ord) AS applied,
+                 array_agg(coalesce(a.status, 'stale') ORDER BY o.ord) AS statuses
+          FROM o LEFT JOIN applied a ON a.delivery_id = o.delivery_id) r;
+
+    FOR s IN
+        SELECT * FROM jsonb_to_recordset(coalesce(v_endpoints, '[]')) AS x(
+            webhook_id bigint, attempts integer, successes integer, availability_failures integer,
+            trailing_failures integer, latency_ms bigint, last_http_status integer,
+            last_failure_category text, pause_seconds double precision, gone_delivery_id bigint,
+            last_delivery_id bigint, last_attempt integer, dead_letters integer)
+        ORDER BY x.webhook_id
+    LOOP
+        v_change := webhooks.record_endpoint_outcomes(
+            s.webhook_id, 'worker ' || p_worker_id, s.attempts, s.successes,
+            s.availability_failures, s.trailing_failures, s.latency_ms, s.last_http_status,
+            s.last_failure_category, s.pause_seconds, s.gone_delivery_id, s.last_delivery_id,
+            s.last_attempt, s.dead_letters);
+        IF v_change IS NOT NULL THEN
+            v_changes := v_changes || jsonb_build_object(
+                coalesce(s.gone_delivery_id, s.last_delivery_id)::text, v_change);
+        END IF;
+    END LOOP;
+
+    RETURN QUERY
+    SELECT r.delivery_id, r.applied, r.status, v_changes ->> r.delivery_id::text
+    FROM unnest(v_delivery_ids, v_applied, v_statuses) WITH ORDINALITY AS r(delivery_id, applied, status, ord)
+    ORDER BY r.ord;
+END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.finish(text, jsonb) TO webhooks_worker;

@@ -1,66 +1,19 @@
--- 036_api: what the HTTP API (`webhook-worker api`) needs: its tokens, its bulk-replay operations
--- and the functions it calls (issue 20).
+-- api: what the HTTP API (`webhook-worker api`) calls, besides the functions the CLI calls.
 --
--- Tokens. Only a SHA-256 hash of each token is stored, never the token: whoever reads this table
--- (a backup, a replica) cannot call the API with what they read. A token has one role: producer
--- (publish only), reader (every read, as webhooks_reader), admin (everything). A revoked or
--- expired token is refused by api_token_role() at once: nothing caches a positive answer.
+-- Tokens: api_token_role() answers the name and role of a usable token by its hash; a revoked or
+-- expired token is refused at once, since nothing caches a positive answer.
 --
--- Operations. A bulk replay of dead letters (POST /v1/dead-letters/replay) is a row here that an
--- API process advances in bounded steps (api_replay_step), so it survives the process that
--- started it: any API process resumes the running ones, and the row lock taken per step keeps two
--- processes from stepping one operation at once.
+-- Operations: api_replay_step() advances a bulk replay by a bounded step; the row lock taken per
+-- step keeps two API processes from stepping one operation at once, and any API process resumes
+-- the running ones (api_running_operations()).
 --
--- Publishing. api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
+-- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
 -- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
--- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger of 031
--- would let them pass).
+-- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
+-- let them pass).
 --
--- Roles. The API connects as one login role and sets webhooks_producer or webhooks_reader per
--- request (SET LOCAL ROLE), so that login must be a member of both; the owner running this
--- migration is made one when it may be (docs/security.md says what to grant otherwise).
---
--- Every function is SECURITY DEFINER with a fixed search_path, granted beside it; the token and
--- operation administration is the owner's alone.
-
--- tables --------------------------------------------------------------------------------------------
-
-CREATE TABLE webhooks.api_tokens (
-    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    name       text        NOT NULL UNIQUE
-               CONSTRAINT api_token_name_printable
-               CHECK (length(name) BETWEEN 1 AND 200 AND name !~ '[[:cntrl:]]'),
-    role       text        NOT NULL CHECK (role IN ('producer', 'reader', 'admin')),
-    -- SHA-256 of the token's UTF-8 text
-    token_hash bytea       NOT NULL UNIQUE CHECK (length(token_hash) = 32),
-    created_at timestamptz NOT NULL DEFAULT now(),
-    expires_at timestamptz,
-    revoked_at timestamptz
-);
-
-COMMENT ON TABLE webhooks.api_tokens IS
-    'HTTP API tokens: name, role and the SHA-256 of the token (never the token itself) (036).';
-
-CREATE TABLE webhooks.api_operations (
-    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    kind         text        NOT NULL CHECK (kind IN ('replay_dead_letters')),
-    -- replay_dead_letters(): webhook_id, event_type, category, since, until (absent: any)
-    filter       jsonb       NOT NULL DEFAULT '{}',
-    rate         double precision CHECK (rate IS NULL OR rate > 0),
-    max_rows     integer     CHECK (max_rows IS NULL OR max_rows > 0),
-    status       text        NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'done', 'failed')),
-    processed    bigint      NOT NULL DEFAULT 0,
-    requested_by text        NOT NULL,
-    error        text,
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now(),
-    finished_at  timestamptz
-);
-
-COMMENT ON TABLE webhooks.api_operations IS
-    'Bulk operations started over the HTTP API, advanced in resumable steps (036).';
-
-CREATE INDEX api_operations_running ON webhooks.api_operations (id) WHERE status = 'running';
+-- Every function is SECURITY DEFINER with a fixed search_path; only api_publish() is granted (to
+-- webhooks_producer): the token and operation administration is the owner's alone.
 
 -- tokens --------------------------------------------------------------------------------------------
 
@@ -293,15 +246,3 @@ GRANT EXECUTE ON FUNCTION
     webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
 TO webhooks_producer;
 GRANT SELECT ON webhooks.api_operations TO webhooks_reader;
-
--- The API's login sets these roles per request; the owner is its usual login.
-DO $$
-BEGIN
-    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
-        EXECUTE format('GRANT webhooks_producer, webhooks_reader TO %I', current_user);
-    END IF;
-EXCEPTION WHEN insufficient_privilege OR invalid_grant_operation THEN
-    RAISE NOTICE 'the API''s login role needs membership of webhooks_producer and webhooks_reader: '
-                 'GRANT them to it (docs/security.md)';
-END;
-$$;

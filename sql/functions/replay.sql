@@ -1,11 +1,15 @@
--- 014_replay: putting finished deliveries back in the queue.
+-- replay: putting finished deliveries back in the queue, and answering "what happened to this
+-- delivery?" from psql:
+--   SELECT * FROM webhooks.delivery(42);                      -- the row, with its endpoint's name
+--   SELECT * FROM webhooks.delivery_by_key('alert-42');       -- every endpoint's delivery of a key
+--   SELECT * FROM webhooks.delivery_history(42);              -- every attempt and state change
 --
 -- A replay is the same row, sent again: status back to 'pending', attempts and deferrals reset,
 -- `replays` incremented, the same idempotency key (so a receiver that already processed it can
 -- deduplicate). The audit log keeps every earlier attempt and records the replay. An operator who
 -- wants a new event enqueues a new one.
 
-CREATE FUNCTION webhooks.replay_rows(p_delivery_ids bigint[]) RETURNS integer
+CREATE OR REPLACE FUNCTION webhooks.replay_rows(p_delivery_ids bigint[]) RETURNS integer
 LANGUAGE sql
 SET jit = off
 AS $$
@@ -27,7 +31,7 @@ AS $$
 $$;
 
 -- One delivery, dead-lettered or delivered. Returns whether it was put back.
-CREATE FUNCTION webhooks.replay(p_delivery_id bigint) RETURNS boolean
+CREATE OR REPLACE FUNCTION webhooks.replay(p_delivery_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     IF webhooks.replay_rows(ARRAY[p_delivery_id]) = 1 THEN
@@ -40,7 +44,7 @@ $$;
 
 -- Every dead letter matching all the given filters (NULL matches anything), at most p_limit of
 -- them, oldest first, so a large recovery can run in bounded, resumable steps. Returns the count.
-CREATE FUNCTION webhooks.replay_dead_letters(
+CREATE OR REPLACE FUNCTION webhooks.replay_dead_letters(
     p_webhook_id       bigint      DEFAULT NULL,
     p_event_type       text        DEFAULT NULL,
     p_failure_category text        DEFAULT NULL,
@@ -74,3 +78,40 @@ BEGIN
     RETURN coalesce(v_count, 0);
 END;
 $$;
+
+CREATE OR REPLACE VIEW webhooks.delivery_overview AS
+SELECT q.delivery_id, q.webhook_id, e.name AS endpoint_name, e.url_display AS endpoint,
+       q.event_id, q.idempotency_key, q.event_type, q.status, q.attempts, q.deferrals, q.replays,
+       coalesce(q.max_attempts, e.max_attempts, c.max_attempts) AS max_attempts,
+       q.next_retry_at, q.locked_by, q.locked_until, q.last_http_status, q.failure_category,
+       q.last_error, q.dead_letter_reason, q.priority, q.source_ref, q.payload, q.created_at,
+       q.delivered_at, q.dead_lettered_at
+FROM webhooks.alert_delivery_queue q
+JOIN webhooks.endpoints e ON e.id = q.webhook_id
+CROSS JOIN webhooks.delivery_config c;
+GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader;
+
+CREATE OR REPLACE FUNCTION webhooks.delivery(p_delivery_id bigint)
+RETURNS SETOF webhooks.delivery_overview
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM webhooks.delivery_overview WHERE delivery_id = p_delivery_id;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.delivery(bigint) TO webhooks_reader;
+
+CREATE OR REPLACE FUNCTION webhooks.delivery_by_key(p_idempotency_key text, p_webhook_id bigint DEFAULT NULL)
+RETURNS SETOF webhooks.delivery_overview
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM webhooks.delivery_overview
+    WHERE idempotency_key = p_idempotency_key
+      AND webhook_id = ANY (CASE WHEN p_webhook_id IS NULL THEN ARRAY(SELECT id FROM webhooks.endpoints)
+                                 ELSE ARRAY[p_webhook_id] END)
+    ORDER BY webhook_id;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.delivery_by_key(text, bigint) TO webhooks_reader;
+
+CREATE OR REPLACE FUNCTION webhooks.delivery_history(p_delivery_id bigint)
+RETURNS SETOF webhooks.alert_delivery_log
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM webhooks.alert_delivery_log WHERE delivery_id = p_delivery_id ORDER BY logged_at, log_id;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.delivery_history(bigint) TO webhooks_reader;

@@ -1,0 +1,429 @@
+-- claim: taking due rows to send, and giving back what was not sent. Short transactions, never held
+-- across HTTP.
+--
+-- webhooks.acquire(worker, batch, lease), the claim:
+-- 1. Rows whose lease expired (a crashed or stalled worker) become claimable again or, if the lost
+--    attempt was their last, dead letters with reason 'lease expired'; rows past their expires_at
+--    become dead letters ('expired').
+-- 2. The endpoints that may send now are locked with SKIP LOCKED, at most p_batch_size of them,
+--    least recently looked at first: active, not paused by Retry-After, circuit not open (an open
+--    circuit whose sleep is over turns half-open here), with claimable rows. Locking the endpoint's
+--    state row is what makes its limits hold across the fleet: no two claims for one endpoint run
+--    at once, and none ever waits for another.
+-- 3. In a new statement (so it sees every claim committed before the lock), each endpoint gets a
+--    quota: the least of its free concurrency (max_in_flight minus rows in flight), its rate
+--    tokens, its remaining half-open probes, and the batch size. Each endpoint's claimable rows are
+--    taken in priority, then due-time order, up to its quota. The batch is filled by priority, then
+--    round-robin across endpoints, so a large backlog on one endpoint never starves the others.
+--    Rows of a limited endpoint are not touched: they wait in the table.
+-- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
+--    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
+--    rate tokens are debited.
+-- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
+-- lease expires. webhooks.release(): rows claimed but not sent at shutdown go back with their
+-- attempt given back.
+
+-- Rows a claim may take once they are due: waiting (pending or retrying) and, with an ordering key,
+-- the first unfinished row of their key (earlier rows of the key, in flight included, go first).
+-- Claimable now is a row of this view with next_retry_at <= now(). acquire(), next_due_in() and the
+-- held_back view all read it here, so they cannot disagree (two copies that did once made idle
+-- workers wake to claim twenty times a second). A view, not a function: the planner inlines it into
+-- each query and keeps using the partial indexes; a function called per row was never inlined and
+-- cost more than the rest of the claim's scan.
+CREATE OR REPLACE VIEW webhooks.claimable AS
+SELECT q.delivery_id, q.webhook_id, q.priority, q.next_retry_at
+FROM webhooks.alert_delivery_queue q
+WHERE q.status IN ('pending', 'retrying')
+  AND (q.ordering_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM webhooks.alert_delivery_queue o
+      WHERE o.webhook_id = q.webhook_id AND o.ordering_key = q.ordering_key
+        AND o.delivery_id < q.delivery_id
+        AND o.status IN ('pending', 'retrying', 'delivering')));
+
+-- Ends the leases of the given rows that are still in flight (the caller holds their locks): each
+-- goes back to `retrying`, due now, with its attempt still counted (the request may have been
+-- sent), or to `dead_letter` with reason `lease expired` if that was its last attempt; each gets an
+-- audit row (outcome lease_expired) with the worker and lease it had. p_cause says why the lease
+-- ended early, if it did (in last_error; p_logged_cause in the audit row). The one rule for expired
+-- leases (reap_expired_leases) and lost workers (reclaim_rows_of, liveness.sql).
+CREATE OR REPLACE FUNCTION webhooks.end_leases(p_delivery_ids bigint[], p_cause text DEFAULT NULL,
+                                               p_logged_cause text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    WITH cfg AS (
+        SELECT max_attempts FROM webhooks.delivery_config
+    ), ended AS (
+        SELECT q.delivery_id, q.lease_token, q.locked_by,
+               q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts) AS exhausted
+        FROM webhooks.alert_delivery_queue q
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        CROSS JOIN cfg
+        WHERE q.delivery_id = ANY (p_delivery_ids) AND q.status = 'delivering'
+    ), returned AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE WHEN x.exhausted THEN 'dead_letter' ELSE 'retrying' END,
+            next_retry_at = now(),
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            failure_category = 'internal',
+            last_error = concat_ws(': ', 'lease expired', p_cause),
+            dead_letter_reason = CASE WHEN x.exhausted THEN 'lease expired' END,
+            dead_lettered_at = CASE WHEN x.exhausted THEN now() END,
+            updated_at = now()
+        FROM ended x
+        WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts, q.status, x.lease_token, x.locked_by
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, failure_category, error, worker_id, lease_token)
+        SELECT delivery_id, webhook_id, attempts, 'lease_expired', 'internal',
+               concat_ws(': ', CASE WHEN status = 'dead_letter' THEN 'lease expired on the last attempt'
+                                    ELSE 'lease expired' END,
+                         p_logged_cause),
+               locked_by, lease_token
+        FROM returned
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO v_count FROM logged;
+    RETURN v_count;
+END;
+$$;
+
+-- Rows whose lease ran out (their worker crashed, stalled or was cut off) go back to the queue, at
+-- most p_limit per call, oldest lease first. Every claim calls this first, so it asks the (small)
+-- partial index of leased rows whether there is anything to do before doing it.
+CREATE OR REPLACE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+-- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+SET plan_cache_mode = auto
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue
+                   WHERE status = 'delivering' AND locked_until < now()) THEN
+        RETURN 0;
+    END IF;
+    RETURN webhooks.end_leases(ARRAY(
+        SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+        WHERE q.status = 'delivering' AND q.locked_until < now()
+        ORDER BY q.locked_until
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED));
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.expire_deliveries(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+-- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+SET plan_cache_mode = auto
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue
+                   WHERE expires_at < now() AND expires_at IS NOT NULL
+                     AND status IN ('pending', 'retrying')) THEN
+        RETURN 0;
+    END IF;
+    WITH expired AS (
+        SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+        WHERE q.expires_at < now() AND q.expires_at IS NOT NULL AND q.status IN ('pending', 'retrying')
+        ORDER BY q.expires_at
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), dead AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'dead_letter', failure_category = 'expired',
+            dead_letter_reason = 'expired before delivery', last_error = 'expired before delivery',
+            dead_lettered_at = now(), updated_at = now()
+        FROM expired x WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, failure_category, error)
+        SELECT delivery_id, webhook_id, attempts, 'dead_letter', 'expired', 'expired before delivery' FROM dead
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO v_count FROM logged;
+    RETURN v_count;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer)
+RETURNS TABLE (
+    delivery_id      bigint,
+    webhook_id       bigint,
+    event_id         text,
+    idempotency_key  text,
+    event_type       text,
+    payload          text,
+    attempt          integer,
+    max_attempts     integer,
+    deferrals        integer,
+    replays          integer,
+    lease_token      uuid,
+    locked_until     timestamptz,
+    traceparent      text,
+    endpoint_url     text,
+    signing_secrets  jsonb,
+    headers          jsonb,
+    body_format      text,
+    secret_settings  jsonb,
+    timeout_ms       integer,     -- the endpoint's own timeout; NULL means the worker's default
+    retry_schedule   jsonb,
+    retry_jitter     real,
+    created_at       timestamptz,
+    retry_policy     jsonb        -- delivery_config.retry_policy with the endpoint's keys on top
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+-- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
+-- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
+-- statement here reaches rows through an index whatever the estimates (see `claimed`); the two
+-- clean-ups it calls keep their own plan choice (below).
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_endpoints bigint[];
+BEGIN
+    -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
+    -- of more rows than any worker can hold only locks them.
+    IF p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'acquire: p_batch_size must be between 1 and 10000, not %', p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_lease_seconds IS NULL OR p_lease_seconds NOT BETWEEN 1 AND 3600 THEN
+        RAISE EXCEPTION 'acquire: p_lease_seconds must be between 1 and 3600, not %', p_lease_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM webhooks.reap_expired_leases();
+    PERFORM webhooks.expire_deliveries();
+
+    SELECT array_agg(x.webhook_id ORDER BY x.webhook_id) INTO v_endpoints
+    FROM (
+        SELECT h.webhook_id
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        WHERE e.active
+          AND (h.paused_until IS NULL OR h.paused_until <= now())
+          AND h.circuit_state <> 'forced_open'
+          AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
+          AND EXISTS (SELECT 1 FROM webhooks.claimable q
+                      WHERE q.webhook_id = h.webhook_id AND q.next_retry_at <= now())
+        -- least recently served first, and a bounded number: a claim never locks every endpoint
+        ORDER BY h.last_claimed_at NULLS FIRST, h.webhook_id
+        LIMIT p_batch_size
+        FOR UPDATE OF h SKIP LOCKED
+    ) x;
+    IF v_endpoints IS NULL THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH cfg AS (
+        SELECT * FROM webhooks.delivery_config
+    ), clock AS (
+        SELECT clock_timestamp() AS now_exact
+    ), limits AS (
+        SELECT h.webhook_id, h.circuit_state,
+               h.probe_successes + h.probe_failures AS probe_results,
+               coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
+               coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
+               coalesce(e.rate_limit_burst, cfg.rate_limit_burst,
+                        greatest(1, ceil(coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second))))
+                   AS burst,
+               coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes) AS probes,
+               h.rate_tokens, h.rate_refilled_at
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        CROSS JOIN cfg
+        WHERE h.webhook_id = ANY(v_endpoints)
+    ), tokens AS (
+        SELECT l.*,
+               CASE WHEN l.rate IS NOT NULL THEN least(l.burst::double precision,
+                   coalesce(l.rate_tokens, l.burst) + l.rate::double precision * greatest(0,
+                       extract(epoch FROM clock.now_exact - coalesce(l.rate_refilled_at, clock.now_exact))))
+               END AS tokens_now
+        FROM limits l CROSS JOIN clock
+    ), in_flight AS (
+        -- a join, not a scalar subquery in the select list: `quota` reads `flying` twice (the
+        -- concurrency cap, the half-open probe budget), and each read of an inlined subquery ran
+        -- the count again
+        SELECT t.*, f.flying
+        FROM tokens t
+        CROSS JOIN LATERAL (
+            SELECT count(*)::integer AS flying FROM webhooks.alert_delivery_queue d
+            WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
+        ) f
+    ), quota AS (
+        SELECT t.*,
+               least(
+                   p_batch_size,
+                   t.max_in_flight - t.flying,
+                   CASE WHEN t.rate IS NULL THEN p_batch_size ELSE floor(t.tokens_now)::integer END,
+                   -- Half-open: probes not yet answered are the rows in flight, so a probe lost to
+                   -- a crash or a release frees its place again instead of wedging the circuit.
+                   CASE t.circuit_state WHEN 'open' THEN t.probes
+                                        WHEN 'half_open' THEN t.probes - t.probe_results - t.flying
+                                        ELSE p_batch_size END
+               ) AS quota
+        FROM in_flight t
+    ), candidates AS (
+        SELECT qt.webhook_id, r.delivery_id, r.priority, r.next_retry_at,
+               row_number() OVER (PARTITION BY qt.webhook_id
+                                  ORDER BY r.priority DESC, r.next_retry_at, r.delivery_id) AS turn
+        FROM quota qt
+        CROSS JOIN LATERAL (
+            SELECT q.delivery_id, q.priority, q.next_retry_at
+            FROM webhooks.claimable q
+            WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
+            ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
+            LIMIT qt.quota
+        ) r
+        WHERE qt.quota > 0
+    ), picked AS (
+        SELECT c.delivery_id
+        FROM candidates c
+        ORDER BY c.priority DESC, c.turn, c.next_retry_at, c.delivery_id
+        LIMIT p_batch_size
+    ), claimed AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'delivering',
+            attempts = q.attempts + 1,
+            locked_by = p_worker_id,
+            lease_token = gen_random_uuid(),
+            locked_until = now() + make_interval(secs => p_lease_seconds),
+            updated_at = now()
+        -- by primary key whatever the row estimates: joined to `picked`, a plan made without the
+        -- batch size (a generic plan) hashed the picked rows and scanned the whole queue
+        WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
+          AND q.status IN ('pending', 'retrying')
+        RETURNING q.*
+    ), debited AS (
+        UPDATE webhooks.webhook_health_metrics h
+        SET rate_tokens = CASE WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
+            rate_refilled_at = CASE WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
+            circuit_state = CASE WHEN h.circuit_state = 'open' THEN 'half_open' ELSE h.circuit_state END,
+            probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
+            probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
+            updated_at = now()
+        FROM (SELECT c.webhook_id, count(*)::integer AS claimed FROM claimed c GROUP BY c.webhook_id) n
+        JOIN quota qt ON qt.webhook_id = n.webhook_id
+        CROSS JOIN clock
+        WHERE h.webhook_id = n.webhook_id
+        RETURNING h.webhook_id, h.circuit_state
+    ), half_opened AS (
+        INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by)
+        SELECT d.webhook_id, 'circuit_half_open', 'sleep over; sending probes', 'circuit breaker'
+        FROM debited d JOIN quota qt ON qt.webhook_id = d.webhook_id
+        WHERE qt.circuit_state = 'open'
+        RETURNING 1
+    )
+    SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
+           q.payload::text, q.attempts,
+           coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
+           q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
+           e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
+           coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
+           cfg.retry_policy || e.retry_policy
+    FROM claimed q
+    JOIN webhooks.endpoints e ON e.id = q.webhook_id
+    CROSS JOIN cfg
+    ORDER BY q.priority DESC, q.delivery_id;
+
+    -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its
+    -- cap: otherwise endpoints that can take nothing would keep the front and crowd out the rest.
+    UPDATE webhooks.webhook_health_metrics SET last_claimed_at = clock_timestamp()
+    WHERE webhook_id = ANY(v_endpoints);
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.acquire(text, integer, integer) TO webhooks_worker;
+
+CREATE OR REPLACE FUNCTION webhooks.next_due_in() RETURNS double precision
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    v_at := (
+    WITH cfg AS (
+        SELECT * FROM webhooks.delivery_config
+    ), per_endpoint AS (
+        SELECT greatest(
+                   due.at,
+                   h.paused_until,
+                   CASE WHEN h.circuit_state = 'open' THEN h.circuit_open_until END,
+                   CASE WHEN r.rate IS NOT NULL AND coalesce(h.rate_tokens, 1) < 1
+                        THEN h.rate_refilled_at + make_interval(secs => (1 - h.rate_tokens) / r.rate) END
+               ) AS at
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        CROSS JOIN cfg
+        CROSS JOIN LATERAL (SELECT coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second)::double precision
+                            AS rate) r
+        CROSS JOIN LATERAL (
+            SELECT min(q.next_retry_at) AS at
+            FROM webhooks.claimable q
+            WHERE q.webhook_id = h.webhook_id
+        ) due
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS flying FROM webhooks.alert_delivery_queue d
+            WHERE d.webhook_id = h.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
+        ) f
+        WHERE e.active AND h.circuit_state <> 'forced_open' AND due.at IS NOT NULL
+          -- an endpoint at its cap (or out of probes) is woken by the finish that frees a place
+          AND f.flying < coalesce(e.max_in_flight, cfg.max_in_flight)
+          AND NOT (h.circuit_state = 'half_open' AND f.flying + h.probe_successes + h.probe_failures
+                   >= coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes))
+    )
+    SELECT least(
+        (SELECT min(at) FROM per_endpoint),
+        (SELECT min(locked_until) FROM webhooks.alert_delivery_queue WHERE status = 'delivering')));
+    IF v_at IS NULL THEN
+        RETURN NULL;  -- nothing waits: sleep until NOTIFY or the polling interval
+    END IF;
+    RETURN greatest(0, extract(epoch FROM v_at - now()))::double precision;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.next_due_in() TO webhooks_worker;
+
+CREATE OR REPLACE FUNCTION webhooks.release(p_worker_id text, p_leases jsonb) RETURNS integer
+LANGUAGE sql
+-- Short OLTP statements: JIT compilation would cost far more than it saves.
+SET jit = off
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH l AS (
+        SELECT (x ->> 'delivery_id')::bigint AS delivery_id, (x ->> 'lease_token')::uuid AS lease_token
+        FROM jsonb_array_elements(p_leases) x
+    ), released AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = CASE WHEN q.attempts <= 1 AND q.failure_category IS NULL
+                          THEN 'pending' ELSE 'retrying' END,
+            attempts = q.attempts - 1,
+            next_retry_at = now(),
+            locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            updated_at = now()
+        FROM l
+        WHERE q.delivery_id = l.delivery_id AND q.status = 'delivering'
+          AND q.lease_token = l.lease_token
+        RETURNING q.delivery_id, q.webhook_id, q.attempts + 1 AS attempt, l.lease_token
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log
+            (delivery_id, webhook_id, attempt, outcome, error, worker_id, lease_token)
+        SELECT delivery_id, webhook_id, attempt, 'released', 'released at shutdown; attempt not counted',
+               p_worker_id, lease_token
+        FROM released
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM logged;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.release(text, jsonb) TO webhooks_worker;

@@ -1,0 +1,396 @@
+-- endpoints: registering, changing, disabling and enabling endpoints; their circuit by hand; their
+-- sealed credentials; the operational events their state changes publish.
+--
+-- The worker side computes url_display and seals the credentials (URL, signing secrets, secret
+-- settings, header values) with a key PostgreSQL never sees; these functions only validate and
+-- store. endpoint_summary is what may be shown. Rotation keeps the old secrets signing until the
+-- time the operator sets, so receivers can switch keys without downtime. Every state change is
+-- recorded in endpoint_events with who or what decided it and why, and published as an
+-- operational event ('webhook.endpoint.*', 'webhook.circuit.*') to the endpoints that subscribe to
+-- its type explicitly ('*' does not include them), never to the endpoint it is about, so an event
+-- cannot loop back to its cause. Disabled endpoints' rows wait; once a row's retry window has
+-- passed it becomes a dead letter (reason 'endpoint disabled') that can be replayed.
+
+-- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
+CREATE OR REPLACE FUNCTION webhooks.create_health_row() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO webhooks.webhook_health_metrics (webhook_id) VALUES (NEW.id)
+    ON CONFLICT (webhook_id) DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER create_health_row
+    AFTER INSERT ON webhooks.endpoints
+    FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();
+
+-- Operational events: an endpoint's state changes, published (webhooks.publish) to the endpoints
+-- that subscribe to their type explicitly ('*' does not include them), never to the endpoint the
+-- event is about, so an event cannot loop back to its cause.
+CREATE OR REPLACE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE p_change
+        WHEN 'disabled' THEN 'webhook.endpoint.disabled'
+        WHEN 'enabled' THEN 'webhook.endpoint.enabled'
+        WHEN 'circuit_opened' THEN 'webhook.circuit.opened'
+        WHEN 'circuit_closed' THEN 'webhook.circuit.closed'
+        WHEN 'dead_letters' THEN 'webhook.endpoint.dead_letters'
+    END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.publish_operational(p_event_row bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    ev record;
+    v_type text;
+BEGIN
+    SELECT x.*, e.name AS endpoint_name INTO ev
+    FROM webhooks.endpoint_events x JOIN webhooks.endpoints e ON e.id = x.webhook_id
+    WHERE x.id = p_event_row;
+    v_type := webhooks.operational_event_type(ev.change);
+    IF v_type IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN webhooks.fan_out(
+        v_type,
+        jsonb_build_object(
+            'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
+            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
+            'source', 'webhook-worker',
+            'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'change', ev.change,
+            'reason', ev.reason, 'decided_by', ev.decided_by, 'delivery_id', ev.delivery_id,
+            'at', ev.at),
+        p_event_key => 'endpoint_events:' || ev.id,
+        p_source_ref => 'endpoint_events:' || ev.id,
+        p_priority => 10,
+        p_exclude_webhook_id => ev.webhook_id,
+        p_explicit_only => true);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.record_endpoint_event(
+    p_webhook_id bigint, p_change text, p_reason text, p_decided_by text,
+    p_delivery_id bigint DEFAULT NULL, p_attempt integer DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by, delivery_id, attempt)
+    VALUES (p_webhook_id, p_change, p_reason, p_decided_by, p_delivery_id, p_attempt)
+    RETURNING id INTO v_id;
+    PERFORM webhooks.publish_operational(v_id);
+    -- for listeners inside the database (documented channel)
+    PERFORM pg_notify('webhooks_endpoint_events', json_build_object(
+        'endpoint_id', p_webhook_id, 'change', p_change, 'reason', p_reason)::text);
+    RETURN p_change || coalesce(': ' || p_reason, '');
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.disable_endpoint(
+    p_webhook_id bigint, p_reason text, p_decided_by text DEFAULT 'operator',
+    p_delivery_id bigint DEFAULT NULL, p_attempt integer DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Health row first, then the endpoint: the order webhooks.finish() takes them in.
+    PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
+    UPDATE webhooks.endpoints
+    SET active = false, disabled_reason = p_reason, disabled_at = now(), updated_at = now()
+    WHERE id = p_webhook_id AND active;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE webhooks.webhook_health_metrics SET health_status = 'disabled', updated_at = now()
+    WHERE webhook_id = p_webhook_id;
+    RETURN webhooks.record_endpoint_event(p_webhook_id, 'disabled', p_reason, p_decided_by,
+                                          p_delivery_id, p_attempt);
+END;
+$$;
+
+-- Enabling also resets the circuit, the pause and the failure streak: the operator says the
+-- receiver is back. Rows that waited are claimable at once.
+CREATE OR REPLACE FUNCTION webhooks.enable_endpoint(p_webhook_id bigint, p_decided_by text DEFAULT 'operator')
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
+    UPDATE webhooks.endpoints
+    SET active = true, disabled_reason = NULL, disabled_at = NULL, updated_at = now()
+    WHERE id = p_webhook_id AND NOT active;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE webhooks.webhook_health_metrics
+    SET health_status = 'unknown', consecutive_failures = 0, failing_since = NULL,
+        circuit_state = 'closed', circuit_open_until = NULL, circuit_sleep_seconds = NULL,
+        paused_until = NULL, window_attempts = 0, window_failures = 0, previous_attempts = 0,
+        previous_failures = 0, updated_at = now()
+    WHERE webhook_id = p_webhook_id;
+    PERFORM pg_notify('webhooks_queue', '');
+    RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', NULL, p_decided_by);
+END;
+$$;
+
+-- Manual circuit control: 'reset' (closed, counters cleared), 'open' (forced open until p_until,
+-- or until reset), 'close' (forced closed: never opens by itself until reset).
+CREATE OR REPLACE FUNCTION webhooks.set_circuit(
+    p_webhook_id bigint, p_action text, p_until timestamptz DEFAULT NULL,
+    p_decided_by text DEFAULT 'operator'
+) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_change text;
+    v_found boolean;
+BEGIN
+    IF p_action = 'reset' THEN
+        UPDATE webhooks.webhook_health_metrics
+        SET circuit_state = 'closed', circuit_open_until = NULL, circuit_sleep_seconds = NULL,
+            window_attempts = 0, window_failures = 0, previous_attempts = 0, previous_failures = 0,
+            updated_at = now()
+        WHERE webhook_id = p_webhook_id;
+        v_found := FOUND;
+        v_change := 'circuit_reset';
+        PERFORM pg_notify('webhooks_queue', '');
+    ELSIF p_action = 'open' THEN
+        UPDATE webhooks.webhook_health_metrics
+        SET circuit_state = CASE WHEN p_until IS NULL THEN 'forced_open' ELSE 'open' END,
+            circuit_opened_at = now(), circuit_open_until = p_until, updated_at = now()
+        WHERE webhook_id = p_webhook_id;
+        v_found := FOUND;
+        v_change := 'circuit_forced_open';
+    ELSIF p_action = 'close' THEN
+        UPDATE webhooks.webhook_health_metrics
+        SET circuit_state = 'forced_closed', circuit_open_until = NULL, updated_at = now()
+        WHERE webhook_id = p_webhook_id;
+        v_found := FOUND;
+        v_change := 'circuit_forced_closed';
+        PERFORM pg_notify('webhooks_queue', '');
+    ELSE
+        RAISE EXCEPTION 'set_circuit: action must be reset, open or close, not %', p_action;
+    END IF;
+    IF NOT v_found THEN
+        RAISE EXCEPTION 'set_circuit: no endpoint %', p_webhook_id;
+    END IF;
+    RETURN webhooks.record_endpoint_event(
+        p_webhook_id, v_change, CASE WHEN p_until IS NOT NULL THEN 'until ' || p_until END,
+        p_decided_by);
+END;
+$$;
+
+-- How long a row keeps being retried: the schedule's delays for max_attempts - 1 retries.
+CREATE OR REPLACE FUNCTION webhooks.retry_window(p_schedule jsonb, p_max_attempts integer) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT make_interval(secs => coalesce(sum(
+        CASE WHEN p_schedule ? 'delays'
+             THEN (p_schedule -> 'delays' ->> least(n, jsonb_array_length(p_schedule -> 'delays') - 1))::double precision
+             ELSE least((p_schedule ->> 'cap')::double precision,
+                        (p_schedule ->> 'base')::double precision
+                        * power(coalesce((p_schedule ->> 'multiplier')::double precision, 2), n))
+        END), 0))
+    FROM generate_series(0, p_max_attempts - 2) AS n;
+$$;
+
+-- Disabled endpoints' rows wait; once a row's retry window has passed it becomes a dead letter
+-- (reason 'endpoint disabled', category 'disabled') that can be replayed. Bounded per call;
+-- returns how many.
+CREATE OR REPLACE FUNCTION webhooks.expire_disabled_endpoint_rows(p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+    WITH expired AS (
+        SELECT q.delivery_id
+        FROM webhooks.endpoints e
+        CROSS JOIN webhooks.delivery_config c
+        JOIN webhooks.alert_delivery_queue q
+          ON q.webhook_id = e.id AND q.status IN ('pending', 'retrying')
+        WHERE NOT e.active
+          AND q.scheduled_at + webhooks.retry_window(
+                coalesce(e.retry_schedule, c.retry_schedule),
+                coalesce(q.max_attempts, e.max_attempts, c.max_attempts)) < now()
+        LIMIT p_limit
+        FOR UPDATE OF q SKIP LOCKED
+    ), dead AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'dead_letter', dead_letter_reason = 'endpoint disabled', failure_category = 'disabled',
+            dead_lettered_at = now(), updated_at = now()
+        FROM expired x WHERE q.delivery_id = x.delivery_id
+        RETURNING q.delivery_id, q.webhook_id, q.attempts
+    ), logged AS (
+        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, failure_category, error)
+        SELECT delivery_id, webhook_id, attempts, 'dead_letter', 'disabled', 'endpoint disabled' FROM dead
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM logged;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.expire_disabled_endpoint_rows(integer) TO webhooks_worker;
+
+CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
+    p_name            text,
+    p_url             text,
+    p_url_display     text,
+    p_signing_secrets jsonb,
+    p_event_types     text[] DEFAULT '{*}',
+    p_headers         jsonb  DEFAULT '{}',
+    p_max_attempts    integer DEFAULT NULL,
+    p_timeout_ms      integer DEFAULT NULL,
+    p_retry_schedule  jsonb  DEFAULT NULL,
+    p_rate_limit_per_second numeric DEFAULT NULL,
+    p_rate_limit_burst integer DEFAULT NULL,
+    p_max_in_flight   integer DEFAULT NULL,
+    p_circuit_policy  jsonb  DEFAULT '{}',
+    p_body_format     text   DEFAULT 'raw',
+    p_secret_settings jsonb  DEFAULT '{}',
+    p_active          boolean DEFAULT true
+) RETURNS bigint
+LANGUAGE sql AS $$
+    INSERT INTO webhooks.endpoints
+        (name, url, url_display, signing_secrets, event_types, headers, max_attempts, timeout_ms,
+         retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight, circuit_policy,
+         body_format, secret_settings, active, disabled_reason, disabled_at)
+    VALUES
+        (p_name, p_url, p_url_display, p_signing_secrets, coalesce(p_event_types, '{*}'),
+         coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule,
+         p_rate_limit_per_second, p_rate_limit_burst, p_max_in_flight, coalesce(p_circuit_policy, '{}'),
+         coalesce(p_body_format, 'raw'), coalesce(p_secret_settings, '{}'), coalesce(p_active, true),
+         CASE WHEN NOT coalesce(p_active, true) THEN 'awaiting verification' END,
+         CASE WHEN NOT coalesce(p_active, true) THEN now() END)
+    RETURNING id;
+$$;
+
+-- Applies the keys present in p_changes (url, url_display, event_types, headers, max_attempts,
+-- timeout_ms, retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight,
+-- circuit_policy, body_format, secret_settings, delivery_ttl, retry_policy); a key with a JSON null
+-- resets that override.
+CREATE OR REPLACE FUNCTION webhooks.update_endpoint(p_webhook_id bigint, p_changes jsonb) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_unknown text;
+BEGIN
+    SELECT k INTO v_unknown FROM jsonb_object_keys(p_changes) k
+    WHERE k NOT IN ('url', 'url_display', 'event_types', 'headers', 'max_attempts', 'timeout_ms',
+                    'retry_schedule', 'rate_limit_per_second', 'rate_limit_burst', 'max_in_flight',
+                    'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy')
+    LIMIT 1;
+    IF v_unknown IS NOT NULL THEN
+        RAISE EXCEPTION 'update_endpoint: unknown field %', v_unknown;
+    END IF;
+    UPDATE webhooks.endpoints e SET
+        url = CASE WHEN p_changes ? 'url' THEN p_changes ->> 'url' ELSE e.url END,
+        url_display = CASE WHEN p_changes ? 'url_display' THEN p_changes ->> 'url_display' ELSE e.url_display END,
+        event_types = CASE WHEN p_changes ? 'event_types'
+                           THEN ARRAY(SELECT jsonb_array_elements_text(p_changes -> 'event_types'))
+                           ELSE e.event_types END,
+        headers = CASE WHEN p_changes ? 'headers' THEN p_changes -> 'headers' ELSE e.headers END,
+        max_attempts = CASE WHEN p_changes ? 'max_attempts' THEN (p_changes ->> 'max_attempts')::integer
+                            ELSE e.max_attempts END,
+        timeout_ms = CASE WHEN p_changes ? 'timeout_ms' THEN (p_changes ->> 'timeout_ms')::integer
+                          ELSE e.timeout_ms END,
+        retry_schedule = CASE WHEN p_changes ? 'retry_schedule' THEN nullif(p_changes -> 'retry_schedule', 'null')
+                              ELSE e.retry_schedule END,
+        rate_limit_per_second = CASE WHEN p_changes ? 'rate_limit_per_second'
+                                     THEN (p_changes ->> 'rate_limit_per_second')::numeric
+                                     ELSE e.rate_limit_per_second END,
+        rate_limit_burst = CASE WHEN p_changes ? 'rate_limit_burst'
+                                THEN (p_changes ->> 'rate_limit_burst')::integer ELSE e.rate_limit_burst END,
+        max_in_flight = CASE WHEN p_changes ? 'max_in_flight' THEN (p_changes ->> 'max_in_flight')::integer
+                             ELSE e.max_in_flight END,
+        circuit_policy = CASE WHEN p_changes ? 'circuit_policy' THEN p_changes -> 'circuit_policy'
+                              ELSE e.circuit_policy END,
+        body_format = CASE WHEN p_changes ? 'body_format' THEN p_changes ->> 'body_format' ELSE e.body_format END,
+        secret_settings = CASE WHEN p_changes ? 'secret_settings' THEN p_changes -> 'secret_settings'
+                               ELSE e.secret_settings END,
+        delivery_ttl = CASE WHEN p_changes ? 'delivery_ttl' THEN (p_changes ->> 'delivery_ttl')::interval
+                            ELSE e.delivery_ttl END,
+        retry_policy = CASE WHEN p_changes ? 'retry_policy' THEN p_changes -> 'retry_policy'
+                            ELSE e.retry_policy END,
+        updated_at = now()
+    WHERE e.id = p_webhook_id;
+    RETURN FOUND;
+END;
+$$;
+
+-- Adds p_new_secret as the newest secret; every secret active now expires at p_old_expire_at
+-- (NULL: they stay active until rotated again). Expired secrets are dropped.
+CREATE OR REPLACE FUNCTION webhooks.rotate_secret(p_webhook_id bigint, p_new_secret text,
+                                       p_old_expire_at timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    UPDATE webhooks.endpoints e SET
+        signing_secrets = jsonb_build_array(jsonb_build_object('secret', p_new_secret, 'expires_at', NULL))
+            || coalesce((
+                SELECT jsonb_agg(CASE WHEN s ->> 'expires_at' IS NULL
+                                      THEN jsonb_set(s, '{expires_at}', coalesce(to_jsonb(p_old_expire_at), 'null'))
+                                      ELSE s END)
+                FROM jsonb_array_elements(e.signing_secrets) s
+                WHERE s ->> 'expires_at' IS NULL OR (s ->> 'expires_at')::timestamptz > now()), '[]'),
+        updated_at = now()
+    WHERE e.id = p_webhook_id
+    RETURNING jsonb_array_length(e.signing_secrets) INTO v_count;
+    RETURN v_count;
+END;
+$$;
+
+-- The key id each stored credential is sealed with ('plaintext' for values stored before sealing).
+CREATE OR REPLACE FUNCTION webhooks.credential_keys()
+RETURNS TABLE (key_id text, credentials bigint)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH stored AS (
+        SELECT e.url AS value FROM webhooks.endpoints e
+        UNION ALL
+        SELECT s ->> 'secret' FROM webhooks.endpoints e, jsonb_array_elements(e.signing_secrets) s
+        UNION ALL
+        SELECT v.value FROM webhooks.endpoints e, jsonb_each_text(e.secret_settings) v
+        UNION ALL
+        SELECT h.value FROM webhooks.endpoints e, jsonb_each_text(e.headers) h
+    )
+    SELECT CASE WHEN starts_with(value, 'enc:v1:') THEN split_part(value, ':', 3) ELSE 'plaintext' END,
+           count(*)
+    FROM stored
+    GROUP BY 1
+    ORDER BY 1;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.credential_keys() TO webhooks_worker;
+
+-- A page of endpoints' credentials, locked against concurrent changes until the caller commits
+-- (FOR NO KEY UPDATE: producers inserting rows for these endpoints are not blocked).
+CREATE OR REPLACE FUNCTION webhooks.endpoint_credentials(p_after_id bigint, p_limit integer)
+RETURNS TABLE (id bigint, url text, signing_secrets jsonb, secret_settings jsonb, headers jsonb)
+LANGUAGE sql AS $$
+    SELECT e.id, e.url, e.signing_secrets, e.secret_settings, e.headers
+    FROM webhooks.endpoints e
+    WHERE e.id > p_after_id
+    ORDER BY e.id
+    LIMIT p_limit
+    FOR NO KEY UPDATE;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.store_endpoint_credentials(
+    p_id bigint, p_url text, p_signing_secrets jsonb, p_secret_settings jsonb, p_headers jsonb
+) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE webhooks.endpoints
+    SET url = p_url, signing_secrets = p_signing_secrets, secret_settings = p_secret_settings,
+        headers = p_headers
+    WHERE id = p_id;
+$$;
+
+CREATE OR REPLACE VIEW webhooks.endpoint_summary AS
+SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
+       jsonb_array_length(e.signing_secrets) AS secrets, e.body_format, e.max_attempts, e.timeout_ms,
+       e.created_at, h.health_status, h.total_attempts, h.successes, h.failures,
+       h.consecutive_failures, h.last_success_at, h.last_failure_at, h.circuit_state,
+       h.circuit_open_until, h.paused_until, e.rate_limit_per_second, e.rate_limit_burst,
+       e.max_in_flight
+FROM webhooks.endpoints e
+LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id;
+GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader;

@@ -1,0 +1,239 @@
+-- enqueue: the ways in. A plain INSERT into webhooks.alert_delivery_queue, webhooks.enqueue() (the
+-- idempotent way for producers that may retry), webhooks.publish() (one event, one delivery per
+-- subscribed endpoint), and webhooks.observer_queue_alert(), the trigger an application attaches to
+-- its own table:
+--   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts FOR EACH ROW
+--       EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
+-- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
+-- holding a stable event key; the payload is the row as JSON).
+--
+-- Every way passes through the queue's insert triggers: fill_idempotency_key() bounds the payload,
+-- metadata and source_ref and defaults the key to the event id; refuse_reserved_event_type() keeps
+-- 'webhook.*' for the worker's own events; notify_workers() sends one NOTIFY per statement (not per
+-- row), switchable off in delivery_config for very high insert rates. A duplicate key neither
+-- raises nor aborts the producer's transaction (ON CONFLICT DO NOTHING). Every delivery of one
+-- event shares its event id, which is also each delivery's idempotency key; given a stable event
+-- key, the event id is derived from it, so a producer that retries publishes nothing twice.
+
+CREATE OR REPLACE FUNCTION webhooks.fill_idempotency_key() RETURNS trigger
+LANGUAGE plpgsql
+-- Runs for producers that may not read endpoints or the config (see roles.sql).
+SECURITY DEFINER SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_limit integer;
+    v_size  integer;
+BEGIN
+    SELECT c.max_payload_bytes INTO v_limit FROM webhooks.delivery_config c;
+    -- The text form is what is sent; the stored (binary, maybe compressed) size is no bound on it.
+    v_size := octet_length(NEW.payload::text);
+    IF v_size > v_limit THEN
+        RAISE EXCEPTION 'webhook payload is % bytes; the limit is % bytes', v_size, v_limit
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Send a smaller payload (for example an id the receiver looks up), or raise '
+                         'webhooks.delivery_config.max_payload_bytes.';
+    END IF;
+    -- Fixed limits: neither is sent to the receiver, and neither needs to be large.
+    v_size := octet_length(NEW.metadata::text);
+    IF v_size > 65536 THEN
+        RAISE EXCEPTION 'webhook metadata is % bytes; the limit is 65536 bytes', v_size
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    v_size := octet_length(NEW.source_ref);
+    IF v_size > 4096 THEN
+        RAISE EXCEPTION 'webhook source_ref is % bytes; the limit is 4096 bytes', v_size
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    IF NEW.idempotency_key IS NULL THEN
+        NEW.idempotency_key := NEW.event_id;
+    END IF;
+    IF NEW.expires_at IS NULL THEN
+        -- the endpoint's default time to live, if it has one
+        SELECT now() + e.delivery_ttl INTO NEW.expires_at FROM webhooks.endpoints e WHERE e.id = NEW.webhook_id;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER fill_idempotency_key
+    BEFORE INSERT ON webhooks.alert_delivery_queue
+    FOR EACH ROW EXECUTE FUNCTION webhooks.fill_idempotency_key();
+
+-- SECURITY INVOKER on purpose: current_user must be the role that inserts (inside the owner's
+-- SECURITY DEFINER functions, that is the owner). USAGE: holding the owner's privileges now (the
+-- owner, a role inheriting them, a superuser), not merely a membership it has not SET.
+CREATE OR REPLACE FUNCTION webhooks.refuse_reserved_event_type() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+        RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
+                        'operational events', NEW.event_type
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- The WHEN clause keeps the cost off every ordinary insert.
+CREATE OR REPLACE TRIGGER refuse_reserved_event_type
+    BEFORE INSERT ON webhooks.alert_delivery_queue
+    FOR EACH ROW WHEN (starts_with(NEW.event_type, 'webhook.'))
+    EXECUTE FUNCTION webhooks.refuse_reserved_event_type();
+
+CREATE OR REPLACE FUNCTION webhooks.notify_workers() RETURNS trigger
+LANGUAGE plpgsql
+-- reads delivery_config for any inserting role; it touches no row data
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF (SELECT notify_enabled FROM webhooks.delivery_config) THEN
+        -- PostgreSQL folds identical notifications within a transaction into one.
+        PERFORM pg_notify('webhooks_queue', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER notify_workers
+    AFTER INSERT ON webhooks.alert_delivery_queue
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.notify_workers();
+
+CREATE OR REPLACE FUNCTION webhooks.enqueue(
+    p_webhook_id      bigint,
+    p_event_type      text,
+    p_payload         jsonb,
+    p_idempotency_key text        DEFAULT NULL,
+    p_event_id        text        DEFAULT NULL,
+    p_priority        integer     DEFAULT 0,
+    p_source_ref      text        DEFAULT NULL,
+    p_metadata        jsonb       DEFAULT '{}',
+    p_ordering_key    text        DEFAULT NULL,
+    p_max_attempts    integer     DEFAULT NULL,
+    p_deliver_at      timestamptz DEFAULT NULL,
+    p_traceparent     text        DEFAULT NULL,
+    p_expires_at      timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql
+-- SECURITY INVOKER: the insert trigger must see the caller. The search_path stays fixed.
+SET search_path = pg_catalog, webhooks, pg_temp
+-- Short OLTP statements: JIT compilation would cost far more than it saves.
+SET jit = off
+AS $$
+DECLARE
+    v_event_id text := coalesce(p_event_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''));
+    v_key      text := coalesce(p_idempotency_key, v_event_id);
+    v_id       bigint;
+BEGIN
+    INSERT INTO webhooks.alert_delivery_queue
+        (webhook_id, event_id, idempotency_key, event_type, payload, priority, source_ref,
+         metadata, ordering_key, max_attempts, next_retry_at, traceparent, expires_at)
+    VALUES
+        (p_webhook_id, v_event_id, v_key, p_event_type, p_payload, p_priority, p_source_ref,
+         coalesce(p_metadata, '{}'), p_ordering_key, p_max_attempts,
+         coalesce(p_deliver_at, now()), p_traceparent, p_expires_at)
+    ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
+    RETURNING delivery_id INTO v_id;
+
+    IF v_id IS NULL THEN
+        SELECT q.delivery_id INTO v_id
+        FROM webhooks.alert_delivery_queue q
+        WHERE q.webhook_id = p_webhook_id AND q.idempotency_key = v_key;
+    END IF;
+    RETURN v_id;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.enqueue(bigint, text, jsonb, text, text, integer, text, jsonb, text, integer, timestamp with time zone, text, timestamp with time zone) TO webhooks_producer;
+
+CREATE OR REPLACE FUNCTION webhooks.subscribes(p_event_types text[], p_event_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM unnest(p_event_types) AS t
+        WHERE t = '*' OR t = p_event_type
+           OR (t LIKE '%.*' AND starts_with(p_event_type, left(t, -1))));
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.fan_out(
+    p_event_type text,
+    p_payload    jsonb,
+    p_event_key  text DEFAULT NULL,
+    p_source_ref text DEFAULT NULL,
+    p_priority   integer DEFAULT 0,
+    -- for operational events: never to this endpoint, and only to explicit subscribers ('*' is not)
+    p_exclude_webhook_id bigint  DEFAULT NULL,
+    p_explicit_only      boolean DEFAULT false
+) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    v_event_id text := CASE
+        WHEN p_event_key IS NULL THEN 'evt_' || replace(gen_random_uuid()::text, '-', '')
+        ELSE 'evt_' || md5(p_event_type || ':' || p_event_key) END;
+    v_queued integer;
+BEGIN
+    INSERT INTO webhooks.alert_delivery_queue
+        (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, priority)
+    SELECT e.id, v_event_id, v_event_id, p_event_type, p_payload, p_source_ref, p_priority
+    FROM webhooks.endpoints e
+    WHERE e.active AND e.id IS DISTINCT FROM p_exclude_webhook_id
+      AND webhooks.subscribes(CASE WHEN p_explicit_only THEN array_remove(e.event_types, '*')
+                                   ELSE e.event_types END, p_event_type)
+    ORDER BY e.id
+    ON CONFLICT (webhook_id, idempotency_key) DO NOTHING;
+    GET DIAGNOSTICS v_queued = ROW_COUNT;
+    RETURN v_queued;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION webhooks.publish(
+    p_event_type text,
+    p_payload    jsonb,
+    p_event_key  text DEFAULT NULL,
+    p_source_ref text DEFAULT NULL,
+    p_priority   integer DEFAULT 0
+) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF starts_with(p_event_type, 'webhook.') THEN
+        RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
+                        'operational events', p_event_type
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN webhooks.fan_out(p_event_type, p_payload, p_event_key, p_source_ref, p_priority);
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.publish(text, jsonb, text, text, integer) TO webhooks_producer;
+
+CREATE OR REPLACE FUNCTION webhooks.observer_queue_alert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row        jsonb := to_jsonb(NEW);
+    v_event_type text := TG_ARGV[0];
+    v_key        text;
+BEGIN
+    IF TG_NARGS < 1 THEN
+        RAISE EXCEPTION 'webhooks.observer_queue_alert needs an event type argument';
+    END IF;
+    IF starts_with(v_event_type, 'column:') THEN
+        v_event_type := v_row ->> substr(v_event_type, 8);
+        IF v_event_type IS NULL THEN
+            RAISE EXCEPTION 'webhooks.observer_queue_alert: column % is missing or null', TG_ARGV[0];
+        END IF;
+    END IF;
+    IF TG_NARGS >= 2 THEN
+        v_key := TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME || ':' || (v_row ->> TG_ARGV[1]);
+    END IF;
+    PERFORM webhooks.publish(
+        v_event_type, v_row, v_key,
+        TG_TABLE_NAME || coalesce(':' || (v_row ->> coalesce(TG_ARGV[1], 'id')), ''));
+    RETURN NULL;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.observer_queue_alert() TO webhooks_producer;

@@ -1,0 +1,36 @@
+-- roles: what each group role may do with the tables and views (the roles themselves are made by
+-- migrations/001_baseline.sql; each function's EXECUTE grant is beside the function).
+--
+-- webhooks_worker may EXECUTE the functions a worker calls and nothing else: no table privileges
+--   at all. Those functions are SECURITY DEFINER (they run as the schema owner) with a fixed
+--   search_path, so a caller cannot substitute objects of its own.
+-- webhooks_producer may INSERT the producer's columns of the queue (not status, attempts or leases)
+--   and call enqueue() and publish(). It reads no payload and no endpoint: only the queue's
+--   (delivery_id, webhook_id, idempotency_key), which INSERT … ON CONFLICT (webhook_id,
+--   idempotency_key) DO NOTHING RETURNING delivery_id needs. Event types starting with 'webhook.'
+--   are reserved for the worker's operational events: publish() and an insert trigger refuse them.
+-- webhooks_reader may SELECT the queue, the audit log, health, events, the settings and the
+--   liveness table, and the endpoints without their credential columns (url, signing_secrets,
+--   secret_settings, headers).
+-- Administration (endpoints, replay, purge, `webhook-worker migrate` and the operator CLI) stays
+-- with the schema owner, which should not be a superuser.
+--
+-- `webhook-worker migrate` revokes every privilege these roles and PUBLIC hold in the schema before
+-- it applies sql/functions/, and PUBLIC's EXECUTE on every function after, so what these files grant
+-- is exactly what the roles have: a grant removed here is removed from the database.
+
+GRANT USAGE ON SCHEMA webhooks TO webhooks_worker, webhooks_producer, webhooks_reader;
+
+GRANT INSERT (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, metadata, priority,
+              ordering_key, max_attempts, next_retry_at, traceparent, expires_at)
+    ON webhooks.alert_delivery_queue TO webhooks_producer;
+GRANT SELECT (delivery_id, webhook_id, idempotency_key) ON webhooks.alert_delivery_queue TO webhooks_producer;
+
+GRANT SELECT ON webhooks.alert_delivery_queue, webhooks.alert_delivery_log, webhooks.webhook_health_metrics,
+                webhooks.endpoint_events, webhooks.delivery_config, webhooks.stats_sample,
+                webhooks.schema_migrations, webhooks.worker_liveness
+    TO webhooks_reader;
+GRANT SELECT (id, name, url_display, active, disabled_reason, disabled_at, event_types, body_format,
+              max_attempts, retry_schedule, timeout_ms, rate_limit_per_second, rate_limit_burst,
+              max_in_flight, circuit_policy, delivery_ttl, retry_policy, metadata, created_at, updated_at)
+    ON webhooks.endpoints TO webhooks_reader;

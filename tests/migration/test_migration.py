@@ -1,0 +1,163 @@
+"""Migrating a database of the old layout gives exactly the schema a fresh build gives, rows intact.
+
+The template for every future migration: keep a dump of the schema before the change (with rows in
+every state) in fixtures/, migrate it, and compare its catalogs with a fresh build's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.migration.catalog import differences, snapshot
+from tests.migration.make_fixture import FIXTURE_KEYS
+from tests.support import eventually, query, statuses
+from worker import encryption, schema
+from worker.encryption import KEYS_ENV, Keyring
+from worker.localpg import _find_binary
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+OLD_LAYOUT = FIXTURES / "schema_v35.sql"
+# Every table of the fixture whose rows must come through unchanged.
+TABLES = ("alert_delivery_queue", "alert_delivery_log", "webhook_health_metrics", "endpoint_events",
+          "endpoints", "delivery_config", "stats_sample", "worker_liveness")
+
+
+def restore(dsn: str, dump: Path) -> None:
+    subprocess.run([_find_binary("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(dump)],
+                   check=True, capture_output=True)
+
+
+def contents(dsn: str) -> dict[str, tuple[int, str]]:
+    """Each table's row count and a digest of its rows."""
+    found = {}
+    for table in TABLES:
+        [(count, digest)] = query(
+            dsn, f"SELECT count(*), md5(coalesce(string_agg(t::text, E'\\n' ORDER BY t::text), ''))"
+                 f" FROM webhooks.{table} t")
+        found[table] = (count, digest)
+    return found
+
+
+@pytest.fixture
+def old_db(template_db: str, fresh_db: Callable[[bool], str]) -> str:
+    """An empty database restored from the old layout's dump (the group roles exist: the template's
+    migration made them)."""
+    dsn = fresh_db(False)
+    restore(dsn, OLD_LAYOUT)
+    return dsn
+
+
+def test_the_old_layout_migrated_has_the_catalogs_of_a_fresh_build(db, old_db):
+    schema.migrate(old_db)
+    assert differences(snapshot(db), snapshot(old_db)) == []
+    # adopted as the baseline, then every later migration applied as on a fresh database
+    assert query(old_db, "SELECT version, name FROM webhooks.schema_migrations ORDER BY version") == [
+        (m.version, m.name) for m in schema.load_migrations()]
+
+
+def test_migrating_the_old_layout_keeps_every_row_and_a_second_run_changes_nothing(old_db):
+    before = contents(old_db)
+    assert all(count for count, _ in before.values()), before
+    schema.migrate(old_db)
+    assert contents(old_db) == before
+    assert schema.migrate(old_db) == []
+
+
+def test_a_fresh_build_defines_nothing_that_migrating_again_would_drop(db):
+    # a file that defined an object twice, or an object made outside sql/, would show here
+    expected = snapshot(db)
+    query(db, "DELETE FROM webhooks.schema_definitions")
+    assert schema.migrate(db) == [f"functions/{d.name}" for d in schema.load_definitions()]
+    assert differences(expected, snapshot(db)) == []
+
+
+def test_a_function_left_over_by_the_old_layout_is_gone_after_migrating(old_db):
+    lookup = "SELECT to_regprocedure('webhooks.is_head_of_key(bigint, text, bigint)') IS NOT NULL"
+    assert query(old_db, lookup) == [(True,)]
+    schema.migrate(old_db)
+    assert query(old_db, lookup) == [(False,)]
+
+
+def test_a_worker_finishes_the_rows_that_were_in_flight_and_waiting(old_db, receiver, spawn):
+    schema.migrate(old_db)
+    keyring = Keyring.parse(FIXTURE_KEYS, KEYS_ENV)
+    with psycopg.connect(old_db, autocommit=True) as conn:
+        for (endpoint,) in conn.execute("SELECT id FROM webhooks.endpoints").fetchall():
+            conn.execute("UPDATE webhooks.endpoints SET url = %s WHERE id = %s",
+                         (keyring.seal(receiver.url(f"/{endpoint}"), encryption.URL, endpoint), endpoint))
+    in_flight = [r[0] for r in query(old_db, "SELECT delivery_id FROM webhooks.alert_delivery_queue"
+                                             " WHERE status = 'delivering'")]
+    waiting = [r[0] for r in query(
+        old_db, "SELECT q.delivery_id FROM webhooks.alert_delivery_queue q"
+                " JOIN webhooks.endpoints e ON e.id = q.webhook_id"
+                " WHERE q.status IN ('pending', 'retrying') AND e.active AND q.next_retry_at < now()")]
+    assert in_flight and len(waiting) >= 5
+    spawn(old_db, keys=FIXTURE_KEYS)
+    eventually(lambda: set(statuses(old_db, in_flight + waiting).values()) == {"delivered"}, timeout=60,
+               message="every row in flight or due delivered")
+
+
+def test_the_migrations_alone_define_no_function_view_or_trigger_but_what_a_constraint_calls(fresh_db):
+    # functions, views, triggers and grants belong in sql/functions/, each defined once
+    dsn = fresh_db(False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA webhooks")
+        for migration in schema.load_migrations():
+            conn.execute(migration.sql.encode())
+    defined = query(dsn, """
+        SELECT 'function ' || p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = 'webhooks'::regnamespace
+          AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refobjid = p.oid
+                            AND d.classid = 'pg_constraint'::regclass)
+        UNION ALL
+        SELECT 'view ' || c.oid::regclass FROM pg_class c
+        WHERE c.relnamespace = 'webhooks'::regnamespace AND c.relkind = 'v'
+        UNION ALL
+        SELECT 'trigger ' || t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE c.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal""")
+    assert defined == []
+
+
+def test_an_applied_migration_whose_file_changed_is_refused_naming_the_file(db):
+    query(db, "UPDATE webhooks.schema_migrations SET checksum = 'edited' WHERE version = 1")
+    with pytest.raises(schema.MigrationError, match=r"sql/migrations/001_baseline\.sql changed after it was"):
+        schema.migrate(db)
+
+
+def test_a_database_of_the_old_layout_at_another_version_is_refused(old_db):
+    query(old_db, "DELETE FROM webhooks.schema_migrations WHERE version > 32")
+    before = contents(old_db)
+    with pytest.raises(schema.MigrationError, match=r"at version 32 \(circuit_and_categories\)"):
+        schema.migrate(old_db)
+    assert contents(old_db) == before
+
+
+def test_what_no_file_defines_is_dropped_but_an_application_s_trigger_is_kept(db):
+    expected = snapshot(db)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION webhooks.stray() RETURNS trigger LANGUAGE plpgsql"
+                     " AS 'BEGIN RETURN NEW; END'")
+        conn.execute("CREATE TRIGGER stray BEFORE INSERT ON webhooks.alert_delivery_queue"
+                     " FOR EACH ROW EXECUTE FUNCTION webhooks.stray()")
+        conn.execute("CREATE VIEW webhooks.stray_view AS SELECT 1 AS one")
+        conn.execute("CREATE TABLE public.alerts (id bigint PRIMARY KEY)")
+        conn.execute("CREATE TRIGGER alerts_webhooks AFTER INSERT ON public.alerts FOR EACH ROW"
+                     " EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id')")
+        conn.execute("DELETE FROM webhooks.schema_definitions")  # as when a file changes
+    schema.migrate(db)
+    assert differences(expected, snapshot(db)) == []
+    assert query(db, "SELECT tgname FROM pg_trigger WHERE tgrelid = 'public.alerts'::regclass") == [
+        ("alerts_webhooks",)]
+
+
+def test_an_older_release_migrating_after_a_newer_one_leaves_its_definitions_alone(db):
+    query(db, "INSERT INTO webhooks.schema_migrations (version, name, checksum)"
+              " VALUES (%s, 'from_a_newer_release', 'x')", (schema.latest_version() + 1,))
+    query(db, "UPDATE webhooks.schema_definitions SET checksum = 'newer'")
+    assert schema.migrate(db) == []
+    assert {c for (c,) in query(db, "SELECT checksum FROM webhooks.schema_definitions")} == {"newer"}
