@@ -10,7 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
@@ -18,7 +18,7 @@ from uuid import UUID, uuid4
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from worker import formats, schema
+from worker import coalescing, formats, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, ConfigError, check_lease
 from worker.delivery import Sender, Sent, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
@@ -117,6 +117,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
+        # A digest in flight (one request, one _in_flight entry under its first member): its members.
+        self._digests: dict[UUID, list[Claimed]] = {}
         # Rows whose request has started, by lease token: when (time.monotonic()) it started.
         self._sending: dict[UUID, float] = {}
         # This process, as opposed to another process under the same worker id.
@@ -387,10 +389,15 @@ class Worker:
                 quiet = 0.0  # rows found: the next wake-up after an empty claim is not held
             if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
-            for row in rows:
+            for request in coalescing.requests(rows):
+                row = request[0]
                 # unnamed: naming a task costs a string and a call per delivery (1% of the worker's
                 # CPU in a drain), and _in_flight already maps each task to its row
-                task = asyncio.create_task(self._deliver(row))
+                if len(request) == 1:
+                    task = asyncio.create_task(self._deliver(row))
+                else:
+                    self._digests[row.lease_token] = request
+                    task = asyncio.create_task(self._deliver_digest(request))
                 self._in_flight[row.lease_token] = (row, task)
             if len(rows) < want:
                 claimed_at = loop.time()
@@ -553,6 +560,75 @@ class Worker:
             self._slot_freed.set()
         self._outcomes.put_nowait(finished)
 
+    async def _deliver_digest(self, members: list[Claimed]) -> None:
+        """One request for a digest's members (issue 23). Each member gets its own outcome, under its
+        own lease token; a member whose payload cannot be rendered fails alone and the rest go."""
+        assert self.effective is not None
+        leader = members[0]
+        outcomes: list[Finished] = []
+        try:
+            if leader.problem is not None:
+                raise PoisonRow(leader.problem)
+            timeout = leader.retry_policy.timeout(
+                leader.timeout_seconds or self.effective.timeout_seconds, leader.attempt,
+                self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+            items, carried = [], []
+            for member in members:
+                try:
+                    items.append(formats.digest_item(member.body_format, member.body, _event(member)))
+                    carried.append(member)
+                except (formats.FormatError, ValueError) as exc:
+                    outcomes.append(_cannot_render(member, str(exc)))
+                    self._row_log(member).error(
+                        "payload cannot be rendered", body_format=member.body_format, error=str(exc))
+            if carried:
+                request = carried[0]
+                if len(carried) > 1:
+                    body = formats.render_digest(leader.body_format, items)
+                    request = replace(leader, idempotency_key=coalescing.digest_webhook_id(carried),
+                                      event_type=coalescing.DIGEST_EVENT_TYPE)
+                else:
+                    body = formats.render(request.body_format, request.body, _event(request))
+                started = time.monotonic()
+                for member in carried:
+                    self._sending[member.lease_token] = started
+                sent = await self.sender.send(request, body, timeout)
+                self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
+                self.metrics.digests.inc()
+                self.metrics.digest_rows.observe(len(carried))
+                first = self._outcome(request, sent)
+                # one delay for all: a failed digest is claimed again as one group
+                outcomes += [replace(first, delivery_id=m.delivery_id, lease_token=m.lease_token,
+                                     attempt=m.attempt) for m in carried]
+                if first.outcome != Outcome.DELIVERED or self._debug:
+                    with contextlib.suppress(Exception):  # a log line must never cost an outcome
+                        _log_attempt(self._row_log(leader).bind(
+                            digest=coalescing.digest_label(leader.digest_id or 0), rows=len(carried)),
+                            request, sent, first)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad digest must never stop the worker (logged below)
+            if isinstance(exc, PoisonRow) or carries_transport_text(exc):
+                self._row_log(leader).error("digest failed inside the worker", error=error_text(exc))
+            else:
+                self._row_log(leader).exception("digest failed inside the worker")
+            done = {f.delivery_id for f in outcomes}
+            outcomes += [Finished(
+                delivery_id=m.delivery_id, lease_token=m.lease_token, attempt=m.attempt,
+                outcome=Outcome.RETRY, retry_after_s=leader.schedule.delay(leader.attempt),
+                failure_category="internal",
+                error=(str(exc) if isinstance(exc, PoisonRow)
+                       else f"internal error: {error_text(exc)}")[:500],
+            ) for m in members if m.delivery_id not in done]
+        finally:
+            self._in_flight.pop(leader.lease_token, None)
+            self._digests.pop(leader.lease_token, None)
+            for member in members:
+                self._sending.pop(member.lease_token, None)
+            self._slot_freed.set()
+        for finished in outcomes:
+            self._outcomes.put_nowait(finished)
+
     def _outcome(self, row: Claimed, sent: Sent) -> Finished:
         decision = classify(sent.result)
         delay = None
@@ -663,7 +739,9 @@ class Worker:
         tasks = [task for _, task in self._in_flight.values()]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
-        leftover = list(self._in_flight.values())
+        # a digest's members one by one: each is released or recorded as interrupted on its own
+        leftover = [(member, task) for row, task in self._in_flight.values()
+                    for member in self._digests.get(row.lease_token, [row])]
         # No task runs between this snapshot and the cancellations below (no await between them).
         sending, interrupted_at = dict(self._sending), time.monotonic()
         for _, task in leftover:
@@ -745,6 +823,11 @@ def _interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finishe
         error=f"interrupted: the worker shut down with the request open after its {grace_seconds:g} s grace",
         latency_ms=latency_ms,
     )
+
+
+def _event(row: Claimed) -> formats.Event:
+    created_at = row.created_at or datetime.now(UTC)
+    return formats.Event(row.event_id, row.event_type, created_at, row.secret_settings)
 
 
 def _cannot_render(row: Claimed, reason: str) -> Finished:

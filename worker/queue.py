@@ -75,6 +75,8 @@ class Claimed:
     secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
     created_at: datetime | None = None
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    # The digest (one request for several rows, issue 23) this row goes in; None: its own request.
+    digest_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[st
         for name in ("delivery_id", "webhook_id", "event_id", "idempotency_key", "event_type", "attempt",
                      "max_attempts", "lease_token", "locked_until")
     }
+    identity["digest_id"] = row.get("digest_id")  # absent before schema 37
     settings = endpoints.get(row["webhook_id"])
     if settings is None:
         try:
@@ -533,6 +536,13 @@ def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
     return summary
 
 
+def endpoint_coalescing(conn: psycopg.Connection, endpoint_id: int) -> tuple[str, int | None] | None:
+    """The endpoint's body format and coalesce_max (issue 23), for a change to either."""
+    row = conn.execute("SELECT body_format, coalesce_max FROM webhooks.endpoints WHERE id = %s",
+                       (endpoint_id,)).fetchone()
+    return None if row is None else (str(row[0]), row[1])
+
+
 def endpoint_format_and_settings(
     conn: psycopg.Connection, endpoint_id: int, keyring: Keyring
 ) -> tuple[str | None, dict[str, str]]:
@@ -722,7 +732,11 @@ def find_deliveries(
         row["history"] = fetch_dicts(
             conn,
             "SELECT attempt, outcome, failure_category, http_status, latency_ms, error, worker_id,"
-            " stale, logged_at FROM webhooks.delivery_history(%s)",
+            " stale, logged_at, digest_id,"
+            # members only ever leave a digest: the rows it carried when it was first sent
+            " (SELECT count(DISTINCT d.delivery_id) FROM webhooks.alert_delivery_log d"
+            "  WHERE d.digest_id = h.digest_id) AS digest_rows"
+            " FROM webhooks.delivery_history(%s) h",
             (row["delivery_id"],),
         )
     return rows
