@@ -521,6 +521,9 @@ def fetch_dicts(
 
 def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
     [summary] = fetch_dicts(conn, "SELECT * FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,))
+    [coalescing] = fetch_dicts(conn, "SELECT coalesce_max, coalesce_window FROM webhooks.endpoints"
+                                     " WHERE id = %s", (endpoint_id,))
+    summary.update(coalescing)
     summary["events"] = fetch_dicts(
         conn,
         "SELECT change, reason, decided_by, delivery_id, at FROM webhooks.endpoint_events"
