@@ -5,8 +5,8 @@
 -- rows are due than its limits let through now (or its oldest due row has waited coalesce_window),
 -- a claim takes up to coalesce_max due rows together and the worker sends them as one request, a
 -- digest. A lone row is never held back for company. Rate tokens, max_in_flight and half-open probes
--- count requests, so a digest costs one of each. Rows with an ordering key are never put in a
--- digest with other rows: only the head of a key is ever claimable, so each goes alone, in order.
+-- count requests, so a digest costs one of each. Rows with an ordering key are coalesced only with
+-- rows of the same key, in the key's order: the head of the key takes the rows that follow it.
 --
 -- Every member keeps its own row, lease token, attempts and audit history: finish() takes one
 -- outcome per member, as before, and the audit log records the digest that carried each attempt
@@ -313,8 +313,8 @@ BEGIN
         WHERE qt.quota > 0
     ), grouped AS (
         -- Which request each candidate goes in: a failed digest's again, one of its own, or (the
-        -- endpoint coalescing) a run of up to coalesce_max rows in claim order. A row with an
-        -- ordering key goes alone: only the head of its key is ever a candidate.
+        -- endpoint coalescing) a run of up to coalesce_max rows in claim order. Only the head of
+        -- an ordering key is ever a candidate: it takes its key's next rows in `key_runs`.
         SELECT c.*,
                CASE WHEN c.digest_id IS NOT NULL THEN 'd' || c.digest_id
                     WHEN c.coalescing AND c.ordering_key IS NULL
@@ -337,15 +337,41 @@ BEGIN
         WHERE r.turn <= r.quota
         ORDER BY r.priority DESC, r.turn, r.next_retry_at, r.first_id
         LIMIT p_batch_size
+    ), key_runs AS (
+        -- The head of an ordering key, the endpoint coalescing, takes the rows of its key that
+        -- follow it without a gap (due, not in flight, in no digest), up to coalesce_max in all:
+        -- a digest of one key, in the key's order, sent and retried as one.
+        SELECT g.webhook_id, g.request, f.delivery_id
+        FROM grouped g
+        JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
+        CROSS JOIN LATERAL (
+            SELECT x.delivery_id
+            FROM (SELECT o.delivery_id,
+                         bool_and(o.status IN ('pending', 'retrying') AND o.next_retry_at <= now()
+                                  AND o.digest_id IS NULL) OVER (ORDER BY o.delivery_id) AS unbroken
+                  FROM webhooks.alert_delivery_queue o
+                  WHERE o.webhook_id = g.webhook_id AND o.ordering_key = g.ordering_key
+                    AND o.delivery_id > g.delivery_id
+                    AND o.status IN ('pending', 'retrying', 'delivering')
+                  ORDER BY o.delivery_id
+                  LIMIT g.coalesce_max - 1) x
+            WHERE x.unbroken
+        ) f
+        WHERE g.coalescing AND g.ordering_key IS NOT NULL AND g.digest_id IS NULL
     ), new_digests AS (
         SELECT r.webhook_id, r.request, nextval('webhooks.digest_id_seq') AS digest_id
         FROM picked_requests r
-        WHERE r.request LIKE 'g%' AND r.size > 1
+        WHERE (r.request LIKE 'g%' AND r.size > 1)
+           OR EXISTS (SELECT 1 FROM key_runs k WHERE k.webhook_id = r.webhook_id AND k.request = r.request)
     ), picked AS (
         SELECT g.delivery_id, n.digest_id AS new_digest_id
         FROM grouped g
         JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
         LEFT JOIN new_digests n ON n.webhook_id = g.webhook_id AND n.request = g.request
+        UNION ALL
+        SELECT k.delivery_id, n.digest_id
+        FROM key_runs k
+        JOIN new_digests n ON n.webhook_id = k.webhook_id AND n.request = k.request
         UNION ALL
         -- the other members of a failed digest, due or not (their jitter may differ): it retries
         -- as the same group; a member that expired or was replayed has left it

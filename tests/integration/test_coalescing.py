@@ -9,6 +9,7 @@ import psycopg
 
 from tests.receiver import Reply
 from tests.support import add_endpoint, all_final, enqueue, eventually, query
+from worker.queue import find_deliveries
 
 FAST_RETRY = {"delays": [0.2]}
 
@@ -113,6 +114,11 @@ def test_a_failed_digest_is_claimed_again_as_the_same_group_and_members_leave_it
                         " WHERE delivery_id = ANY(%s) AND attempt > 0 ORDER BY delivery_id, attempt",
                     (ids[:5],))
     assert history == [(i, a, o, digest) for i in ids[:5] for a, o in ((1, "retry"), (2, "delivered"))]
+    # and `deliveries show` names it, with the rows it carried when first sent
+    with psycopg.connect(db, autocommit=True) as conn:
+        [shown] = find_deliveries(conn, ids[0], None)
+    assert [(h["attempt"], h["digest_id"], h["digest_rows"]) for h in shown["history"]] == [
+        (1, digest, 6), (2, digest, 6)]
     # finished members leave the group: nothing later can be claimed into it
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue"
                      " WHERE digest_id IS NOT NULL") == [(0,)]
@@ -129,20 +135,36 @@ def test_a_digest_counts_once_in_the_endpoints_health(db):
     assert health == [(1, 1, 1)]
 
 
-def test_rows_with_an_ordering_key_go_alone_and_in_order(db):
+def test_rows_with_an_ordering_key_are_coalesced_only_with_their_key_in_order(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/a", body_format="envelope", rate_limit_per_second=0.01,
                             rate_limit_burst=3)
+    coalesce(db, endpoint, 3)
+    host1 = enqueue(db, endpoint, count=4)
+    host2 = enqueue(db, endpoint, count=2)
+    loose = enqueue(db, endpoint, count=2)
+    for key, ids in (("host-1", host1), ("host-2", host2)):
+        query(db, "UPDATE webhooks.alert_delivery_queue SET ordering_key = %s WHERE delivery_id = ANY(%s)",
+              (key, ids))
+    claimed = {d: digest for d, _, _, digest in acquire(db)}
+    # three tokens, three requests: each key's first rows in a digest of their own, and the loose
+    # rows in another; host-1's fourth row waits for the three before it
+    assert set(claimed) == set(host1[:3] + host2 + loose)
+    groups = {frozenset(d for d in claimed if claimed[d] == digest) for digest in claimed.values()}
+    assert groups == {frozenset(host1[:3]), frozenset(host2), frozenset(loose)}
+    assert acquire(db) == []
+
+
+def test_a_key_run_stops_at_a_gap_so_no_row_overtakes_an_earlier_one_of_its_key(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/a", body_format="envelope", rate_limit_per_second=0.01,
+                            rate_limit_burst=1)
     coalesce(db, endpoint, 10)
-    keyed = enqueue(db, endpoint, count=4)
-    query(db, "UPDATE webhooks.alert_delivery_queue SET ordering_key = 'host-1' WHERE delivery_id = ANY(%s)",
+    keyed = enqueue(db, endpoint, count=5)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET ordering_key = 'k' WHERE delivery_id = ANY(%s)",
           (keyed,))
-    loose = enqueue(db, endpoint, count=6)
-    claimed = acquire(db)
-    by_digest = Counter(digest for *_, digest in claimed)
-    # the key's head alone; the loose rows coalesced; the rest of the key waits its turn
-    assert keyed[0] in [d for d, *_ in claimed] and not set(keyed[1:]) & {d for d, *_ in claimed}
-    assert {d: digest for d, _, _, digest in claimed}[keyed[0]] is None
-    assert sorted(n for digest, n in by_digest.items() if digest is not None)[-1] == len(loose)
+    # the third is not due yet: the fourth and fifth must not go before it
+    query(db, "UPDATE webhooks.alert_delivery_queue SET next_retry_at = now() + interval '1 hour'"
+              " WHERE delivery_id = %s", (keyed[2],))
+    assert [d for d, *_ in acquire(db)] == keyed[:2]
 
 
 def test_the_policy_is_checked_by_the_database_too(db):

@@ -443,5 +443,9 @@ def test_restated_worker_functions_keep_their_security_settings_and_plan_choice(
     # the reserved event type check must see the inserting role, not the owner (031)
     assert rows["refuse_reserved_event_type"][0] is False
     assert rows["enqueue"][0] is False and "search_path=pg_catalog, webhooks, pg_temp" in rows["enqueue"][1]
+    # acquire() was dropped and created again (037): its grant is restated, and nobody else may call it
+    assert query(db, "SELECT has_function_privilege(r, 'webhooks.acquire(text, integer, integer)', 'EXECUTE')"
+                     " FROM unnest(ARRAY['webhooks_worker', 'webhooks_producer', 'webhooks_reader']) r") == [
+        (True,), (False,), (False,)]
     # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)
     assert "plan_cache_mode=auto" in rows["reap_expired_leases"][1]
