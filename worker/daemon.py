@@ -594,8 +594,9 @@ class Worker:
                     self._sending[member.lease_token] = started
                 sent = await self.sender.send(request, body, timeout)
                 self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
-                self.metrics.digests.inc()
-                self.metrics.digest_rows.observe(len(carried))
+                if len(carried) > 1:  # the others left: a message of its own
+                    self.metrics.digests.inc()
+                    self.metrics.digest_rows.observe(len(carried))
                 first = self._outcome(request, sent)
                 # one delay for all: a failed digest is claimed again as one group
                 outcomes += [replace(first, delivery_id=m.delivery_id, lease_token=m.lease_token,

@@ -250,3 +250,23 @@ def test_a_lone_alert_on_an_idle_coalescing_endpoint_goes_at_once_and_alone(db, 
     assert alerts_in(request) == [event_ids(db, [delivery])[delivery]]
     assert "webhook-digest-id" not in request.headers
     assert json.loads(request.body)["type"] == "alert.created"
+
+
+def test_a_member_that_cannot_be_rendered_is_dead_lettered_alone_and_the_digest_goes_without_it(
+        db, receiver, spawn):
+    endpoint = add_endpoint(db, receiver.url("/slack"), body_format="slack", rate_limit_per_second=5,
+                            rate_limit_burst=1)
+    coalesce(db, endpoint, 10)
+    good = enqueue(db, endpoint, {"title": "link down", "severity": "critical"}, count=4)
+    [bad] = enqueue(db, endpoint, {"severity": "critical"})  # no title: a Slack message needs one
+    worker = spawn(db)
+    worker.expect_errors("payload cannot be rendered")
+    eventually(lambda: all_final(db, [*good, bad]), timeout=30, message="all final")
+    [request] = receiver.to("/slack")
+    assert json.loads(request.body)["text"] == "4 alerts — 4 critical"
+    assert request.headers["webhook-event-type"] == "webhook.batch"
+    assert query(db, "SELECT status, dead_letter_reason FROM webhooks.alert_delivery_queue"
+                     " WHERE delivery_id = %s", (bad,)) == [
+        ("dead_letter", "cannot render as slack: payload.title: missing (an alert needs a title or summary)")]
+    assert {s for (s,) in query(db, "SELECT status FROM webhooks.alert_delivery_queue"
+                                    " WHERE delivery_id = ANY(%s)", (good,))} == {"delivered"}
