@@ -7,6 +7,7 @@ from collections import Counter
 
 import psycopg
 
+from tests.integration.test_observability import scrape, value
 from tests.receiver import Reply
 from tests.support import add_endpoint, all_final, enqueue, eventually, query
 from worker.queue import find_deliveries
@@ -220,6 +221,11 @@ def test_a_storm_of_1000_alerts_goes_out_as_digests_each_alert_exactly_once(db, 
     digests = [r for r in requests if "webhook-digest-id" in r.headers]
     assert logged == [(1000, len(digests), len(requests) - len(digests))]
     assert query(db, "SELECT max(attempts) FROM webhooks.alert_delivery_queue") == [(1,)]
+    # the metrics: digests sent, and rows per digest
+    samples = scrape(worker)
+    assert value(samples, "webhook_worker_digests_total") == len(digests)
+    assert value(samples, "webhook_worker_digest_rows_count") == len(digests)
+    assert value(samples, "webhook_worker_digest_rows_sum") == sum(len(alerts_in(r)) for r in digests)
 
 
 def test_a_failed_digest_is_sent_again_with_the_same_webhook_id_and_members(db, receiver, spawn):
