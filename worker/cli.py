@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from worker import __version__, operations, schema, signing
+from worker import __version__, coalescing, operations, schema, signing
 from worker.config import Config, load_config
 from worker.delivery import display_url
 from worker.destinations import Address, address_blocked, ip_literal, url_problem
@@ -268,6 +268,14 @@ def _check_routing_key(body_format: str | None, routing_key: str | None, stored_
         raise UsageError("--routing-key: required with --format pagerduty")
 
 
+def add_coalescing_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--coalesce-max", type=int, metavar="N",
+                        help="alert storms: when more rows are due than the limits let through, send up "
+                             "to N as one digest request (slack, mattermost, envelope; 0 turns it off)")
+    parser.add_argument("--coalesce-window", type=float, metavar="SECONDS",
+                        help="with --coalesce-max: also coalesce once the oldest due row waited this long")
+
+
 def _check_ttl(ttl_seconds: float | None) -> None:
     if ttl_seconds is not None and not 0 < ttl_seconds <= 365 * 86400:
         raise UsageError("--ttl-seconds: expected a number of seconds above 0, at most a year")
@@ -292,6 +300,10 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     if problem is not None:
         raise UsageError(f"--header {problem}")
     schedule = _schedule(args.retry_delays) if args.retry_delays else None
+    try:
+        coalesce = coalescing.policy_changes(args.coalesce_max, args.coalesce_window, args.format)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     spec = EndpointSpec(
         name=args.name,
         url=url,
@@ -321,6 +333,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         if args.ttl_seconds:
             ttl = {"delivery_ttl": f"{args.ttl_seconds} seconds"}
             operations.update_endpoint(conn, endpoint_id, ttl, keyring)
+        if coalesce:
+            operations.update_endpoint(conn, endpoint_id, coalesce, keyring)
         if args.verify:
             problem = verify_endpoint(url, secret, timeout=10.0, config=config)
             if problem:
@@ -455,10 +469,18 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
     if args.format is not None:
         changes["body_format"] = args.format
     routing_key = inputs.value(args, "routing_key")
-    if not changes and routing_key is None:
+    coalesce_options = args.coalesce_max is not None or args.coalesce_window is not None
+    if not changes and routing_key is None and not coalesce_options:
         raise UsageError("nothing to change: give at least one option")
     with _connect(args) as conn:
         endpoint_id = _endpoint_id(conn, args.endpoint)
+        if coalesce_options or args.format is not None:
+            stored_format, stored_max = operations.endpoint_coalescing(conn, endpoint_id) or (None, None)
+            try:
+                changes.update(coalescing.policy_changes(
+                    args.coalesce_max, args.coalesce_window, args.format or stored_format, stored_max))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         if routing_key is not None or args.format == "pagerduty":
             stored_format, stored_settings = operations.endpoint_format_and_settings(
                 conn, endpoint_id, keyring)
@@ -538,12 +560,20 @@ def cmd_deliveries_show(args: argparse.Namespace) -> int:
         _emit(args, delivery)
         print()
         print_table(["attempt", "outcome", "failure_category", "http_status", "latency_ms", "worker_id",
-                     "stale", "logged_at", "error"],
+                     "stale", "logged_at", "digest", "error"],
                     [[cell(h[c]) for c in ("attempt", "outcome", "failure_category", "http_status",
-                                            "latency_ms", "worker_id", "stale", "logged_at", "error")]
+                                            "latency_ms", "worker_id", "stale", "logged_at")]
+                     + [_digest_cell(h), cell(h["error"])]
                      for h in history])
         print()
     return 0
+
+
+def _digest_cell(attempt: dict[str, Any]) -> str:
+    """"d-17 (37 rows)": the digest that carried the attempt, and how many rows it carried."""
+    if attempt.get("digest_id") is None:
+        return ""
+    return f"{coalescing.digest_label(attempt['digest_id'])} ({attempt['digest_rows']} rows)"
 
 
 def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, Any]:
@@ -814,6 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "Standard Webhooks envelope, or a Slack, Mattermost or PagerDuty Events v2 message")
     add_routing_key_options(add)
     add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
+    add_coalescing_options(add)
     add.add_argument("--verify", action="store_true",
                      help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
     add.add_argument("--json", action="store_true", help="print JSON")
@@ -854,6 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
     update.add_argument("--format", choices=BODY_FORMATS, help="request body format (see `endpoints add`)")
     add_routing_key_options(update)
     update.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
+    add_coalescing_options(update)
     rotate = command(endpoint_commands, "rotate-secret", cmd_endpoints_rotate_secret,
                      "add a new signing secret; the old ones stay active until --expire-old-after")
     rotate.add_argument("endpoint", metavar="ENDPOINT", help="name or id")

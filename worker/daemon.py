@@ -10,14 +10,14 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
 import psycopg
 
-from worker import formats, outcomes, schema
+from worker import coalescing, formats, outcomes, schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, check_lease
 from worker.delivery import Sender, carries_transport_text, display_url, error_text
 from worker.destinations import DestinationPolicy
@@ -98,6 +98,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
+        # A digest in flight (one request, one _in_flight entry under its first member): its members.
+        self._digests: dict[UUID, list[Claimed]] = {}
         # Rows whose request has started, by lease token: when (time.monotonic()) it started.
         self._sending: dict[UUID, float] = {}
         # This process, as opposed to another process under the same worker id.
@@ -365,10 +367,15 @@ class Worker:
                 quiet = 0.0  # rows found: the next wake-up after an empty claim is not held
             if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
-            for row in rows:
+            for request in coalescing.requests(rows):
+                row = request[0]
                 # unnamed: a name costs a string and a call per delivery, and _in_flight already
                 # maps each task to its row
-                task = asyncio.create_task(self._deliver(row))
+                if len(request) == 1:
+                    task = asyncio.create_task(self._deliver(row))
+                else:
+                    self._digests[row.lease_token] = request
+                    task = asyncio.create_task(self._deliver_digest(request))
                 self._in_flight[row.lease_token] = (row, task)
             if len(rows) < want:
                 claimed_at = loop.time()
@@ -441,8 +448,7 @@ class Worker:
                 row.timeout_seconds or self.effective.timeout_seconds, row.attempt,
                 self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
             try:
-                body = formats.render(row.body_format, row.body, formats.Event(
-                    row.event_id, row.event_type, row.created_at or datetime.now(UTC), row.secret_settings))
+                body = formats.render(row.body_format, row.body, _event(row))
             except (formats.FormatError, ValueError) as exc:
                 # The payload cannot take this endpoint's format: retrying would not change that.
                 finished = outcomes.cannot_render(row, str(exc))
@@ -480,6 +486,71 @@ class Worker:
             self._slot_freed.set()
         self.finisher.put(finished)
 
+    async def _deliver_digest(self, members: list[Claimed]) -> None:
+        """One request for a digest's members. Each member gets its own outcome, under its own lease
+        token; a member whose payload cannot be rendered fails alone and the rest go."""
+        assert self.effective is not None
+        leader = members[0]
+        finished: list[Finished] = []
+        try:
+            if leader.problem is not None:
+                raise PoisonRow(leader.problem)
+            timeout = leader.retry_policy.timeout(
+                leader.timeout_seconds or self.effective.timeout_seconds, leader.attempt,
+                self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+            items, carried = [], []
+            for member in members:
+                try:
+                    items.append(formats.digest_item(member.body_format, member.body, _event(member)))
+                    carried.append(member)
+                except (formats.FormatError, ValueError) as exc:
+                    finished.append(outcomes.cannot_render(member, str(exc)))
+                    self._row_log(member).error(
+                        "payload cannot be rendered", body_format=member.body_format, error=str(exc))
+            if carried:
+                request = carried[0]
+                if len(carried) > 1:
+                    body = formats.render_digest(leader.body_format, items)
+                    request = replace(leader, idempotency_key=coalescing.digest_webhook_id(carried),
+                                      event_type=coalescing.DIGEST_EVENT_TYPE)
+                else:
+                    body = formats.render(request.body_format, request.body, _event(request))
+                started = time.monotonic()
+                for member in carried:
+                    self._sending[member.lease_token] = started
+                sent = await self.sender.send(request, body, timeout)
+                self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
+                if len(carried) > 1:  # the others left: a message of its own
+                    self.metrics.digests.inc()
+                    self.metrics.digest_rows.observe(len(carried))
+                first = outcomes.from_attempt(request, sent)
+                # one delay for all: a failed digest is claimed again as one group
+                finished += [replace(first, delivery_id=m.delivery_id, lease_token=m.lease_token,
+                                     attempt=m.attempt) for m in carried]
+                if first.outcome != Outcome.DELIVERED or self._debug:
+                    with contextlib.suppress(Exception):  # a log line must never cost an outcome
+                        _log_attempt(self._row_log(leader).bind(
+                            digest=coalescing.digest_label(leader.digest_id or 0), rows=len(carried)),
+                            request, sent, first)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad digest must never stop the worker (logged below)
+            if isinstance(exc, PoisonRow) or carries_transport_text(exc):
+                self._row_log(leader).error("digest failed inside the worker", error=error_text(exc))
+            else:
+                self._row_log(leader).exception("digest failed inside the worker")
+            done = {f.delivery_id for f in finished}
+            error = str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}"
+            finished += [outcomes.internal_failure(m, error) for m in members if m.delivery_id not in done]
+        finally:
+            self._in_flight.pop(leader.lease_token, None)
+            self._digests.pop(leader.lease_token, None)
+            for member in members:
+                self._sending.pop(member.lease_token, None)
+            self._slot_freed.set()
+        for outcome in finished:
+            self.finisher.put(outcome)
+
     # --- shutdown ------------------------------------------------------------------------------
 
     async def _drain(self, finisher: asyncio.Task[None]) -> None:
@@ -491,7 +562,9 @@ class Worker:
         tasks = [task for _, task in self._in_flight.values()]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
-        leftover = list(self._in_flight.values())
+        # a digest's members one by one: each is released or recorded as interrupted on its own
+        leftover = [(member, task) for row, task in self._in_flight.values()
+                    for member in self._digests.get(row.lease_token, [row])]
         # No task runs between this snapshot and the cancellations below (no await between them).
         sending, interrupted_at = dict(self._sending), time.monotonic()
         for _, task in leftover:
@@ -542,6 +615,11 @@ def _id_in_use(worker_id: str, registration: Registration) -> str:
     holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
     return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
             "give each worker process its own id")
+
+
+def _event(row: Claimed) -> formats.Event:
+    created_at = row.created_at or datetime.now(UTC)
+    return formats.Event(row.event_id, row.event_type, created_at, row.secret_settings)
 
 
 def _log_attempt(log: Any, row: Claimed, sent: Sent, finished: Finished) -> None:

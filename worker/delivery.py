@@ -16,6 +16,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from worker import __version__, signing
+from worker.coalescing import digest_label
 from worker.config import tls_context
 from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
 from worker.model import Claimed, Sent
@@ -74,6 +75,8 @@ def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]
         )
     if row.traceparent:
         headers["traceparent"] = row.traceparent
+    if row.digest_id is not None:
+        headers["webhook-digest-id"] = digest_label(row.digest_id)
     return headers
 
 

@@ -1,11 +1,11 @@
 """Request bodies per endpoint format: raw, the Standard Webhooks envelope, Slack, Mattermost and
-PagerDuty Events API v2. Pure functions: payload in, bytes out, no I/O."""
+PagerDuty Events API v2, and digests of several alerts. Pure functions: payload in, bytes out, no I/O."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,6 +31,13 @@ MATTERMOST_TITLE_CHARS = 1000
 MATTERMOST_FIELD_CHARS = 300
 MATTERMOST_LINK_CHARS = 2000
 PAGERDUTY_SUMMARY_CHARS = 1024
+# Digests: this many alerts are named, most severe first; the rest are counted. Each
+# named line is kept short, so the list fits one Slack section (3,000 characters) and a Mattermost
+# message with room to spare.
+DIGEST_LISTED = 10
+DIGEST_LINE_CHARS = 280
+# The digest header's order: most severe first, resolved last.
+DIGEST_RANKS = ("critical", "error", "warning", "info", "other", "resolved")
 # Characters that end or split a Slack link (`<url|label>`) if left in its URL.
 _SLACK_URL_UNSAFE = {"<": "%3C", ">": "%3E", "|": "%7C", " ": "%20"}
 # Mattermost turns these words into notifications for a whole channel or team.
@@ -64,8 +71,7 @@ def render(body_format: str, payload: bytes, event: Event) -> bytes:
 def _render_json(body_format: str, payload: bytes, event: Event) -> bytes:
     data = json.loads(payload)
     if body_format == "envelope":
-        body: Any = {"id": event.event_id, "type": event.event_type,
-                     "timestamp": event.created_at.isoformat(), "data": data}
+        body: Any = _envelope(data, event)
     elif body_format == "slack":
         body = slack(data, event)
     elif body_format == "mattermost":
@@ -238,3 +244,119 @@ def pagerduty(data: Any, event: Event) -> dict[str, Any]:
     if link:
         body["links"] = [{"href": link, "text": "Alert"}]
     return body
+
+
+@dataclass(frozen=True)
+class DigestItem:
+    """One member of a digest, its payload parsed and checked for the format."""
+
+    event: Event
+    data: Any
+
+
+def digest_item(body_format: str, payload: bytes, event: Event) -> DigestItem:
+    """A member's payload, checked as its own message would be: a member that cannot be rendered
+    fails alone (FormatError naming the field), and the digest goes without it."""
+    try:
+        data = json.loads(payload)
+        if body_format in ("slack", "mattermost"):
+            _title(_alert(data))
+        elif body_format != "envelope":
+            raise FormatError(f"body format {body_format!r} is never coalesced")
+    except RecursionError:
+        raise FormatError("payload: nested too deeply to parse (send it with format raw)") from None
+    return DigestItem(event, data)
+
+
+def render_digest(body_format: str, items: Sequence[DigestItem]) -> bytes:
+    """One request body for several alerts: `{"type": "webhook.batch", "data": [envelope, ...]}`
+    for envelope; for Slack and Mattermost a message with a count by severity, the most severe
+    alerts named with their links, and how many more there are."""
+    if body_format == "envelope":
+        body: Any = {"type": "webhook.batch", "data": [_envelope(item.data, item.event) for item in items]}
+    elif body_format == "slack":
+        body = slack_digest(items)
+    elif body_format == "mattermost":
+        body = mattermost_digest(items)
+    else:
+        raise FormatError(f"body format {body_format!r} is never coalesced")
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _envelope(data: Any, event: Event) -> dict[str, Any]:
+    return {"id": event.event_id, "type": event.event_type, "timestamp": event.created_at.isoformat(),
+            "data": data}
+
+
+def _rank(alert: Mapping[str, Any], event: Event) -> str:
+    if _resolved(alert, event):
+        return "resolved"
+    return PAGERDUTY_SEVERITIES.get(str(alert.get("severity", "")).lower(), "other")
+
+
+def digest_header(items: Sequence[DigestItem]) -> str:
+    """"37 alerts — 12 critical, 20 warning, 5 resolved": the count by severity, most severe first."""
+    counts = {rank: 0 for rank in DIGEST_RANKS}
+    for item in items:
+        counts[_rank(_alert(item.data), item.event)] += 1
+    parts = [f"{count} {rank}" for rank, count in counts.items() if count]
+    return f"{len(items)} alerts — {', '.join(parts)}"
+
+
+def most_severe_first(items: Sequence[DigestItem]) -> list[DigestItem]:
+    """The members by severity, claim order kept within a severity (sorted() is stable)."""
+    return sorted(items, key=lambda item: DIGEST_RANKS.index(_rank(_alert(item.data), item.event)))
+
+
+def slack_digest(items: Sequence[DigestItem]) -> dict[str, Any]:
+    header = digest_header(items)
+    lines: list[str] = []
+    used = 0
+    for item in most_severe_first(items)[:DIGEST_LISTED]:
+        alert = _alert(item.data)
+        headline, link = _headline(alert, item.event), _link(alert)
+        line = "• " + _fit(headline, DIGEST_LINE_CHARS, _slack_escape)
+        if link and len(link) <= DIGEST_LINE_CHARS:
+            label = _fit(headline.replace("|", "¦"), DIGEST_LINE_CHARS, _slack_escape)
+            line = f"• <{_slack_url(link)}|{label}>"
+        if used + len(line) + 1 > SLACK_SECTION_CHARS:
+            break
+        lines.append(line)
+        used += len(line) + 1
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{_slack_escape(header)}*"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}},
+    ]
+    more = len(items) - len(lines)
+    if more:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"and {more} more"}]})
+    return {"text": _slack_escape(header), "blocks": blocks}
+
+
+def mattermost_digest(items: Sequence[DigestItem]) -> dict[str, Any]:
+    header = digest_header(items)
+    lines = [f"**{_markdown_escape(header)}**"]
+    used = len(lines[0])
+    listed = 0
+    for item in most_severe_first(items)[:DIGEST_LISTED]:
+        alert = _alert(item.data)
+        headline, link = _markdown_defused(_headline(alert, item.event)), _link(alert)
+        label = _fit(headline, DIGEST_LINE_CHARS, _markdown_escape)
+        linked = link is not None and len(link) <= DIGEST_LINE_CHARS
+        line = f"- [{label}]({_markdown_url(link)})" if linked and link else f"- {label}"
+        if used + len(line) + 1 > MATTERMOST_TEXT_CHARS - 40:  # room for the "and N more" line
+            break
+        lines.append(line)
+        used += len(line) + 1
+        listed += 1
+    if len(items) > listed:
+        lines.append(f"and {len(items) - listed} more")
+    return {"text": "\n".join(lines)}
+
+
+def _markdown_url(url: str) -> str:
+    # what would end a Markdown link's target early
+    return "".join(_MARKDOWN_URL_UNSAFE.get(char, char) for char in url)
+
+
+_MARKDOWN_URL_UNSAFE = {" ": "%20", "(": "%28", ")": "%29", "<": "%3C", ">": "%3E"}

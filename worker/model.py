@@ -40,6 +40,8 @@ class Claimed:
     # Changes whenever the endpoint's URL does, and opens nothing (a digest of the URL as stored,
     # usually sealed): what the HTTP side keys its per-URL checks by. Empty: check every time.
     url_version: str = ""
+    # The digest (one request for several rows) this row goes in; None: its own request.
+    digest_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,11 @@ class Metrics:
         self.claim_batch = Histogram(
             "webhook_worker_claim_batch_size", "Rows per claim that returned any.",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
+        self.digests = Counter(
+            "webhook_worker_digests", "Digests sent: requests carrying several rows.", registry=r)
+        self.digest_rows = Histogram(
+            "webhook_worker_digest_rows", "Rows per digest sent.",
+            buckets=(2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
         self.database_errors = Counter(
             "webhook_worker_database_errors", "Failed database calls, by operation.", ["operation"],
             registry=r)

@@ -177,6 +177,9 @@ def fetch_dicts(
 
 def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
     [summary] = fetch_dicts(conn, "SELECT * FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,))
+    [coalescing] = fetch_dicts(conn, "SELECT coalesce_max, coalesce_window FROM webhooks.endpoints"
+                                     " WHERE id = %s", (endpoint_id,))
+    summary.update(coalescing)
     summary["events"] = fetch_dicts(
         conn,
         "SELECT change, reason, decided_by, delivery_id, at FROM webhooks.endpoint_events"
@@ -190,6 +193,13 @@ def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
         ).fetchall()
     )
     return summary
+
+
+def endpoint_coalescing(conn: psycopg.Connection, endpoint_id: int) -> tuple[str, int | None] | None:
+    """The endpoint's body format and coalesce_max, for a change to either."""
+    row = conn.execute("SELECT body_format, coalesce_max FROM webhooks.endpoints WHERE id = %s",
+                       (endpoint_id,)).fetchone()
+    return None if row is None else (str(row[0]), row[1])
 
 
 def endpoint_format_and_settings(
@@ -381,7 +391,11 @@ def find_deliveries(
         row["history"] = fetch_dicts(
             conn,
             "SELECT attempt, outcome, failure_category, http_status, latency_ms, error, worker_id,"
-            " stale, logged_at FROM webhooks.delivery_history(%s)",
+            " stale, logged_at, digest_id,"
+            # members only ever leave a digest: the rows it carried when it was first sent
+            " (SELECT count(DISTINCT d.delivery_id) FROM webhooks.alert_delivery_log d"
+            "  WHERE d.digest_id = h.digest_id) AS digest_rows"
+            " FROM webhooks.delivery_history(%s) h",
             (row["delivery_id"],),
         )
     return rows

@@ -135,6 +135,7 @@ def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[st
         for name in ("delivery_id", "webhook_id", "event_id", "idempotency_key", "event_type", "attempt",
                      "max_attempts", "lease_token", "locked_until")
     }
+    identity["digest_id"] = row.get("digest_id")
     settings = endpoints.get(row["webhook_id"])
     if settings is None:
         try:

@@ -14,9 +14,9 @@ import psycopg
 MIGRATION_LOCK_KEY = 0x5745_4248_4F4F_4B53 & 0x7FFF_FFFF_FFFF_FFFF  # "WEBHOOKS"
 # The schema versions this code works with. Migrations are additive, so a worker keeps working (and
 # stays ready) while a newer release migrates ahead of it; a breaking migration raises the minimum.
-# 1: the baseline, which every database has (a database of the layout before it is moved onto it).
+# 4: the worker sends digests, and acquire() returns each row's digest (004_coalescing).
 # README's /ready line states this range; tests/unit/test_supported_schema.py keeps the two equal.
-MIN_SUPPORTED_VERSION = 1
+MIN_SUPPORTED_VERSION = 4
 MAX_SUPPORTED_VERSION = 199
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 _DEFINITIONS_NAME = re.compile(r"^[a-z0-9_]+\.sql$")

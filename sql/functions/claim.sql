@@ -31,7 +31,7 @@
 -- each query and keeps using the partial indexes; a function called per row was never inlined and
 -- cost more than the rest of the claim's scan.
 CREATE OR REPLACE VIEW webhooks.claimable AS
-SELECT q.delivery_id, q.webhook_id, q.priority, q.next_retry_at
+SELECT q.delivery_id, q.webhook_id, q.priority, q.next_retry_at, q.digest_id, q.ordering_key
 FROM webhooks.alert_delivery_queue q
 WHERE q.status IN ('pending', 'retrying')
   AND (q.ordering_key IS NULL OR NOT EXISTS (
@@ -174,7 +174,8 @@ RETURNS TABLE (
     retry_schedule   jsonb,
     retry_jitter     real,
     created_at       timestamptz,
-    retry_policy     jsonb        -- delivery_config.retry_policy with the endpoint's keys on top
+    retry_policy     jsonb,       -- delivery_config.retry_policy with the endpoint's keys on top
+    digest_id        bigint       -- the digest (one request) the row goes in; NULL: a request of its own
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -237,7 +238,11 @@ BEGIN
                         greatest(1, ceil(coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second))))
                    AS burst,
                coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes) AS probes,
-               h.rate_tokens, h.rate_refilled_at
+               h.rate_tokens, h.rate_refilled_at,
+               -- raw and pagerduty bodies are never coalesced (a constraint keeps them unset)
+               CASE WHEN e.body_format IN ('slack', 'mattermost', 'envelope') THEN e.coalesce_max END
+                   AS coalesce_max,
+               e.coalesce_window
         FROM webhooks.webhook_health_metrics h
         JOIN webhooks.endpoints e ON e.id = h.webhook_id
         CROSS JOIN cfg
@@ -256,7 +261,9 @@ BEGIN
         SELECT t.*, f.flying
         FROM tokens t
         CROSS JOIN LATERAL (
-            SELECT count(*)::integer AS flying FROM webhooks.alert_delivery_queue d
+            -- requests, not rows: a digest in flight is one request however many rows it carries
+            SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id))::integer AS flying
+            FROM webhooks.alert_delivery_queue d
             WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
         ) f
     ), quota AS (
@@ -272,24 +279,113 @@ BEGIN
                                         ELSE p_batch_size END
                ) AS quota
         FROM in_flight t
+    ), backlog AS (
+        -- Coalescing starts only when more rows wait than the limits let through now, or when the
+        -- oldest due row has waited coalesce_window for company: a lone row goes alone. Counted up
+        -- to one past the quota, so a storm costs no more to look at than a trickle.
+        SELECT qt.*,
+               coalesce(qt.coalesce_max IS NOT NULL AND qt.quota > 0 AND (
+                   w.waiting > qt.quota
+                   OR w.oldest_due <= now() - qt.coalesce_window), false) AS coalescing
+        FROM quota qt
+        LEFT JOIN LATERAL (
+            SELECT count(*) AS waiting, min(b.next_retry_at) AS oldest_due
+            FROM (SELECT q.next_retry_at FROM webhooks.alert_delivery_queue q
+                  WHERE q.webhook_id = qt.webhook_id AND q.status IN ('pending', 'retrying')
+                    AND q.next_retry_at <= now() AND q.digest_id IS NULL
+                  ORDER BY q.next_retry_at
+                  LIMIT greatest(qt.quota, 0) + 1) b
+        ) w ON qt.coalesce_max IS NOT NULL
     ), candidates AS (
-        SELECT qt.webhook_id, r.delivery_id, r.priority, r.next_retry_at,
+        SELECT qt.webhook_id, qt.quota, qt.coalescing, qt.coalesce_max,
+               r.delivery_id, r.priority, r.next_retry_at, r.digest_id, r.ordering_key,
                row_number() OVER (PARTITION BY qt.webhook_id
                                   ORDER BY r.priority DESC, r.next_retry_at, r.delivery_id) AS turn
-        FROM quota qt
+        FROM backlog qt
         CROSS JOIN LATERAL (
-            SELECT q.delivery_id, q.priority, q.next_retry_at
+            SELECT q.delivery_id, q.priority, q.next_retry_at, q.digest_id, q.ordering_key
             FROM webhooks.claimable q
             WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
+              -- a digest that failed goes again as one request: its first member stands for it
+              AND (q.digest_id IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM webhooks.alert_delivery_queue m
+                  WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
+                    AND m.status IN ('pending', 'retrying')))
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
-            LIMIT qt.quota
+            -- the quota counts requests: coalescing, each may carry coalesce_max rows
+            LIMIT qt.quota * CASE WHEN qt.coalescing THEN qt.coalesce_max ELSE 1 END
         ) r
         WHERE qt.quota > 0
-    ), picked AS (
-        SELECT c.delivery_id
+    ), grouped AS (
+        -- Which request each candidate goes in: a failed digest's again, one of its own, or (the
+        -- endpoint coalescing) a run of up to coalesce_max rows in claim order. Only the head of
+        -- an ordering key is ever a candidate: it takes its key's next rows in `key_runs`.
+        SELECT c.*,
+               CASE WHEN c.digest_id IS NOT NULL THEN 'd' || c.digest_id
+                    WHEN c.coalescing AND c.ordering_key IS NULL
+                        THEN 'g' || (row_number() OVER (
+                                         PARTITION BY c.webhook_id, c.digest_id IS NULL AND c.ordering_key IS NULL
+                                         ORDER BY c.turn) - 1) / c.coalesce_max
+                    ELSE 'r' || c.delivery_id
+               END AS request
         FROM candidates c
-        ORDER BY c.priority DESC, c.turn, c.next_retry_at, c.delivery_id
+    ), requests AS (
+        SELECT g.webhook_id, g.request, count(*) AS size, max(g.quota) AS quota,
+               max(g.priority) AS priority, min(g.next_retry_at) AS next_retry_at,
+               min(g.delivery_id) AS first_id,
+               row_number() OVER (PARTITION BY g.webhook_id ORDER BY min(g.turn)) AS turn
+        FROM grouped g
+        GROUP BY g.webhook_id, g.request
+    ), picked_requests AS (
+        SELECT r.*
+        FROM requests r
+        WHERE r.turn <= r.quota
+        ORDER BY r.priority DESC, r.turn, r.next_retry_at, r.first_id
         LIMIT p_batch_size
+    ), key_runs AS (
+        -- The head of an ordering key, the endpoint coalescing, takes the rows of its key that
+        -- follow it without a gap (due, not in flight, in no digest), up to coalesce_max in all:
+        -- a digest of one key, in the key's order, sent and retried as one.
+        SELECT g.webhook_id, g.request, f.delivery_id
+        FROM grouped g
+        JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
+        CROSS JOIN LATERAL (
+            SELECT x.delivery_id
+            FROM (SELECT o.delivery_id,
+                         bool_and(o.status IN ('pending', 'retrying') AND o.next_retry_at <= now()
+                                  AND o.digest_id IS NULL) OVER (ORDER BY o.delivery_id) AS unbroken
+                  FROM webhooks.alert_delivery_queue o
+                  WHERE o.webhook_id = g.webhook_id AND o.ordering_key = g.ordering_key
+                    AND o.delivery_id > g.delivery_id
+                    AND o.status IN ('pending', 'retrying', 'delivering')
+                  ORDER BY o.delivery_id
+                  LIMIT g.coalesce_max - 1) x
+            WHERE x.unbroken
+        ) f
+        WHERE g.coalescing AND g.ordering_key IS NOT NULL AND g.digest_id IS NULL
+    ), new_digests AS (
+        SELECT r.webhook_id, r.request, nextval('webhooks.digest_id_seq') AS digest_id
+        FROM picked_requests r
+        WHERE (r.request LIKE 'g%' AND r.size > 1)
+           OR EXISTS (SELECT 1 FROM key_runs k WHERE k.webhook_id = r.webhook_id AND k.request = r.request)
+    ), picked AS (
+        SELECT g.delivery_id, n.digest_id AS new_digest_id
+        FROM grouped g
+        JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
+        LEFT JOIN new_digests n ON n.webhook_id = g.webhook_id AND n.request = g.request
+        UNION ALL
+        SELECT k.delivery_id, n.digest_id
+        FROM key_runs k
+        JOIN new_digests n ON n.webhook_id = k.webhook_id AND n.request = k.request
+        UNION ALL
+        -- the other members of a failed digest, due or not (their jitter may differ): it retries
+        -- as the same group; a member that expired or was replayed has left it
+        SELECT m.delivery_id, NULL
+        FROM grouped g
+        JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
+        JOIN webhooks.alert_delivery_queue m
+          ON m.digest_id = g.digest_id AND m.delivery_id <> g.delivery_id
+         AND m.status IN ('pending', 'retrying')
     ), claimed AS (
         UPDATE webhooks.alert_delivery_queue q
         SET status = 'delivering',
@@ -297,6 +393,8 @@ BEGIN
             locked_by = p_worker_id,
             lease_token = gen_random_uuid(),
             locked_until = now() + make_interval(secs => p_lease_seconds),
+            digest_id = coalesce(q.digest_id, (SELECT p.new_digest_id FROM picked p
+                                               WHERE p.delivery_id = q.delivery_id)),
             updated_at = now()
         -- by primary key whatever the row estimates: joined to `picked`, a plan made without the
         -- batch size (a generic plan) hashed the picked rows and scanned the whole queue
@@ -311,7 +409,9 @@ BEGIN
             probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
             probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
             updated_at = now()
-        FROM (SELECT c.webhook_id, count(*)::integer AS claimed FROM claimed c GROUP BY c.webhook_id) n
+        -- tokens are per request: a digest costs one
+        FROM (SELECT c.webhook_id, count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
+              FROM claimed c GROUP BY c.webhook_id) n
         JOIN quota qt ON qt.webhook_id = n.webhook_id
         CROSS JOIN clock
         WHERE h.webhook_id = n.webhook_id
@@ -329,7 +429,7 @@ BEGIN
            q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
            e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
            coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
-           cfg.retry_policy || e.retry_policy
+           cfg.retry_policy || e.retry_policy, q.digest_id
     FROM claimed q
     JOIN webhooks.endpoints e ON e.id = q.webhook_id
     CROSS JOIN cfg

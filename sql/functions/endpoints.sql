@@ -273,7 +273,8 @@ BEGIN
     SELECT k INTO v_unknown FROM jsonb_object_keys(p_changes) k
     WHERE k NOT IN ('url', 'url_display', 'event_types', 'headers', 'max_attempts', 'timeout_ms',
                     'retry_schedule', 'rate_limit_per_second', 'rate_limit_burst', 'max_in_flight',
-                    'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy')
+                    'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy',
+                    'coalesce_max', 'coalesce_window')
     LIMIT 1;
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'update_endpoint: unknown field %', v_unknown;
@@ -307,6 +308,11 @@ BEGIN
                             ELSE e.delivery_ttl END,
         retry_policy = CASE WHEN p_changes ? 'retry_policy' THEN p_changes -> 'retry_policy'
                             ELSE e.retry_policy END,
+        -- JSON null, or the key absent, leaves coalescing off
+        coalesce_max = CASE WHEN p_changes ? 'coalesce_max' THEN (p_changes ->> 'coalesce_max')::integer
+                            ELSE e.coalesce_max END,
+        coalesce_window = CASE WHEN p_changes ? 'coalesce_window'
+                               THEN (p_changes ->> 'coalesce_window')::interval ELSE e.coalesce_window END,
         updated_at = now()
     WHERE e.id = p_webhook_id;
     RETURN FOUND;

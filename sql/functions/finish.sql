@@ -246,7 +246,11 @@ BEGIN
         SELECT max_attempts, max_deferrals FROM webhooks.delivery_config
     ), target AS (
         -- the rows as they were, with the decision each outcome leads to
-        SELECT o.*, q.webhook_id,
+        SELECT o.*, q.webhook_id, q.digest_id,
+               -- a digest is one request: its first member alone speaks for it to the endpoint's
+               -- health and circuit
+               q.digest_id IS NULL
+                   OR o.delivery_id = min(o.delivery_id) OVER (PARTITION BY q.digest_id) AS speaks_for_request,
                CASE
                    WHEN o.outcome = 'delivered' THEN 'delivered'
                    WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
@@ -273,6 +277,9 @@ BEGIN
                                  THEN now() + make_interval(secs => coalesce(t.retry_after_s, 0))
                                  ELSE q.next_retry_at END,
             locked_by = NULL, lease_token = NULL, locked_until = NULL,
+            -- a digest that will go again keeps its members; a finished member leaves it (the
+            -- audit log keeps which digest carried each attempt)
+            digest_id = CASE WHEN t.decision IN ('retry', 'deferred') THEN q.digest_id END,
             last_http_status = t.http_status,
             last_error = t.error,
             failure_category = t.failure_category,
@@ -294,13 +301,14 @@ BEGIN
     ), logged AS (
         INSERT INTO webhooks.alert_delivery_log
             (delivery_id, webhook_id, attempt, outcome, failure_category, http_status, latency_ms,
-             error, response_excerpt, worker_id, lease_token, stale)
+             error, response_excerpt, worker_id, lease_token, stale, digest_id)
         SELECT t.delivery_id, t.webhook_id, t.attempt,
                CASE t.decision WHEN 'exhausted' THEN 'dead_letter' ELSE t.decision END,
                t.failure_category, t.http_status, t.latency_ms,
                CASE WHEN t.decision = 'exhausted'
                     THEN concat_ws(': ', 'attempts exhausted', t.error) ELSE t.error END,
-               left(t.response_excerpt, 1024), p_worker_id, t.lease_token, a.delivery_id IS NULL
+               left(t.response_excerpt, 1024), p_worker_id, t.lease_token, a.delivery_id IS NULL,
+               t.digest_id
         FROM target t
         LEFT JOIN applied a ON a.delivery_id = t.delivery_id
         RETURNING 1
@@ -317,6 +325,7 @@ BEGIN
         -- 'interrupted'), say nothing about the receiver: keep them out of the endpoint's state, or
         -- a cut-off half-open probe would count as a success and could close the circuit.
         WHERE coalesce(t.failure_category, '') NOT IN ('blocked', 'interrupted')
+          AND t.speaks_for_request
     ), per_endpoint AS (
         SELECT p.webhook_id,
                count(*)::integer AS attempts,

@@ -19,7 +19,9 @@ AS $$
             next_retry_at = now(), dead_letter_reason = NULL, dead_lettered_at = NULL,
             delivered_at = NULL, scheduled_at = now(), updated_at = now(),
             -- an expired row replayed on purpose is meant to be sent now
-            expires_at = CASE WHEN q.failure_category = 'expired' THEN NULL ELSE q.expires_at END
+            expires_at = CASE WHEN q.failure_category = 'expired' THEN NULL ELSE q.expires_at END,
+            -- a replayed row comes back on its own, never into the digest it was in
+            digest_id = NULL
         WHERE q.delivery_id = ANY(p_delivery_ids) AND q.status IN ('dead_letter', 'delivered')
         RETURNING q.delivery_id, q.webhook_id, q.replays
     ), logged AS (

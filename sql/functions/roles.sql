@@ -32,5 +32,6 @@ GRANT SELECT ON webhooks.alert_delivery_queue, webhooks.alert_delivery_log, webh
     TO webhooks_reader;
 GRANT SELECT (id, name, url_display, active, disabled_reason, disabled_at, event_types, body_format,
               max_attempts, retry_schedule, timeout_ms, rate_limit_per_second, rate_limit_burst,
-              max_in_flight, circuit_policy, delivery_ttl, retry_policy, metadata, created_at, updated_at)
+              max_in_flight, circuit_policy, delivery_ttl, retry_policy, metadata, created_at, updated_at,
+              coalesce_max, coalesce_window)
     ON webhooks.endpoints TO webhooks_reader;

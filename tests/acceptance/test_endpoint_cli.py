@@ -196,3 +196,29 @@ def test_list_tells_endpoints_on_one_host_apart_without_showing_their_paths(db):
         assert hashlib.sha256(url.encode()).hexdigest()[:8] not in prints
     # the same for the same URL, however often it is listed
     assert [r["url_fingerprint"] for r in json.loads(ok(db, "endpoints", "list", "--json").stdout)] == prints
+
+
+def coalescing(db, name):
+    return query(db, "SELECT coalesce_max, extract(epoch FROM coalesce_window)::float8"
+                     " FROM webhooks.endpoints WHERE name = %s", (name,))[0]
+
+
+def test_coalescing_is_set_at_add_changed_by_update_and_refused_where_it_cannot_apply(db):
+    ok(db, "endpoints", "add", "--name", "storm", "--url", URL, "--format", "slack", "--rate-limit", "1",
+       "--coalesce-max", "50")
+    assert coalescing(db, "storm") == (50, None)
+    ok(db, "endpoints", "update", "storm", "--coalesce-window", "2.5")
+    assert coalescing(db, "storm") == (50, 2.5)
+    shown = json.loads(ok(db, "endpoints", "show", "storm", "--json").stdout)
+    assert shown["coalesce_max"] == 50 and shown["coalesce_window"]
+    # a format that is never coalesced, while the endpoint coalesces: refused before SQL sees it
+    assert "--format raw: the endpoint coalesces" in refused(
+        db, "endpoints", "update", "storm", "--format", "raw")
+    ok(db, "endpoints", "update", "storm", "--coalesce-max", "0")
+    assert coalescing(db, "storm") == (None, None)
+    ok(db, "endpoints", "update", "storm", "--format", "raw")
+    assert "--coalesce-max: format raw is never coalesced" in refused(
+        db, "endpoints", "update", "storm", "--coalesce-max", "10")
+    assert "--coalesce-max: must be between 2 and 1000" in refused(
+        db, "endpoints", "add", "--name", "big", "--url", URL, "--format", "envelope",
+        "--coalesce-max", "5000")

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.formats import Event, FormatError, render
+from worker.formats import Event, FormatError, digest_item, render, render_digest
 from worker.policy import Category, RetryPolicy
 
 WHEN = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -188,3 +188,71 @@ def test_category_minimum_delays():
     assert policy.min_delay(Category.HTTP_5XX, 1.0) == 1
     with pytest.raises(ValueError, match="unknown key"):
         RetryPolicy.from_json({"min_delays": {}})
+
+
+# --- digests (issue 23) ------------------------------------------------------------------------
+
+
+def storm(critical=12, warning=20, resolved=5):
+    """A storm's members as the worker checks them: (payload, event) per alert."""
+    grafana = "https://grafana.example.test"
+    alerts = ([{"title": f"link {n} down", "severity": "warning", "url": f"{grafana}/{n}"}
+               for n in range(warning)]
+              + [{"title": f"core {n} down", "severity": "critical", "url": f"{grafana}/c{n}"}
+                 for n in range(critical)]
+              + [{"title": f"link {n} back", "severity": "warning", "status": "resolved"}
+                 for n in range(resolved)])
+    return [digest_item("slack", json.dumps(a).encode(), Event(f"evt_{n}", "alert.created", WHEN, {}))
+            for n, a in enumerate(alerts)]
+
+
+def digest(fmt, items):
+    return json.loads(render_digest(fmt, items))
+
+
+def test_a_slack_digest_counts_by_severity_names_the_most_severe_first_with_links_and_counts_the_rest():
+    sent = digest("slack", storm())
+    assert sent["text"] == "37 alerts — 12 critical, 20 warning, 5 resolved"
+    header, listed, more = sent["blocks"]
+    assert header["text"]["text"] == "*37 alerts — 12 critical, 20 warning, 5 resolved*"
+    lines = listed["text"]["text"].split("\n")
+    assert len(lines) == 10
+    assert lines[0] == "• <https://grafana.example.test/c0|[CRITICAL] core 0 down>"
+    assert all("[CRITICAL]" in line for line in lines)  # twelve critical: the ten named are all critical
+    assert more == {"type": "context", "elements": [{"type": "mrkdwn", "text": "and 27 more"}]}
+    assert all(len(block["text"]["text"]) <= 3000 for block in sent["blocks"][:2])
+
+
+def test_a_slack_digest_stays_within_block_kit_limits_and_escapes_producer_text():
+    items = [digest_item("slack", json.dumps({"title": "<!channel> " + "x" * 5000, "severity": "error",
+                                              "url": "https://e.test/" + "p" * 200}).encode(), EVENT)] * 40
+    sent = digest("slack", items)
+    assert "<!channel>" not in json.dumps(sent)
+    assert len(sent["blocks"][1]["text"]["text"]) <= 3000 and len(sent["text"]) <= 3000
+
+
+def test_a_mattermost_digest_is_one_markdown_message_within_its_limit():
+    sent = digest("mattermost", storm())
+    lines = sent["text"].split("\n")
+    assert lines[0] == "**37 alerts — 12 critical, 20 warning, 5 resolved**"
+    assert lines[1] == "- [\\[CRITICAL\\] core 0 down](https://grafana.example.test/c0)"
+    assert lines[-1] == "and 27 more" and len(lines) == 12
+    assert len(sent["text"]) <= 4000
+
+
+def test_an_envelope_digest_is_a_webhook_batch_of_envelopes():
+    events = [Event(f"evt_{n}", "alert.created", WHEN, {}) for n in range(3)]
+    items = [digest_item("envelope", json.dumps({"n": n}).encode(), e) for n, e in enumerate(events)]
+    assert digest("envelope", items) == {"type": "webhook.batch", "data": [
+        {"id": f"evt_{n}", "type": "alert.created", "timestamp": WHEN.isoformat(), "data": {"n": n}}
+        for n in range(3)]}
+
+
+def test_a_member_that_cannot_be_rendered_is_refused_alone_and_raw_or_pagerduty_never_coalesce():
+    with pytest.raises(FormatError, match=r"payload\.title"):
+        digest_item("slack", b'{"severity": "critical"}', EVENT)
+    for fmt in ("raw", "pagerduty"):
+        with pytest.raises(FormatError, match="never coalesced"):
+            digest_item(fmt, b"{}", EVENT)
+        with pytest.raises(FormatError, match="never coalesced"):
+            render_digest(fmt, [])

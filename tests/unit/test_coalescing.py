@@ -1,0 +1,55 @@
+"""Which claimed rows go as one request, the digest's webhook-id, and the coalescing options."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from worker.coalescing import digest_label, digest_webhook_id, policy_changes, requests
+
+
+@dataclass(frozen=True)
+class Row:
+    delivery_id: int
+    idempotency_key: str
+    digest_id: int | None = None
+
+
+def test_rows_become_requests_in_claim_order_a_digests_members_by_delivery_id():
+    rows = [Row(5, "e5", 2), Row(1, "e1"), Row(3, "e3", 2), Row(4, "e4", 7), Row(2, "e2", 2)]
+    assert [[r.delivery_id for r in request] for request in requests(rows)] == [[2, 3, 5], [1], [4]]
+
+
+def test_a_digests_webhook_id_depends_on_its_members_only():
+    same = digest_webhook_id([Row(1, "a", 9), Row(2, "b", 9)])
+    assert same == digest_webhook_id([Row(2, "b", 4), Row(1, "a", 4)])  # order and digest id aside
+    assert same != digest_webhook_id([Row(1, "a", 9)])  # a member left: a different message
+    assert same.startswith("digest_") and len(same) == len("digest_") + 32
+    assert digest_label(17) == "d-17"
+
+
+def test_coalescing_options_become_update_fields_or_a_clear_error():
+    assert policy_changes(50, None, "slack") == {"coalesce_max": 50}
+    assert policy_changes(50, 2.5, "envelope") == {"coalesce_max": 50, "coalesce_window": "2.5 seconds"}
+    assert policy_changes(None, 3, "slack", stored_max=20) == {"coalesce_window": "3 seconds"}
+    assert policy_changes(0, None, "raw", stored_max=20) == {"coalesce_max": None, "coalesce_window": None}
+    assert policy_changes(None, None, "slack") == {}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((1, None, "slack"), "--coalesce-max: must be between 2 and 1000"),
+    ((5000, None, "slack"), "--coalesce-max: must be between 2 and 1000"),
+    ((None, 5, "slack"), "--coalesce-window: needs --coalesce-max"),
+    ((10, -1, "slack"), "--coalesce-window: must be between 0 and 3600"),
+    ((10, None, "raw"), "--coalesce-max: format raw is never coalesced"),
+    ((10, None, "pagerduty"), "--coalesce-max: format pagerduty is never coalesced"),
+    ((0, 5, "slack"), "--coalesce-window: not with --coalesce-max 0"),
+])
+def test_a_bad_policy_names_the_option(args, message):
+    with pytest.raises(ValueError, match=message):
+        policy_changes(*args)
+
+
+def test_changing_a_coalescing_endpoint_to_a_format_that_never_coalesces_is_refused():
+    with pytest.raises(ValueError, match="--format raw: the endpoint coalesces"):
+        policy_changes(None, None, "raw", stored_max=50)
+    assert policy_changes(None, None, "raw", stored_max=None) == {}
