@@ -8,8 +8,8 @@ from typing import Any, Protocol, TypeVar
 
 # Bodies that can carry several alerts: raw has no shape for it, and PagerDuty groups by dedup_key.
 COALESCING_FORMATS = ("slack", "mattermost", "envelope")
-MAX_COALESCE = 1000  # as 037's endpoints_coalesce_max_range
-MAX_WINDOW_SECONDS = 3600  # as 037's endpoints_coalesce_window_range
+MAX_COALESCE = 1000  # as the endpoints_coalesce_max_range constraint
+MAX_WINDOW_SECONDS = 3600  # as the endpoints_coalesce_window_range constraint
 DIGEST_EVENT_TYPE = "webhook.batch"
 
 

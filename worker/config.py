@@ -20,7 +20,7 @@ ENV_PREFIX = "WEBHOOK_WORKER_"
 YAML_VALUE_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
 # Seconds a lease must outlast the request timeout, so a slow request is not reclaimed mid-flight.
 LEASE_MARGIN_SECONDS = 5.0
-# The bounds webhooks.acquire() accepts (sql/031_input_bounds.sql): a longer lease would keep a
+# The bounds webhooks.acquire() accepts (sql/functions/claim.sql): a longer lease would keep a
 # crashed worker's rows for longer than an hour.
 MAX_LEASE_SECONDS = 3600
 MAX_CLAIM_BATCH_SIZE = 10_000

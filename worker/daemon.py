@@ -250,7 +250,7 @@ class Worker:
     # --- liveness ------------------------------------------------------------------------------
 
     async def _register(self) -> Registration:
-        """Open a liveness connection and register this process on it (see 035_worker_liveness)."""
+        """Open a liveness connection and register this process on it (sql/functions/liveness.sql)."""
         await self._close_liveness()
         conn = await self.queue.liveness_connection()
         try:
@@ -488,10 +488,12 @@ class Worker:
 
     async def _deliver_digest(self, members: list[Claimed]) -> None:
         """One request for a digest's members. Each member gets its own outcome, under its own lease
-        token; a member whose payload cannot be rendered fails alone and the rest go."""
+        token; a member whose payload cannot be rendered fails alone and the rest go. One outcome
+        reports the request to the endpoint's health and circuit, the others do not."""
         assert self.effective is not None
         leader = members[0]
         finished: list[Finished] = []
+        left: set[int] = set()  # members that failed alone, their outcome already given
         try:
             if leader.problem is not None:
                 raise PoisonRow(leader.problem)
@@ -504,14 +506,21 @@ class Worker:
                     items.append(formats.digest_item(member.body_format, member.body, _event(member)))
                     carried.append(member)
                 except (formats.FormatError, ValueError) as exc:
-                    finished.append(outcomes.cannot_render(member, str(exc)))
+                    # given at once, so that a shutdown does not release it again; the request, if
+                    # any, is reported by the members it carries
+                    self.finisher.put(replace(outcomes.cannot_render(member, str(exc)),
+                                              reports_request=len(left) == len(members) - 1))
+                    left.add(member.delivery_id)
                     self._row_log(member).error(
                         "payload cannot be rendered", body_format=member.body_format, error=str(exc))
+            if leader.lease_token in self._digests:  # what a shutdown still has to release or record
+                self._digests[leader.lease_token] = list(carried)
             if carried:
-                request = carried[0]
+                # a message of its own once the others left: no digest id to show
+                request = replace(carried[0], digest_id=None)
                 if len(carried) > 1:
                     body = formats.render_digest(leader.body_format, items)
-                    request = replace(leader, idempotency_key=coalescing.digest_webhook_id(carried),
+                    request = replace(carried[0], idempotency_key=coalescing.digest_webhook_id(carried),
                                       event_type=coalescing.DIGEST_EVENT_TYPE)
                 else:
                     body = formats.render(request.body_format, request.body, _event(request))
@@ -526,7 +535,7 @@ class Worker:
                 first = outcomes.from_attempt(request, sent)
                 # one delay for all: a failed digest is claimed again as one group
                 finished += [replace(first, delivery_id=m.delivery_id, lease_token=m.lease_token,
-                                     attempt=m.attempt) for m in carried]
+                                     attempt=m.attempt, reports_request=m is carried[0]) for m in carried]
                 if first.outcome != Outcome.DELIVERED or self._debug:
                     with contextlib.suppress(Exception):  # a log line must never cost an outcome
                         _log_attempt(self._row_log(leader).bind(
@@ -539,9 +548,11 @@ class Worker:
                 self._row_log(leader).error("digest failed inside the worker", error=error_text(exc))
             else:
                 self._row_log(leader).exception("digest failed inside the worker")
-            done = {f.delivery_id for f in finished}
+            done = left | {f.delivery_id for f in finished}
             error = str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}"
-            finished += [outcomes.internal_failure(m, error) for m in members if m.delivery_id not in done]
+            failed = [m for m in members if m.delivery_id not in done]
+            finished += [replace(outcomes.internal_failure(m, error), reports_request=m is failed[0])
+                         for m in failed]
         finally:
             self._in_flight.pop(leader.lease_token, None)
             self._digests.pop(leader.lease_token, None)

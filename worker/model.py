@@ -69,6 +69,8 @@ class Finished:
     latency_ms: int | None = None
     reason: str | None = None
     disable_endpoint: bool = False
+    # False for the members of a digest but one: one request counts once in the endpoint's health.
+    reports_request: bool = True
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ class Queue:
 
     @staticmethod
     async def reclaim_lost_workers(conn: psycopg.AsyncConnection[Any], grace_seconds: float) -> int:
-        """Reclaim the rows of workers whose session ended (see 035_worker_liveness.sql)."""
+        """Reclaim the rows of workers whose session ended (sql/functions/liveness.sql)."""
         cur = await conn.execute("SELECT webhooks.reclaim_lost_workers(%s)", (grace_seconds,))
         row = await cur.fetchone()
         return 0 if row is None else int(row[0])

@@ -474,7 +474,9 @@ BEGIN
             WHERE q.webhook_id = h.webhook_id
         ) due
         CROSS JOIN LATERAL (
-            SELECT count(*) AS flying FROM webhooks.alert_delivery_queue d
+            -- requests, as acquire() counts them: a digest in flight is one
+            SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id)) AS flying
+            FROM webhooks.alert_delivery_queue d
             WHERE d.webhook_id = h.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
         ) f
         WHERE e.active AND h.circuit_state <> 'forced_open' AND due.at IS NOT NULL

@@ -1,7 +1,8 @@
 -- finish: webhooks.finish(), the outcome write for a batch of attempts, in one transaction, and the
 -- endpoint state it updates (health, the circuit breaker, pauses, disabling).
 --
--- p_outcomes is a JSON array, one object per attempt (webhooks.attempt_outcome names the fields).
+-- p_outcomes is a JSON array, one object per attempt (webhooks.attempt_outcome names the fields,
+-- and reports_request, false for the members of a digest but one).
 -- The worker decides what an HTTP result means (classification and backoff are pure Python); this
 -- function applies it under the fencing rule: a row changes only if it is still held under the
 -- same lease token. A late outcome (its lease was taken over) leaves the row alone but is still
@@ -239,7 +240,9 @@ DECLARE
     v_change text;
 BEGIN
     WITH o AS (
-        SELECT r.*, item.ord
+        SELECT r.*, item.ord,
+               -- false for the members of a digest but the one that reports its request
+               coalesce((item.value ->> 'reports_request')::boolean, true) AS reports_request
         FROM jsonb_array_elements(p_outcomes) WITH ORDINALITY AS item(value, ord),
              jsonb_populate_record(NULL::webhooks.attempt_outcome, item.value) AS r
     ), cfg AS (
@@ -247,10 +250,9 @@ BEGIN
     ), target AS (
         -- the rows as they were, with the decision each outcome leads to
         SELECT o.*, q.webhook_id, q.digest_id,
-               -- a digest is one request: its first member alone speaks for it to the endpoint's
-               -- health and circuit
-               q.digest_id IS NULL
-                   OR o.delivery_id = min(o.delivery_id) OVER (PARTITION BY q.digest_id) AS speaks_for_request,
+               -- a digest is one request: the one member the worker names speaks for it to the
+               -- endpoint's health and circuit, whichever finish batch each member's outcome is in
+               o.reports_request AS speaks_for_request,
                CASE
                    WHEN o.outcome = 'delivered' THEN 'delivered'
                    WHEN o.outcome = 'dead_letter' THEN 'dead_letter'

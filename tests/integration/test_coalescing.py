@@ -27,8 +27,16 @@ def acquire(dsn, batch=10):
                             " FROM webhooks.acquire('w', %s, 30) ORDER BY delivery_id", (batch,)).fetchall()
 
 
-def finish(dsn, claimed, **fields):
-    outcomes = [{"delivery_id": d, "lease_token": str(t), "attempt": a, **fields} for d, t, a, _ in claimed]
+def finish(dsn, claimed, reporters=None, **fields):
+    """Outcomes as the worker gives them: of a digest's members, one reports the request (by
+    default its first in this call; `reporters` names them otherwise)."""
+    if reporters is None:
+        firsts = {}
+        for d, _, _, digest in claimed:
+            firsts.setdefault(digest, d)
+        reporters = {d for digest, d in firsts.items()} | {d for d, _, _, digest in claimed if digest is None}
+    outcomes = [{"delivery_id": d, "lease_token": str(t), "attempt": a, "reports_request": d in reporters,
+                 **fields} for d, t, a, _ in claimed]
     query(dsn, "SELECT * FROM webhooks.finish('w', %s)", (json.dumps(outcomes),))
 
 
@@ -131,6 +139,23 @@ def test_a_digest_counts_once_in_the_endpoints_health(db):
     coalesce(db, endpoint, 10)
     enqueue(db, endpoint, count=8)
     finish(db, acquire(db), outcome="retry", retry_after_s=60, failure_category="http_5xx", http_status=500)
+    health = query(db, "SELECT total_attempts, failures, consecutive_failures"
+                       " FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", (endpoint,))
+    assert health == [(1, 1, 1)]
+
+
+def test_a_digest_whose_outcomes_are_written_in_two_batches_still_counts_once(db):
+    # the worker's outcome batches are cut by size, and split in two when the database refuses one
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/a", body_format="envelope", rate_limit_per_second=0.01,
+                            rate_limit_burst=1)
+    coalesce(db, endpoint, 10)
+    enqueue(db, endpoint, count=8)
+    claimed = acquire(db)
+    assert len({digest for *_, digest in claimed}) == 1
+    reporter = claimed[0][0]
+    for part in (claimed[:3], claimed[3:]):
+        finish(db, part, reporters={reporter}, outcome="retry", retry_after_s=60, failure_category="http_5xx",
+               http_status=500)
     health = query(db, "SELECT total_attempts, failures, consecutive_failures"
                        " FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", (endpoint,))
     assert health == [(1, 1, 1)]

@@ -13,7 +13,8 @@ from psycopg_pool import AsyncConnectionPool
 from worker.api.tokens import Caller, Role
 
 # The group role each token role runs as; admin keeps the API's own login (the schema owner's
-# privileges), as the operator CLI does. The grants then enforce what the API checks (022_roles).
+# privileges), as the operator CLI does. The grants then enforce what the API checks
+# (sql/functions/roles.sql).
 DATABASE_ROLES: dict[Role, str | None] = {
     "producer": "webhooks_producer",
     "reader": "webhooks_reader",

@@ -13,7 +13,6 @@ TEXT = {"type": "string"}
 NULLABLE_TEXT = {"type": ["string", "null"]}
 INT = {"type": "integer"}
 NULLABLE_INT = {"type": ["integer", "null"]}
-NUMBER = {"type": "number"}
 NULLABLE_NUMBER = {"type": ["number", "null"]}
 BOOL = {"type": "boolean"}
 STATUS = {"type": "string", "enum": ["pending", "delivering", "retrying", "delivered", "dead_letter"]}

@@ -39,7 +39,7 @@ from worker.policy import RetrySchedule
 
 T = TypeVar("T")
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
-# W3C trace context, as the queue's traceparent_w3c_format constraint (031) accepts it.
+# W3C trace context, as the queue's traceparent_w3c_format constraint accepts it.
 TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 HEALTH_WINDOW_HOURS = 24
 

@@ -1,4 +1,4 @@
-"""The operator console: server-rendered pages under /console/ of `webhook-worker api` (issue 20)."""
+"""The operator console: server-rendered pages under /console/ of `webhook-worker api`."""
 
 from __future__ import annotations
 
