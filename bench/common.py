@@ -335,6 +335,7 @@ class WorkerSettings:
     claim_batch_size: int | None = None
     finish_batch_size: int | None = None
     pool_max_size: int | None = None
+    event_loop: str | None = None
 
     @property
     def in_flight(self) -> int:
@@ -360,6 +361,8 @@ class WorkerSettings:
             sections.setdefault("delivery", {})["claim_batch_size"] = self.claim_batch_size
         if self.finish_batch_size is not None:
             sections.setdefault("delivery", {})["finish_batch_size"] = self.finish_batch_size
+        if self.event_loop is not None:
+            sections.setdefault("worker", {})["event_loop"] = self.event_loop
         return sections
 
 

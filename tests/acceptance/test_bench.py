@@ -3,6 +3,7 @@
 Checks shape only, never a timing: figures on a shared CI machine mean nothing.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -38,6 +39,19 @@ def test_quick_run_reports_every_section(tmp_path):
     assert set(by_process) <= {"backends", "not attributed", *SERVER_PROCESS_KINDS}
     assert abs(sum(by_process.values()) - drained["cpu_seconds"]["postgres"]) <= 0.02 * len(by_process)
     assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
+    # issue 22: timed ratios are medians of three alternating runs, printed with the three values;
+    # the HTTP ceiling is a bare aiohttp session's, the Sender printed beside it
+    for ratio in (data["e2e"]["workers_1_over_bare"], data["http"]["sender_over_bare"]):
+        assert len(ratio["values"]) == 3 and sorted(ratio["values"])[1] == ratio["median"]
+    assert len(data["e2e"]["workers_1_runs"]) == len(data["e2e"]["bare_ceiling"]["runs"]) == 3
+    assert all(run["complete"] for run in data["e2e"]["workers_1_runs"])
+    assert data["http"]["bare"]["runs"][0]["requests"] > 0
+    if importlib.util.find_spec("uvloop"):
+        assert len(data["e2e"]["uvloop_over_asyncio"]["values"]) == 3
+    # the naive baseline is the seed design on its own table, its claim served by its index
+    assert "webhook_deliveries_waiting" in data["naive"]["claim_plan"]
+    assert data["naive"]["final_status"] == {"delivered": data["naive"]["processed"]}
+    assert data["machine"]["load_average"]
     assert len(data["targets"]) >= 10
     for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
                  "many endpoints", "naive baseline", "JSON:"):
