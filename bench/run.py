@@ -59,8 +59,10 @@ from tests.support import query, wait_started, worker_dsn
 
 # Timed ratios with a target are the median of this many alternating runs of their sides (issue 22).
 MEDIAN_RUNS = 3
-SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "sweep")
-DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
+SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
+            "sweep")
+DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint",
+                    "slow")
 
 
 def log(message: str) -> None:
@@ -312,11 +314,15 @@ def drain(
     on_preloaded: Callable[[str], dict[str, Any]] | None = None,
     on_analyzed: Callable[[str], dict[str, Any]] | None = None,
     after: Callable[[str], dict[str, Any]] | None = None,
+    limits: dict[str, Any] | None = None,
+    url_path: str = "/ok",
 ) -> dict[str, Any]:
     """Preload `rows` rows, start `workers` webhook-worker processes, wait until the sink has them
-    all and every row is delivered; CPU of workers, PostgreSQL and sink over the drain."""
+    all and every row is delivered; CPU of workers, PostgreSQL and sink over the drain. Endpoints
+    get `limits` (GENEROUS_LIMITS unless given) and URLs under `url_path` (/slow/<ms> for slow)."""
     dsn = ctx.cluster.new_database(name)
-    ids = register_endpoints(dsn, [ctx.sink.url(f"/ok/{i}") for i in range(endpoints)], **GENEROUS_LIMITS)
+    urls = [ctx.sink.url(f"{url_path}/{i}") for i in range(endpoints)]
+    ids = register_endpoints(dsn, urls, **(GENEROUS_LIMITS if limits is None else limits))
     log(f"{name}: preloading {rows:,} rows")
     preload_s = preload(dsn, ids, rows)
     out: dict[str, Any] = {
@@ -348,12 +354,14 @@ def drain(
     profiler = _start_profiler(ctx, procs[0], name) if profile else None
     deadline = time.monotonic() + ctx.args.drain_timeout
     cpu_seen = {p.name: 0.0 for p in procs}
+    rss_seen = {p.name: 0 for p in procs}
     count = 0
     try:
         while True:
             time.sleep(0.25)
             for p in procs:
                 cpu_seen[p.name] = max(cpu_seen[p.name], p.cpu())
+                rss_seen[p.name] = max(rss_seen[p.name], _peak_rss_kb(p.pid))
                 if p.process.poll() is not None:
                     raise RuntimeError(f"{p.name} exited with {p.process.returncode}; see {p.log_path}")
             count = ctx.sink.stats()["count"]
@@ -421,6 +429,7 @@ def drain(
             "nested_statements": nested,
             "deadlocks": deadlocks(dsn) - deadlocks0,
             "worker_exit_codes": codes,
+            "worker_peak_rss_mb": {name: round(kb / 1024, 1) for name, kb in rss_seen.items()},
         }
     )
     if n >= 10 and stats["at_fraction"]:
@@ -573,6 +582,60 @@ def section_e2e(ctx: Context) -> dict[str, Any]:
     log("e2e: 2 workers")
     out["workers_2"] = drain(ctx, "bench_e2e2", 2, ctx.args.rows, ctx.settings, endpoints=ctx.args.endpoints)
     out["load_average_after"] = machine_load()
+    return out
+
+
+def _peak_rss_kb(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in kB; 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def section_endpoint(ctx: Context) -> dict[str, Any]:
+    """One endpoint's ceiling (issue 22): a fast receiver, one worker, production limits except
+    `max_in_flight`, which this varies: the production default 10, then 100 and 1,000."""
+    out: dict[str, Any] = {"rows": ctx.args.endpoint_rows}
+    for cap in (10, 100, 1000):
+        log(f"endpoint: max_in_flight {cap}")
+        r = drain(ctx, "bench_endpoint", 1, ctx.args.endpoint_rows, ctx.settings,
+                  limits={"max_in_flight": cap})
+        out[f"max_in_flight_{cap}"] = _drain_summary(r)
+    return out
+
+
+def section_slow(ctx: Context) -> dict[str, Any]:
+    """Slow receivers (issue 22): 100 endpoints answering after --slow-ms, one worker with
+    concurrency 1,000 and then 5,000, per-endpoint caps that allow it. Throughput against the lower
+    of Little's law (in flight / latency) and the fast-receiver rate; the naive design at the same
+    latency for comparison (its ceiling: its 10 connections / latency)."""
+    latency = ctx.args.slow_ms / 1000
+    fast = _get(ctx.results, "e2e", "workers_1_per_second", "median")
+    out: dict[str, Any] = {"receiver_latency_ms": ctx.args.slow_ms, "endpoints": 100,
+                           "fast_receiver_per_second": fast}
+    for conc in (1000, 5000):
+        settings = dataclasses.replace(ctx.settings, concurrency=conc)
+        rows = ctx.args.slow_rows
+        log(f"slow: concurrency {conc}, {rows:,} rows")
+        r = drain(ctx, "bench_slow", 1, rows, settings, endpoints=100,
+                  limits={**GENEROUS_LIMITS, "max_in_flight": 1000},
+                  url_path=f"/slow/{ctx.args.slow_ms}")
+        little = conc / latency
+        bound = min(little, fast) if fast else little
+        out[f"concurrency_{conc}"] = {
+            **_drain_summary(r),
+            "littles_law_per_second": round(little, 1),
+            "bound_per_second": round(bound, 1),
+            "share_of_bound": round((r["per_second"] or 0) / bound, 3),
+            "worker_peak_rss_mb": r["worker_peak_rss_mb"],
+        }
+    out["naive"] = run_naive(ctx, "bench_slow_naive", ctx.args.slow_naive_rows,
+                             ctx.sink.url(f"/slow/{ctx.args.slow_ms}/naive"))
+    out["naive"]["ceiling_per_second"] = round(10 / latency, 1)
     return out
 
 
@@ -941,11 +1004,14 @@ def section_many(ctx: Context) -> dict[str, Any]:
 
 def section_naive(ctx: Context) -> dict[str, Any]:
     """The seed design on its own table, with its own query and an index that serves it."""
-    dsn = ctx.cluster.new_database("bench_naive")
-    rows = ctx.args.rows
+    return run_naive(ctx, "bench_naive", ctx.args.rows, ctx.sink.url())
+
+
+def run_naive(ctx: Context, dbname: str, rows: int, url: str) -> dict[str, Any]:
+    dsn = ctx.cluster.new_database(dbname)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(naive.SCHEMA)
-        conn.execute(naive.preload_sql(payload_sql("g")), (ctx.sink.url(), rows))
+        conn.execute(naive.preload_sql(payload_sql("g")), (url, rows))
         conn.execute("ANALYZE naive.webhook_deliveries")
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + naive.CLAIM).fetchall())
     ctx.sink.reset()
@@ -975,7 +1041,7 @@ def section_naive(ctx: Context) -> dict[str, Any]:
     stats = ctx.sink.stats()
     span = stats["last"] - stats["first"] if stats["first"] else float("nan")
     final = dict(query(dsn, "SELECT delivery_status, count(*) FROM naive.webhook_deliveries GROUP BY 1"))
-    ctx.cluster.drop_database("bench_naive")
+    ctx.cluster.drop_database(dbname)
     out.update(
         {
             "coroutines": 10,
@@ -1115,6 +1181,24 @@ def targets(results: dict[str, Any], batch: int) -> list[dict[str, Any]]:
         if pg:
             add(f"capacity: deliveries/s per PostgreSQL core ({label})",
                 f"{1000 / pg:,.0f}/s ({pg:.3f} ms PG CPU/delivery)", "(no target)", None)
+    for conc in (1000, 5000):
+        slow = _get(results, "slow", f"concurrency_{conc}")
+        if slow is not None:
+            add(f"slow receivers: 1 worker, {conc:,} in flight, vs min(Little's law, fast rate)",
+                f"{slow['per_second'] or 0:,.0f}/s = {100 * slow['share_of_bound']:.0f}% of "
+                f"{slow['bound_per_second']:,.0f}/s; worker RSS {slow['worker_peak_rss_mb']} MB, "
+                f"CPU {slow['cpu_ms_per_delivery']['workers']} ms/delivery",
+                ">= 90%", slow["share_of_bound"] >= 0.9)
+    slow_naive = _get(results, "slow", "naive")
+    if slow_naive is not None:
+        add("slow receivers: naive design at the same latency",
+            f"{slow_naive['per_second_first_to_last_receipt'] or 0:,.0f}/s (ceiling "
+            f"{slow_naive['ceiling_per_second']:,.0f}/s)", "(no target)", None)
+    for cap in (10, 100, 1000):
+        one_endpoint = _get(results, "endpoint", f"max_in_flight_{cap}")
+        if one_endpoint is not None:
+            add(f"one endpoint, fast receiver, max_in_flight {cap}",
+                f"{one_endpoint['per_second'] or 0:,.0f}/s", "(no target)", None)
     dl = _get(results, "many", "deadlocks")
     if dl is not None:
         add("many endpoints: deadlocks", str(dl), "0", dl == 0)
@@ -1302,8 +1386,11 @@ def print_report(results: dict[str, Any], json_path: Path) -> None:
 
 class Context:
     def __init__(
-        self, args: argparse.Namespace, cluster: Cluster, sink: Sink, workdir: Path, settings: WorkerSettings
+        self, args: argparse.Namespace, cluster: Cluster, sink: Sink, workdir: Path, settings: WorkerSettings,
+        results: dict[str, Any] | None = None,
     ) -> None:
+        # the figures of the sections already run (the slow section reads the fast-receiver rate)
+        self.results: dict[str, Any] = results if results is not None else {}
         self.args, self.cluster, self.sink, self.workdir, self.settings = (
             args,
             cluster,
@@ -1343,6 +1430,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--many-failing", type=int, default=10)
     p.add_argument("--many-workers", type=int, default=4)
     p.add_argument("--many-rows-per-endpoint", type=int, default=200)
+    p.add_argument("--endpoint-rows", type=int, default=3000, help="rows for each one-endpoint drain (3,000)")
+    p.add_argument("--slow-ms", type=int, default=250, help="the slow receivers' answer time (250 ms)")
+    p.add_argument("--slow-rows", type=int, default=30_000, help="rows for each slow-receiver drain (30,000)")
+    p.add_argument("--slow-naive-rows", type=int, default=400, help="naive rows at that latency")
     p.add_argument("--naive-max-seconds", type=float, default=120.0, help="time cap for the naive drain")
     p.add_argument("--drain-timeout", type=float, default=1200.0, help="time cap for any one drain (1200 s)")
     p.add_argument("--concurrency", type=int, help="worker.concurrency (production default 100)")
@@ -1379,6 +1470,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.many_healthy, args.many_slow, args.many_failing = 6, 2, 2
         args.many_rows_per_endpoint, args.many_workers = 20, 2
         args.naive_max_seconds, args.sweep, args.sweep_rows = 30.0, "50:50:2", 1000
+        args.endpoint_rows, args.slow_ms, args.slow_rows, args.slow_naive_rows = 200, 50, 2000, 40
         args.drain_timeout = min(args.drain_timeout, 120.0)
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
@@ -1437,7 +1529,7 @@ def main(argv: list[str] | None = None) -> int:
                   " section also runs it on uvloop",
         "sink": sink.loop,
     }
-    ctx = Context(args, cluster, sink, out_dir, settings)
+    ctx = Context(args, cluster, sink, out_dir, settings, results)
     runners = {
         "http": section_http,
         "db": section_db,
@@ -1447,6 +1539,8 @@ def main(argv: list[str] | None = None) -> int:
         "producer": section_producer,
         "many": section_many,
         "naive": section_naive,
+        "endpoint": section_endpoint,
+        "slow": section_slow,
         "sweep": section_sweep,
     }
     json_path = out_dir / "results.json"

@@ -11,7 +11,7 @@ import sys
 from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
-SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
+SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow")
 
 
 def test_quick_run_reports_every_section(tmp_path):
@@ -52,6 +52,11 @@ def test_quick_run_reports_every_section(tmp_path):
     assert "webhook_deliveries_waiting" in data["naive"]["claim_plan"]
     assert data["naive"]["final_status"] == {"delivered": data["naive"]["processed"]}
     assert data["machine"]["load_average"]
+    # slow receivers: each drain complete, with its bound and the worker's memory
+    for conc in (1000, 5000):
+        slow = data["slow"][f"concurrency_{conc}"]
+        assert slow["complete"] and slow["bound_per_second"] > 0 and all(slow["worker_peak_rss_mb"].values())
+    assert all(data["endpoint"][f"max_in_flight_{cap}"]["complete"] for cap in (10, 100, 1000))
     assert len(data["targets"]) >= 10
     for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
                  "many endpoints", "naive baseline", "JSON:"):
