@@ -109,6 +109,8 @@ async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
             headers={},
             timeout_seconds=None,
             schedule=RetrySchedule(),
+            # as claimed rows carry it: the URL's check is then asked once, as in the worker
+            url_version="bench",
         )
         for i in range(concurrency)
     ]
