@@ -345,6 +345,7 @@ def drain(
     if on_analyzed is not None:
         out.update(on_analyzed(dsn))
     updates0 = table_updates(dsn)
+    wal0, audit0 = wal_lsn(dsn), audit_log_bytes(dsn)
     ctx.sink.reset()
     reset_statements(dsn)
     deadlocks0 = deadlocks(dsn)
@@ -386,6 +387,9 @@ def drain(
     final = dict(query(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
     updates = {k: v - updates0[k] for k, v in table_updates(dsn).items()}
     out["queue_updates"] = {**updates, "hot_share": round(updates["hot"] / max(1, updates["updates"]), 3)}
+    # for docs/capacity.md: what a delivery writes (WAL of the whole cluster: the drain is alone on it)
+    out["wal_bytes_per_delivery"] = round(wal_bytes_since(dsn, wal0) / max(1, rows))
+    out["audit_log_bytes_per_delivery"] = round((audit_log_bytes(dsn) - audit0) / max(1, rows))
     first, last = stats["first"], stats["last"]
     n = stats["count"]
     span = (last - first) if first and last and last > first else float("nan")
@@ -747,6 +751,23 @@ WHERE n.nspname = 'webhooks'
        SELECT indexrelid FROM pg_index WHERE indrelid = 'webhooks.alert_delivery_queue'::regclass))
 ORDER BY c.relname
 """
+
+
+def wal_lsn(dsn: str) -> str:
+    return str(query(dsn, "SELECT pg_current_wal_lsn()")[0][0])
+
+
+def wal_bytes_since(dsn: str, lsn: str) -> int:
+    return int(query(dsn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (lsn,))[0][0])
+
+
+def audit_log_bytes(dsn: str) -> int:
+    """The audit log's size on disk, its partitions and their indexes included."""
+    return int(query(
+        dsn,
+        "SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i"
+        " WHERE i.inhparent = 'webhooks.alert_delivery_log'::regclass",
+    )[0][0])
 
 
 def table_updates(dsn: str) -> dict[str, int]:
