@@ -41,7 +41,8 @@ def test_quick_run_reports_every_section(tmp_path):
     assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
     # issue 22: timed ratios are medians of three alternating runs, printed with the three values;
     # the HTTP ceiling is a bare aiohttp session's, the Sender printed beside it
-    for ratio in (data["e2e"]["workers_1_over_bare"], data["http"]["sender_over_bare"]):
+    for ratio in (data["e2e"]["workers_1_over_bare"], data["http"]["sender_over_bare"],
+                  data["db"]["features_cost_ratio"]):
         assert len(ratio["values"]) == 3 and sorted(ratio["values"])[1] == ratio["median"]
     assert len(data["e2e"]["workers_1_runs"]) == len(data["e2e"]["bare_ceiling"]["runs"]) == 3
     assert all(run["complete"] for run in data["e2e"]["workers_1_runs"])
