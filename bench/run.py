@@ -745,20 +745,60 @@ def section_sweep(ctx: Context) -> dict[str, Any]:
 # --- 4. latency --------------------------------------------------------------------------------------
 
 
+LATENCY_ROUNDS = 5
+
+
 def section_latency(ctx: Context) -> dict[str, Any]:
+    """Insert-to-receipt latency of one idle worker, and the floor (bench/floor.py: the same INSERT
+    and NOTIFY, a LISTEN client that reads the new rows and POSTs them, no claim), alternating,
+    LATENCY_ROUNDS rounds of each (issue 22: medians of 5)."""
     out: dict[str, Any] = {
         "rate_per_second": ctx.args.latency_rate,
         "seconds": ctx.args.latency_seconds,
         "workers": 1,
         "notify": True,
-        "worker_loop": "asyncio (default)",
+        "worker_loop": "worker.event_loop auto",
     }
+    rounds: dict[str, list[dict[str, Any]]] = {"worker": [], "floor": []}
+    for i in range(LATENCY_ROUNDS):
+        for kind in ("worker", "floor"):
+            log(f"latency: round {i + 1} of {LATENCY_ROUNDS}, {kind}")
+            rounds[kind].append(_latency_round(ctx, kind))
+    worker, floor = rounds["worker"], rounds["floor"]
+    for key in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms"):
+        out[key] = statistics.median(r[key] for r in worker)
+        out[f"floor_{key}"] = statistics.median(r[key] for r in floor)
+    out["inserted"] = sum(r["inserted"] for r in worker)
+    out["received"] = sum(r["received"] for r in worker)
+    out["rounds"] = rounds
+    out["p50_over_floor"] = median_of([w["p50_ms"] / max(1e-9, f["p50_ms"]) for w, f in zip(worker, floor,
+                                                                                          strict=True)])
+    out["p99_over_floor"] = median_of([w["p99_ms"] / max(1e-9, f["p99_ms"]) for w, f in zip(worker, floor,
+                                                                                          strict=True)])
+    return out
+
+
+def _latency_round(ctx: Context, kind: str) -> dict[str, Any]:
     dsn = ctx.cluster.new_database("bench_latency")
     [endpoint] = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
     ctx.sink.reset()
-    [proc] = [spawn_worker(dsn, ctx.workdir, "latency-w1", ctx.settings)]
+    proc: WorkerProcess | subprocess.Popen[bytes]
+    if kind == "worker":
+        proc = spawn_worker(dsn, ctx.workdir, "latency-w1", ctx.settings)
+    else:
+        ready = ctx.workdir / "floor.ready"
+        ready.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "bench.floor", "--dsn", dsn, "--url", ctx.sink.url(),
+                                 "--ready-file", str(ready)], cwd=ROOT)
     try:
-        wait_started([proc])
+        if isinstance(proc, WorkerProcess):
+            wait_started([proc])
+        else:
+            deadline = time.monotonic() + 30
+            while not ready.exists():
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the latency floor client did not start")
+                time.sleep(0.05)
         time.sleep(1.5)  # idle: listening, nothing queued
         total = int(ctx.args.latency_rate * ctx.args.latency_seconds)
         insert = (
@@ -782,22 +822,27 @@ def section_latency(ctx: Context) -> dict[str, Any]:
             time.sleep(0.1)
         samples = [(recv - sent) * 1000 for sent, recv in ctx.sink.latency()]
     finally:
-        proc.stop_or_kill()
+        if isinstance(proc, WorkerProcess):
+            proc.stop_or_kill()
+        else:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
     ctx.cluster.drop_database("bench_latency")
-    out.update(
-        {
-            "inserted": total,
-            "received": len(samples),
-            "producer_seconds": round(produce_s, 2),
-            "producer_late_inserts": late,
-            "p50_ms": round(percentile(samples, 50), 2),
-            "p95_ms": round(percentile(samples, 95), 2),
-            "p99_ms": round(percentile(samples, 99), 2),
-            "max_ms": round(max(samples), 2) if samples else None,
-            "mean_ms": round(statistics.fmean(samples), 2) if samples else None,
-        }
-    )
-    return out
+    return {
+        "inserted": total,
+        "received": len(samples),
+        "producer_seconds": round(produce_s, 2),
+        "producer_late_inserts": late,
+        "p50_ms": round(percentile(samples, 50), 2),
+        "p95_ms": round(percentile(samples, 95), 2),
+        "p99_ms": round(percentile(samples, 99), 2),
+        "max_ms": round(max(samples), 2) if samples else None,
+        "mean_ms": round(statistics.fmean(samples), 2) if samples else None,
+    }
 
 
 # --- 5. backlog scale --------------------------------------------------------------------------------
@@ -1204,6 +1249,13 @@ def targets(results: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     if one is not None and two is not None:
         add("e2e 2 workers vs 1", f"{two:,.0f}/s vs {one:,.0f}/s", "2 > 1", two > one)
     p50, p99 = _get(results, "latency", "p50_ms"), _get(results, "latency", "p99_ms")
+    for pct, limit in (("p50", 1.5), ("p99", 2.0)):
+        ratio = _get(results, "latency", f"{pct}_over_floor")
+        if ratio is not None:
+            add(f"latency {pct} vs the bare floor (INSERT, LISTEN, POST; alternating)",
+                three(ratio, 1, "{:.2f}x") + f" ({results['latency'][pct + '_ms']} vs "
+                f"{results['latency']['floor_' + pct + '_ms']} ms, medians of {LATENCY_ROUNDS})",
+                f"<= {limit}x", ratio["median"] <= limit)
     if p50 is not None:
         add("latency p50 at 200/s (NOTIFY)", f"{p50:.1f} ms", "<= 5 ms", p50 <= 5)
     if p99 is not None:

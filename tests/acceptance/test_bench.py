@@ -53,6 +53,9 @@ def test_quick_run_reports_every_section(tmp_path):
     assert "webhook_deliveries_waiting" in data["naive"]["claim_plan"]
     assert data["naive"]["final_status"] == {"delivered": data["naive"]["processed"]}
     assert data["machine"]["load_average"]
+    # the latency floor beside the worker, five alternating rounds each, every row received
+    assert len(data["latency"]["p50_over_floor"]["values"]) == 5
+    assert all(r["received"] == r["inserted"] for r in data["latency"]["rounds"]["floor"])
     # slow receivers: each drain complete, with its bound and the worker's memory
     for conc in (1000, 5000):
         slow = data["slow"][f"concurrency_{conc}"]
