@@ -1,8 +1,8 @@
-"""Shared plumbing for the benchmark: the cluster, the sink process, endpoints, worker processes, CPU.
+"""The benchmark's own plumbing: the cluster, the sink process, CPU accounting, SQL it alone needs.
 
-Two functions are deliberately the only places that know how endpoints are registered and how a
-worker process is configured (`register_endpoints`, `worker_setup`), so that changes to either (an
-encryption key, network allow-lists) are made once.
+Endpoints, worker processes and queries come from tests/support.py, the one helper library of the
+tests and the benchmark, so that a change to either (an encryption key, network allow-lists, how a
+worker is configured) is made once and the benchmark's workers are the tests' workers.
 """
 
 from __future__ import annotations
@@ -16,38 +16,31 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from worker import schema, signing
+from tests.support import (
+    LOOPBACK,
+    ROOT,
+    TEST_KEYRING,
+    WorkerProcess,
+    add_endpoints,
+    proc_cpu,
+    query,
+)
+from worker import schema
 from worker.config import WorkerConfig
-from worker.delivery import display_url
 from worker.destinations import DestinationPolicy
-from worker.encryption import KEYS_ENV, Keyring, generate_key
-from worker.localpg import LocalPostgres, login_role
-from worker.operations import EndpointSpec, register_endpoint
+from worker.localpg import LocalPostgres
 
-ROOT = Path(__file__).resolve().parent.parent
-# As in production: endpoints sealed with a key every worker holds, workers logged in as a member of
-# webhooks_worker, and the sink (on loopback) allowed explicitly as a destination.
-BENCH_KEYS = generate_key()
-BENCH_KEYRING = Keyring.parse(BENCH_KEYS, KEYS_ENV)
-ALLOW_LOOPBACK = ["127.0.0.1/32"]
-LOOPBACK_POLICY = DestinationPolicy.from_settings(True, ALLOW_LOOPBACK, False)
-WORKER_LOGIN = "bench_worker"
-
-
-def worker_dsn(dsn: str) -> str:
-    """A login role in webhooks_worker only (created if missing), as workers run in production."""
-    return login_role(dsn, WORKER_LOGIN, "webhooks_worker", "bench")
+BENCH_KEYRING = TEST_KEYRING
+LOOPBACK_POLICY = DestinationPolicy.from_settings(True, LOOPBACK, False)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TEMPLATE = "bench_template"
-
 # The bench's own cluster: throwaway durability settings as in the test suite (worker.localpg), plus
 # statement counting, lock-wait logging and room for a 1M-row load.
 BENCH_PG_SETTINGS = {
@@ -86,15 +79,6 @@ def payload_json(n: int, extra: dict[str, Any] | None = None) -> str:
 
 
 # --- processes and CPU -----------------------------------------------------------------------------
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a live process; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def machine_busy() -> float:
@@ -336,28 +320,11 @@ GENEROUS_LIMITS: dict[str, Any] = {
 
 
 def register_endpoints(dsn: str, urls: list[str], prefix: str = "bench", **overrides: Any) -> list[int]:
-    """Register one endpoint per URL through the Python API (worker.operations.register_endpoint), each
-    with its own signing secret; overrides are EndpointSpec fields. Returns their ids in order."""
-    ids = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for i, url in enumerate(urls):
-            ids.append(
-                register_endpoint(
-                    conn,
-                    EndpointSpec(
-                        name=f"{prefix}-{i + 1}",
-                        url=url,
-                        url_display=display_url(url),
-                        signing_secrets=(signing.generate_secret(),),
-                        **overrides,
-                    ),
-                    BENCH_KEYRING,
-                )
-            )
-    return ids
+    """One endpoint per URL, each with its own signing secret (tests.support.add_endpoints)."""
+    return add_endpoints(dsn, urls, prefix, **overrides)
 
 
-# --- worker processes: the one place that configures them ------------------------------------------
+# --- worker processes ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -368,6 +335,7 @@ class WorkerSettings:
     claim_batch_size: int | None = None
     finish_batch_size: int | None = None
     pool_max_size: int | None = None
+    event_loop: str | None = None
 
     @property
     def in_flight(self) -> int:
@@ -382,100 +350,29 @@ class WorkerSettings:
             "pool_max_size": self.pool_max_size or 4,
         }
 
-
-def worker_setup(dsn: str, name: str, settings: WorkerSettings) -> tuple[dict[str, Any], dict[str, str]]:
-    """The YAML config and the environment of one `webhook-worker` process: production defaults,
-    except a unique id, probes on a free port of 127.0.0.1 and JSON logs, plus the settings."""
-    config: dict[str, Any] = {
-        "database": {"url": worker_dsn(dsn)},
-        "worker": {"id": name},
-        "http": {"host": "127.0.0.1", "port": 0},
-        "logging": {"level": "info", "format": "json"},
-        "security": {"allow_networks": ALLOW_LOOPBACK},
-    }
-    if settings.pool_max_size is not None:
-        config["database"]["pool_max_size"] = settings.pool_max_size
-    if settings.concurrency is not None:
-        config["worker"]["concurrency"] = settings.concurrency
-    delivery = {}
-    if settings.claim_batch_size is not None:
-        delivery["claim_batch_size"] = settings.claim_batch_size
-    if settings.finish_batch_size is not None:
-        delivery["finish_batch_size"] = settings.finish_batch_size
-    if delivery:
-        config["delivery"] = delivery
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
-    env.pop("DATABASE_URL", None)
-    env[KEYS_ENV] = BENCH_KEYS
-    return config, env
-
-
-@dataclass
-class WorkerProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def cpu(self) -> float:
-        return proc_cpu(self.process.pid)
-
-    def started(self) -> bool:
-        try:
-            text = self.log_path.read_text()
-        except OSError:
-            return False
-        return '"worker started"' in text
-
-    def stop(self, timeout: float = 60.0) -> int | None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(10)
+    def sections(self) -> dict[str, dict[str, Any]]:
+        """The worker config's sections that these settings change."""
+        sections: dict[str, dict[str, Any]] = {}
+        if self.pool_max_size is not None:
+            sections.setdefault("database", {})["pool_max_size"] = self.pool_max_size
+        if self.concurrency is not None:
+            sections.setdefault("worker", {})["concurrency"] = self.concurrency
+        if self.claim_batch_size is not None:
+            sections.setdefault("delivery", {})["claim_batch_size"] = self.claim_batch_size
+        if self.finish_batch_size is not None:
+            sections.setdefault("delivery", {})["finish_batch_size"] = self.finish_batch_size
+        if self.event_loop is not None:
+            sections.setdefault("worker", {})["event_loop"] = self.event_loop
+        return sections
 
 
 def spawn_worker(dsn: str, workdir: Path, name: str, settings: WorkerSettings) -> WorkerProcess:
-    """`python -m worker --config FILE`, exactly as it runs in production."""
-    config, env = worker_setup(dsn, name, settings)
-    config_path = workdir / f"{name}.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    log_path = workdir / f"{name}.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--config", str(config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-    return WorkerProcess(name, process, log_path)
-
-
-def wait_started(workers: list[WorkerProcess], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(w.started() for w in workers):
-        for w in workers:
-            if w.process.poll() is not None:
-                raise RuntimeError(f"{w.name} exited with {w.process.returncode}; see {w.log_path}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("workers did not start in time")
-        time.sleep(0.05)
+    """`python -m worker --config FILE`, exactly as it runs in production: the tests' worker process
+    with production's timings (no shortened polls) and the settings."""
+    return WorkerProcess(dsn, workdir, name, timings={}, **settings.sections())
 
 
 # --- SQL helpers -----------------------------------------------------------------------------------
-
-
-def execute(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(sql, params)
-        return cur.fetchall() if cur.description is not None else []
 
 
 VACUUM_WORDS = ("truncat", "not yet removable", "removable cutoff")
@@ -507,7 +404,7 @@ def wait_for_autovacuum(dsn: str, limit_seconds: float) -> None:
     """Wait (at most the limit) until no autovacuum worker is busy in this database."""
     deadline = time.monotonic() + limit_seconds
     while time.monotonic() < deadline:
-        [[busy]] = execute(dsn, "SELECT count(*) FROM pg_stat_activity"
+        [[busy]] = query(dsn, "SELECT count(*) FROM pg_stat_activity"
                                 " WHERE backend_type = 'autovacuum worker' AND datname = current_database()")
         if not busy:
             return
@@ -517,7 +414,7 @@ def wait_for_autovacuum(dsn: str, limit_seconds: float) -> None:
 def preload(dsn: str, endpoint_ids: list[int], rows: int) -> float:
     """Queue `rows` rows round-robin over the endpoints with one INSERT … SELECT; returns seconds."""
     started = time.monotonic()
-    execute(
+    query(
         dsn,
         "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
         f" SELECT (%s::bigint[])[1 + g %% %s], 'alert.created', {payload_sql('g')}"
@@ -544,9 +441,9 @@ def statement_counts(dsn: str, nested: bool = False) -> list[dict[str, Any]]:
 
 
 def reset_statements(dsn: str) -> None:
-    execute(dsn, "SELECT pg_stat_statements_reset()")
+    query(dsn, "SELECT pg_stat_statements_reset()")
 
 
 def deadlocks(dsn: str) -> int:
-    row = execute(dsn, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    row = query(dsn, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
     return int(row[0][0]) if row else 0

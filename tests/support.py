@@ -1,4 +1,4 @@
-"""Test helpers: waiting with deadlines, endpoints and rows, worker processes."""
+"""The one helper library of the tests and the benchmark: deadlines, endpoints, rows, worker processes."""
 
 from __future__ import annotations
 
@@ -47,6 +47,15 @@ def worker_dsn(dsn: str) -> str:
     return login_as(dsn, WORKER_LOGIN, "webhooks_worker")
 
 
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a live process; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def eventually(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05,
                message: str = "condition") -> T:
     """Return check()'s first truthy value, or fail when the deadline passes."""
@@ -61,12 +70,25 @@ def eventually(check: Callable[[], T], timeout: float = 20.0, interval: float = 
 
 
 def add_endpoint(dsn: str, url: str, name: str | None = None, **overrides: Any) -> int:
+    """Register one endpoint through the Python API, sealed with the suite's key; overrides are
+    EndpointSpec fields (plus `secret`)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return register_endpoint(conn, EndpointSpec(
-            name=name or f"ep-{time.monotonic_ns()}", url=url, url_display=display_url(url),
-            signing_secrets=(overrides.pop("secret", None) or signing.generate_secret(),),
-            **overrides,
-        ), TEST_KEYRING)
+        return _register(conn, url, name or f"ep-{time.monotonic_ns()}", **overrides)
+
+
+def add_endpoints(dsn: str, urls: list[str], prefix: str = "ep", **overrides: Any) -> list[int]:
+    """One endpoint per URL (named prefix-1, prefix-2, …), each with its own signing secret, on one
+    connection; returns their ids in order."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [_register(conn, url, f"{prefix}-{i + 1}", **overrides) for i, url in enumerate(urls)]
+
+
+def _register(conn: psycopg.Connection[Any], url: str, name: str, **overrides: Any) -> int:
+    return register_endpoint(conn, EndpointSpec(
+        name=name, url=url, url_display=display_url(url),
+        signing_secrets=(overrides.pop("secret", None) or signing.generate_secret(),),
+        **overrides,
+    ), TEST_KEYRING)
 
 
 def enqueue(dsn: str, webhook_id: int, payload: dict[str, Any] | None = None,
@@ -99,34 +121,57 @@ def all_final(dsn: str, ids: list[int]) -> bool:
     return len(found) == len(ids) and all(s in ("delivered", "dead_letter") for s in found.values())
 
 
+# What the tests shorten so that they wait less; the benchmark keeps production's values.
+TEST_TIMINGS: dict[str, dict[str, Any]] = {
+    "worker": {"poll_interval_seconds": 0.1},
+    "http": {"stats_interval_seconds": 0.2},
+}
+
+
+def worker_config(dsn: str, name: str, as_role: bool = True, timings: dict[str, dict[str, Any]] | None = None,
+                  **sections: dict[str, Any]) -> dict[str, Any]:
+    """The YAML of one worker: production defaults, except its id, probes on a free port of
+    127.0.0.1, JSON logs and loopback allowed as a destination; then `timings` (the tests' short
+    polls unless given) and `sections`. With as_role, it logs in as a member of webhooks_worker only,
+    as in production."""
+    config: dict[str, Any] = {
+        "database": {"url": worker_dsn(dsn) if as_role else dsn},
+        "worker": {"id": name},
+        "logging": {"level": "info", "format": "json"},
+        "http": {"host": "127.0.0.1", "port": 0},
+        "security": {"allow_networks": LOOPBACK},
+    }
+    for overrides in (TEST_TIMINGS if timings is None else timings, sections):
+        for section, values in overrides.items():
+            config.setdefault(section, {}).update(values)
+    return config
+
+
+def worker_env(keys: str = TEST_KEYS) -> dict[str, str]:
+    """This process's environment without any WEBHOOK_WORKER_* or DATABASE_URL, plus the keys."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
+    env.pop("DATABASE_URL", None)
+    if keys:
+        env[KEYS_ENV] = keys
+    return env
+
+
 class WorkerProcess:
     """`python -m worker --config FILE` as a subprocess, as it runs in production."""
 
     def __init__(self, dsn: str, workdir: Path, name: str, as_role: bool = True, keys: str = TEST_KEYS,
-                 **sections: dict[str, Any]) -> None:
-        """With as_role, the worker logs in as a member of webhooks_worker only, as in production."""
-        config: dict[str, Any] = {
-            "database": {"url": worker_dsn(dsn) if as_role else dsn},
-            "worker": {"id": name, "poll_interval_seconds": 0.1},
-            "logging": {"level": "info", "format": "json"},
-            "http": {"host": "127.0.0.1", "port": 0, "stats_interval_seconds": 0.2},
-            "security": {"allow_networks": LOOPBACK},
-        }
-        for section, values in sections.items():
-            config.setdefault(section, {}).update(values)
+                 timings: dict[str, dict[str, Any]] | None = None, **sections: dict[str, Any]) -> None:
+        """See worker_config for as_role, timings and sections."""
+        config = worker_config(dsn, name, as_role, timings, **sections)
         self.config_path = workdir / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / f"{name}.log"
         self.name = name
         self.expected_errors: set[str] = set()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
-        env.pop("DATABASE_URL", None)
-        if keys:
-            env[KEYS_ENV] = keys
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "worker", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                stdout=log, stderr=subprocess.STDOUT, env=worker_env(keys), cwd=ROOT,
             )
 
     @property
@@ -178,6 +223,17 @@ class WorkerProcess:
         except urllib.error.URLError:
             return 0, ""
 
+    def started(self) -> bool:
+        """Whether it has logged "worker started" (a text search: cheap enough to poll)."""
+        try:
+            return '"worker started"' in self.log_path.read_text()
+        except OSError:
+            return False
+
+    def cpu(self) -> float:
+        """CPU seconds (user + system) it has used so far; 0 once it is gone."""
+        return proc_cpu(self.pid)
+
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
@@ -186,7 +242,27 @@ class WorkerProcess:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
 
+    def stop_or_kill(self, timeout: float = 60.0) -> int:
+        """SIGTERM; SIGKILL when it has not exited within the timeout. Returns the exit code."""
+        try:
+            return self.stop(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode
+
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+
+
+def wait_started(workers: list[WorkerProcess], timeout: float = 60.0) -> None:
+    """Wait until every worker has logged "worker started"; fail early when one exits."""
+    deadline = time.monotonic() + timeout
+    while not all(w.started() for w in workers):
+        for w in workers:
+            if w.process.poll() is not None:
+                raise RuntimeError(f"{w.name} exited with {w.process.returncode}; see {w.log_path}")
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers did not start in time")
+        time.sleep(0.05)

@@ -26,7 +26,7 @@ from worker.destinations import Address, address_blocked, ip_literal, url_proble
 from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
 from worker.errors import ConfigError
 from worker.model import Sent
-from worker.observability import configure_logging
+from worker.observability import configure_logging, get_logger
 from worker.operations import (
     EndpointSpec,
     find_endpoint,
@@ -62,11 +62,25 @@ def _config(args: argparse.Namespace) -> Config:
 def cmd_run(args: argparse.Namespace) -> int:
     # Until the event loop installs its own handlers, SIGTERM means "nothing claimed yet: exit 0".
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    from worker import runtime
     from worker.daemon import serve
 
     config = _config(args)
     configure_logging(config.logging.level, config.logging.format)
-    asyncio.run(serve(config))
+    try:
+        loop = runtime.chosen_loop(config.worker.event_loop, runtime.uvloop_installed())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    log = get_logger()
+    # Thousands of concurrent sockets (slow receivers, high worker.concurrency) need more than the
+    # usual soft limit of 1,024 open files.
+    raised = runtime.raise_open_files_limit()
+    if raised is not None:
+        log.info("open-files soft limit raised", before=raised[0], after=raised[1])
+    with asyncio.Runner(loop_factory=runtime.loop_factory(loop)) as runner:
+        running = type(runner.get_loop()).__module__.split(".")[0]  # the loop's package: what runs
+        log.info("event loop chosen", loop=running, setting=config.worker.event_loop)
+        runner.run(serve(config))
     return 0
 
 

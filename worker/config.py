@@ -55,6 +55,9 @@ class WorkerConfig(_Section):
     # the defaults a SIGTERM never cuts a request short. A request still open when the grace ends
     # is recorded as an interrupted attempt and sent again.
     shutdown_grace_seconds: float = Field(default=DEFAULT_SHUTDOWN_GRACE_SECONDS, ge=0, le=3600)
+    # auto: asyncio's own loop (uvloop was measured and not adopted: docs/performance.md); uvloop
+    # needs the optional extra.
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
 
 class DeliveryConfig(_Section):

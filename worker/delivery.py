@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import socket
 import ssl
@@ -261,6 +262,9 @@ class Sender:
         )
         return aiohttp.ClientSession(
             connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False,
+            # No cookies: a receiver's Set-Cookie must never reach another endpoint on its host,
+            # and filtering the jar for every request cost about 1% of the worker's CPU.
+            cookie_jar=aiohttp.DummyCookieJar(),
             # A receiver's status line and each header line; and no more headers than this many.
             max_line_size=self._max_header_bytes, max_field_size=self._max_header_bytes,
             max_headers=MAX_RESPONSE_HEADERS,
@@ -312,19 +316,18 @@ class Sender:
         token = _current_request.set(request)
         try:
             # The whole attempt, body and a second try included, within the timeout: a receiver
-            # that trickles its answer a byte at a time cannot hold a request open past it.
+            # that trickles its answer a byte at a time cannot hold a request open past it. This
+            # is the only total timeout: a second one inside aiohttp cost a timer per request.
+            client_timeout = _client_timeout(connect_timeout)
             async with asyncio.timeout(timeout_seconds):
                 try:
                     response = await self._session.post(
-                        url, data=body, headers=headers, allow_redirects=False,
-                        timeout=aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=connect_timeout))
+                        url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout)
                 except _DROPPED_CONNECTION as exc:
                     if not dropped_keepalive(exc, request.opened):
                         raise
-                    left = max(timeout_seconds - (time.monotonic() - started), 0.001)
                     response = await self._fresh_session.post(
-                        url, data=body, headers=headers, allow_redirects=False,
-                        timeout=aiohttp.ClientTimeout(total=left, sock_connect=connect_timeout))
+                        url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout)
                 async with response:
                     excerpt = await _read_excerpt(response, self._max_response_bytes)
             result = AttemptResult(status=response.status, retry_after=response.headers.get("Retry-After"))
@@ -334,6 +337,13 @@ class Sender:
         finally:
             _current_request.reset(token)
         return Sent(result, int((time.monotonic() - started) * 1000), excerpt)
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(connect_timeout: float | None) -> aiohttp.ClientTimeout:
+    """aiohttp's timeouts for a request: none in total (Sender._post bounds the whole attempt), the
+    connect timeout of the endpoint's retry policy. One object per value, not one per request."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
 
 
 async def _read_excerpt(response: aiohttp.ClientResponse, limit: int) -> str:

@@ -3,6 +3,7 @@
 Checks shape only, never a timing: figures on a shared CI machine mean nothing.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
-SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive")
+SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow")
 
 
 def test_quick_run_reports_every_section(tmp_path):
@@ -38,6 +39,28 @@ def test_quick_run_reports_every_section(tmp_path):
     assert set(by_process) <= {"backends", "not attributed", *SERVER_PROCESS_KINDS}
     assert abs(sum(by_process.values()) - drained["cpu_seconds"]["postgres"]) <= 0.02 * len(by_process)
     assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
+    # issue 22: timed ratios are medians of three alternating runs, printed with the three values;
+    # the HTTP ceiling is a bare aiohttp session's, the Sender printed beside it
+    for ratio in (data["e2e"]["workers_1_over_bare"], data["http"]["sender_over_bare"],
+                  data["db"]["features_cost_ratio"]):
+        assert len(ratio["values"]) == 3 and sorted(ratio["values"])[1] == ratio["median"]
+    assert len(data["e2e"]["workers_1_runs"]) == len(data["e2e"]["bare_ceiling"]["runs"]) == 3
+    assert all(run["complete"] for run in data["e2e"]["workers_1_runs"])
+    assert data["http"]["bare"]["runs"][0]["requests"] > 0
+    if importlib.util.find_spec("uvloop"):
+        assert len(data["e2e"]["uvloop_over_asyncio"]["values"]) == 3
+    # the naive baseline is the seed design on its own table, its claim served by its index
+    assert "webhook_deliveries_waiting" in data["naive"]["claim_plan"]
+    assert data["naive"]["final_status"] == {"delivered": data["naive"]["processed"]}
+    assert data["machine"]["load_average"]
+    # the latency floor beside the worker, five alternating rounds each, every row received
+    assert len(data["latency"]["p50_over_floor"]["values"]) == 5
+    assert all(r["received"] == r["inserted"] for r in data["latency"]["rounds"]["floor"])
+    # slow receivers: each drain complete, with its bound and the worker's memory
+    for conc in (1000, 5000):
+        slow = data["slow"][f"concurrency_{conc}"]
+        assert slow["complete"] and slow["bound_per_second"] > 0 and all(slow["worker_peak_rss_mb"].values())
+    assert all(data["endpoint"][f"max_in_flight_{cap}"]["complete"] for cap in (10, 100, 1000))
     assert len(data["targets"]) >= 10
     for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
                  "many endpoints", "naive baseline", "JSON:"):

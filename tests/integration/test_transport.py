@@ -5,6 +5,7 @@ import json
 
 from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
+from tests.receiver import Reply
 from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
 
 FAST_RETRY = {"delays": [0.1]}
@@ -65,3 +66,19 @@ def test_a_request_dropped_with_its_reused_connection_is_sent_again_on_a_new_one
             assert answered[(delivery, attempt)] != connection
     finally:
         server.stop()
+
+
+def test_a_receivers_cookie_is_never_sent_back_nor_to_another_endpoint_on_its_host(db, receiver, spawn):
+    # by name, not IP literal: aiohttp's default jar keeps cookies of named hosts only
+    setter = add_endpoint(db, receiver.url("/sets-cookie").replace("127.0.0.1", "localhost"))
+    other = add_endpoint(db, receiver.url("/other").replace("127.0.0.1", "localhost"))
+    receiver.script("/sets-cookie", Reply(headers={"Set-Cookie": "session=from-endpoint-a; Path=/"}))
+    first = enqueue(db, setter)
+    spawn(db)
+    eventually(lambda: all_final(db, first), message="the cookie-setting delivery done")
+    later = enqueue(db, setter) + enqueue(db, other)
+    eventually(lambda: all_final(db, later), message="the later deliveries done")
+    assert set(statuses(db, first + later).values()) == {"delivered"}
+    requests = receiver.to("/sets-cookie") + receiver.to("/other")
+    assert len(requests) == 3
+    assert all("cookie" not in r.headers for r in requests)
