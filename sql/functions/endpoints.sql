@@ -396,7 +396,7 @@ SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
        e.created_at, h.health_status, h.total_attempts, h.successes, h.failures,
        h.consecutive_failures, h.last_success_at, h.last_failure_at, h.circuit_state,
        h.circuit_open_until, h.paused_until, e.rate_limit_per_second, e.rate_limit_burst,
-       e.max_in_flight
+       e.max_in_flight, e.coalesce_max, e.coalesce_window
 FROM webhooks.endpoints e
 LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id;
 GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader;

@@ -65,6 +65,9 @@ ATTEMPT = {
     "worker_id": NULLABLE_TEXT,
     "stale": BOOL,
     "logged_at": TIME,
+    "digest_id": {"type": ["integer", "null"], "description": "the digest that carried this attempt"},
+    "digest": {"type": ["string", "null"], "description": "the digest as people name it: d-17"},
+    "digest_rows": {"type": ["integer", "null"], "description": "how many rows the digest carried"},
 }
 ENDPOINT = {
     "id": INT,
@@ -87,6 +90,8 @@ ENDPOINT = {
     "last_success_at": NULLABLE_TIME,
     "last_failure_at": NULLABLE_TIME,
     "created_at": TIME,
+    "coalesce_max": NULLABLE_INT,
+    "coalesce_window": {"type": ["number", "null"], "description": "seconds"},
 }
 ENDPOINT_FIELDS = {
     "url": {"type": "string", "minLength": 1, "description": "kept sealed; never shown again"},
@@ -111,6 +116,15 @@ ENDPOINT_FIELDS = {
     "format": {"type": "string", "enum": ["raw", "envelope", "slack", "mattermost", "pagerduty"]},
     "routing_key": {"type": "string", "minLength": 1},
     "ttl_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 31536000},
+    "coalesce_max": {
+        "type": "integer", "minimum": 0, "maximum": 1000,
+        "description": "send up to N due rows as one digest request (slack, mattermost, envelope); 0 turns"
+                       " coalescing off",
+    },
+    "coalesce_window": {
+        "type": "number", "minimum": 0, "maximum": 3600,
+        "description": "seconds; with coalesce_max: also coalesce once the oldest due row waited this long",
+    },
 }
 ENDPOINT_DETAIL = {
     **ENDPOINT,

@@ -13,8 +13,8 @@ import psycopg
 from aiohttp import web
 from pydantic import Field, JsonValue, field_validator
 
+from worker import coalescing, signing
 from worker import operations as operator_queries
-from worker import signing
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
 from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
@@ -162,6 +162,11 @@ async def get_delivery(request: web.Request) -> web.Response:
         row = await queries.delivery(conn, delivery_id)
     if row is None:
         raise not_found(f"delivery {delivery_id}")
+    for attempt in row["attempts_history"]:
+        digest_id = attempt["digest_id"]
+        attempt["digest"] = None if digest_id is None else coalescing.digest_label(digest_id)
+        if digest_id is None:
+            attempt["digest_rows"] = None
     row["attempts_history"] = row.pop("attempts_history")
     return json_response(row)
 
@@ -312,6 +317,7 @@ async def create_endpoint(request: web.Request) -> web.Response:
     secret = body.secret or signing.generate_secret()
     endpoint_rules.check_secret(secret)
     endpoint_rules.check_routing_key(body.format, body.routing_key)
+    coalesce = endpoint_rules.coalescing_changes(body, body.format or "raw")
     spec = endpoint_rules.spec(body, secret)
 
     def register(conn: psycopg.Connection[Any]) -> int:
@@ -320,6 +326,8 @@ async def create_endpoint(request: web.Request) -> web.Response:
             if body.ttl_seconds:
                 operator_queries.update_endpoint(
                     conn, endpoint_id, {"delivery_ttl": f"{body.ttl_seconds} seconds"}, keyring)
+            if coalesce:
+                operator_queries.update_endpoint(conn, endpoint_id, coalesce, keyring)
         return endpoint_id
 
     try:
@@ -350,7 +358,8 @@ async def update_endpoint(request: web.Request) -> web.Response:
     body = await read_body(request, endpoint_rules.EndpointPatch)
     keyring = _keyring(state)
     changes = endpoint_rules.changes(body)
-    if not changes and body.routing_key is None:
+    coalesce_fields = body.coalesce_max is not None or body.coalesce_window is not None
+    if not changes and body.routing_key is None and not coalesce_fields:
         raise invalid("(body)", "nothing to change: give at least one field")
     if body.url is not None:
         await endpoint_rules.check_url(body.url, state.config)
@@ -359,6 +368,9 @@ async def update_endpoint(request: web.Request) -> web.Response:
 
     def update(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
+            if coalesce_fields or body.format is not None:
+                stored = operator_queries.endpoint_coalescing(conn, endpoint_id) or (None, None)
+                changes.update(endpoint_rules.coalescing_changes(body, body.format or stored[0], stored[1]))
             if body.routing_key is not None or body.format == "pagerduty":
                 stored_format, settings = operator_queries.endpoint_format_and_settings(
                     conn, endpoint_id, keyring)

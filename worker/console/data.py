@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from worker.api.data import fetch_all, fetch_one
+from worker.coalescing import digest_label
 from worker.console import chart
 
 CHART_HOURS = 6
@@ -97,8 +98,14 @@ async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict
     row["history"] = await fetch_all(
         conn,
         "SELECT attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
-        "       worker_id, stale, logged_at FROM webhooks.delivery_history(%s)",
+        "       worker_id, stale, logged_at, digest_id,"
+        # members only ever leave a digest: the rows it carried when it was first sent
+        "       (SELECT count(DISTINCT d.delivery_id) FROM webhooks.alert_delivery_log d"
+        "        WHERE d.digest_id = h.digest_id) AS digest_rows"
+        "  FROM webhooks.delivery_history(%s) h",
         (delivery_id,))
+    for attempt in row["history"]:
+        attempt["digest"] = None if attempt["digest_id"] is None else digest_label(attempt["digest_id"])
     return row
 
 
