@@ -55,6 +55,15 @@ class WorkerConfig(_Section):
     # the defaults a SIGTERM never cuts a request short. A request still open when the grace ends
     # is recorded as an interrupted attempt and sent again.
     shutdown_grace_seconds: float = Field(default=DEFAULT_SHUTDOWN_GRACE_SECONDS, ge=0, le=3600)
+    # A pool of its own for some tenants: only these (tenants), or all but these (exclude_tenants).
+    tenants: list[str] | None = Field(default=None, min_length=1)
+    exclude_tenants: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_pool_rule(self) -> WorkerConfig:
+        if self.tenants is not None and self.exclude_tenants is not None:
+            raise ValueError("worker.tenants and worker.exclude_tenants: give one, not both")
+        return self
 
 
 class DeliveryConfig(_Section):
