@@ -320,13 +320,18 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         body_format=args.format,
         secret_settings={"routing_key": routing_key} if routing_key else {},
         active=not args.verify,
+        tenant=args.tenant,
     )
     with operations.connect(config) as conn:
         try:
             endpoint_id = register_endpoint(conn, spec, keyring)
         except psycopg.errors.UniqueViolation:
             raise CommandFailed(f"--name {args.name!r}: an endpoint with this name exists") from None
+        except psycopg.errors.NoDataFound:
+            raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
         except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name == "tenant_max_endpoints":
+                raise CommandFailed(f"--tenant: {exc.diag.message_primary}") from None
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
         except operations.InvalidEndpoint as exc:
             raise UsageError(str(exc)) from None
@@ -762,6 +767,80 @@ def cmd_tokens_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenant_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits given as options; `none` clears one."""
+    from worker import tenants
+
+    return {key: getattr(args, key) for key in tenants.LIMIT_OPTIONS if getattr(args, key) is not _UNSET}
+
+
+def _limit_value(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if text.lower() == "none":
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a number' if kind is float else 'an integer'} "
+                                             "or none") from None
+    return parse
+
+
+_UNSET = object()
+
+
+def cmd_tenants_add(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    with _connect(args) as conn:
+        try:
+            tenant_id = tenants.add(conn, args.name, _tenant_limits(args))
+        except tenants.InvalidTenant as exc:
+            raise UsageError(str(exc)) from None
+        except psycopg.errors.UniqueViolation:
+            raise CommandFailed(f"NAME {args.name!r}: a tenant with this name exists") from None
+    _emit(args, {"id": tenant_id, "name": args.name}) if args.json else print(tenant_id)
+    return 0
+
+
+def cmd_tenants_update(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    limits = _tenant_limits(args)
+    if not limits:
+        raise UsageError("nothing to change: give at least one limit")
+    with _connect(args) as conn:
+        try:
+            tenants.update(conn, args.name, limits)
+        except tenants.InvalidTenant as exc:
+            raise UsageError(str(exc)) from None
+        except psycopg.errors.NoDataFound:
+            raise CommandFailed(f"NAME {args.name!r}: no tenant with this name") from None
+    print(f"tenant {args.name} updated")
+    return 0
+
+
+def cmd_tenants_list(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    with _connect(args) as conn:
+        rows = tenants.listing(conn)
+    _emit(args, rows, ["id", "name", "rate_limit_per_second", "max_in_flight", "max_endpoints", "max_queued",
+                       "endpoints", "waiting", "in_flight", "dead_letters"])
+    return 0
+
+
+def cmd_tenants_show(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    with _connect(args) as conn:
+        row = tenants.show(conn, args.name)
+    if row is None:
+        raise CommandFailed(f"NAME {args.name!r}: no tenant with this name")
+    _emit(args, row)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from worker.demo import run_demo
 
@@ -845,6 +924,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_routing_key_options(add)
     add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add_coalescing_options(add)
+    add.add_argument("--tenant", metavar="NAME", help="the tenant it belongs to (default: default)")
     add.add_argument("--verify", action="store_true",
                      help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
     add.add_argument("--json", action="store_true", help="print JSON")
@@ -979,6 +1059,36 @@ def build_parser() -> argparse.ArgumentParser:
     token_list.add_argument("--json", action="store_true", help="print JSON")
     token_revoke = command(token_commands, "revoke", cmd_tokens_revoke, "revoke a token: it stops at once")
     token_revoke.add_argument("name", metavar="NAME")
+
+    tenant_commands = group("tenants", "tenants: the teams or customers this deployment serves",
+                            "Tenants and their fleet-wide limits (`none` clears a limit).")
+
+    def tenant_limit_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--rate-limit", dest="rate_limit_per_second", type=_limit_value(float),
+                         default=_UNSET, metavar="PER_SECOND",
+                         help="requests per second across its endpoints")
+        sub.add_argument("--burst", dest="rate_limit_burst", type=_limit_value(int), default=_UNSET,
+                         help="requests allowed at once above the rate")
+        sub.add_argument("--max-in-flight", type=_limit_value(int), default=_UNSET,
+                         help="at most this many requests open at once, fleet-wide")
+        sub.add_argument("--max-endpoints", type=_limit_value(int), default=_UNSET,
+                         help="registering more endpoints is refused")
+        sub.add_argument("--max-queued", type=_limit_value(int), default=_UNSET,
+                         help="publishing over the API beyond this many unfinished rows gets 429 "
+                              "(SQL producers are never refused)")
+
+    tenant_add = command(tenant_commands, "add", cmd_tenants_add, "add a tenant; prints its id")
+    tenant_add.add_argument("name", metavar="NAME")
+    tenant_limit_options(tenant_add)
+    tenant_add.add_argument("--json", action="store_true", help="print JSON")
+    tenant_update = command(tenant_commands, "update", cmd_tenants_update, "change a tenant's limits")
+    tenant_update.add_argument("name", metavar="NAME")
+    tenant_limit_options(tenant_update)
+    tenant_list = command(tenant_commands, "list", cmd_tenants_list, "list tenants, their limits and rows")
+    tenant_list.add_argument("--json", action="store_true", help="print JSON")
+    tenant_show = command(tenant_commands, "show", cmd_tenants_show, "one tenant, its limits and rows")
+    tenant_show.add_argument("name", metavar="NAME")
+    tenant_show.add_argument("--json", action="store_true", help="print JSON")
 
     demo = commands.add_parser(
         "demo", help="deliver sample alerts end to end on a local PostgreSQL and receiver",

@@ -61,6 +61,7 @@ class EndpointSpec:
     body_format: str = "raw"
     secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
     active: bool = True
+    tenant: str | None = None  # its name; None: the `default` tenant
 
 
 class InvalidEndpoint(ValueError):
@@ -77,7 +78,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
     with conn.transaction():
         row = conn.execute(
             "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " %s)",
+            " %s, %s)",
             (
                 spec.name,
                 "",  # the credentials follow once the id they are bound to is known
@@ -96,6 +97,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
                 spec.body_format,
                 "{}",
                 spec.active,
+                spec.tenant,
             ),
         ).fetchone()
         assert row is not None
