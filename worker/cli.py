@@ -729,17 +729,22 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
     problem = tokens.name_problem(args.name)
     if problem is not None:
         raise UsageError(f"--name: {problem}")
+    if args.tenant is not None and args.role == "admin":
+        # an admin token runs as the schema owner, whom row-level security does not bind
+        raise UsageError("--tenant: only producer and reader tokens can be scoped to a tenant")
     if args.expires_in is not None and not 0 < args.expires_in <= 3650:
         raise UsageError("--expires-in: expected a number of days above 0, at most 3650")
     expires_at = datetime.now(UTC) + timedelta(days=args.expires_in) if args.expires_in else None
     with _connect(args) as conn:
         try:
-            token = tokens.create(conn, args.name, args.role, expires_at)
+            token = tokens.create(conn, args.name, args.role, expires_at, args.tenant)
         except psycopg.errors.UniqueViolation:
             raise CommandFailed(f"--name {args.name!r}: a token with this name exists") from None
+        except psycopg.errors.NoDataFound:
+            raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
     if args.json:
-        print(json.dumps({"name": args.name, "role": args.role, "expires_at": expires_at, "token": token},
-                         default=str))
+        print(json.dumps({"name": args.name, "role": args.role, "tenant": args.tenant,
+                          "expires_at": expires_at, "token": token}, default=str))
         return 0
     until = f", expires {expires_at:%Y-%m-%d %H:%M:%S} UTC" if expires_at else ""
     # the token alone on standard output, so `TOKEN=$(webhook-worker tokens create …)` captures it
@@ -753,7 +758,7 @@ def cmd_tokens_list(args: argparse.Namespace) -> int:
 
     with _connect(args) as conn:
         rows = tokens.listing(conn)
-    _emit(args, rows, ["name", "role", "state", "created_at", "expires_at", "revoked_at"])
+    _emit(args, rows, ["name", "role", "tenant", "state", "created_at", "expires_at", "revoked_at"])
     return 0
 
 
@@ -1054,6 +1059,8 @@ def build_parser() -> argparse.ArgumentParser:
     token_create.add_argument("--role", required=True, choices=["producer", "reader", "admin"],
                               help="producer: publish only; reader: every read; admin: everything")
     token_create.add_argument("--expires-in", type=float, metavar="DAYS", help="stops working after this")
+    token_create.add_argument("--tenant", metavar="NAME",
+                              help="producer or reader token that sees and changes only this tenant's rows")
     token_create.add_argument("--json", action="store_true", help="print JSON")
     token_list = command(token_commands, "list", cmd_tokens_list, "list tokens (never the tokens themselves)")
     token_list.add_argument("--json", action="store_true", help="print JSON")

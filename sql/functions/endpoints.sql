@@ -401,5 +401,7 @@ SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
        e.max_in_flight, e.coalesce_max, e.coalesce_window, e.tenant_id, t.name AS tenant
 FROM webhooks.endpoints e
 JOIN webhooks.tenants t ON t.id = e.tenant_id
-LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id;
+LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
+-- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
 GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader;

@@ -90,7 +90,9 @@ SELECT q.delivery_id, q.webhook_id, e.name AS endpoint_name, e.url_display AS en
        q.delivered_at, q.dead_lettered_at
 FROM webhooks.alert_delivery_queue q
 JOIN webhooks.endpoints e ON e.id = q.webhook_id
-CROSS JOIN webhooks.delivery_config c;
+CROSS JOIN webhooks.delivery_config c
+-- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
 GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery(p_delivery_id bigint)

@@ -15,6 +15,8 @@ LEFT JOIN (
                WHERE q.status IN ('pending', 'retrying') AND q.next_retry_at <= now()))::double precision
                AS oldest_due_age_seconds
     FROM webhooks.alert_delivery_queue q
+    -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+    WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint
     GROUP BY q.status
 ) c ON c.status = s.status;
 GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader;
@@ -39,7 +41,9 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS rows FROM webhooks.claimable q
     WHERE q.webhook_id = e.id AND q.next_retry_at <= now()
 ) due
-WHERE due.rows > 0;
+WHERE due.rows > 0
+  -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+  AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
 GRANT SELECT ON webhooks.held_back TO webhooks_reader;
 
 CREATE OR REPLACE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100,

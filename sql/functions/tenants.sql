@@ -138,5 +138,7 @@ SELECT t.id, t.name, t.rate_limit_per_second, t.rate_limit_burst, t.max_in_fligh
         WHERE q.tenant_id = t.id AND q.status = 'delivering') AS in_flight,
        (SELECT count(*) FROM webhooks.alert_delivery_queue q
         WHERE q.tenant_id = t.id AND q.status = 'dead_letter') AS dead_letters
-FROM webhooks.tenants t;
+FROM webhooks.tenants t
+-- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR t.id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
 GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader;

@@ -49,3 +49,56 @@ ALTER TABLE webhooks.alert_delivery_log ADD COLUMN tenant_id bigint NOT NULL DEF
 -- The claim's fairness and the tenant's in-flight count read a tenant's rows by state.
 CREATE INDEX alert_delivery_queue_tenant_active ON webhooks.alert_delivery_queue (tenant_id, status)
     WHERE status IN ('pending', 'retrying', 'delivering');
+
+-- API tokens scoped to a tenant (`tokens create --tenant T`): every request of such a token runs
+-- with the setting webhooks.tenant set to its tenant's id for that transaction only (set_config(...,
+-- true)), and sees and changes only that tenant's rows. NULL: every tenant, as before. Only the
+-- producer and reader roles can be scoped: an admin token runs as the schema owner, whom row-level
+-- security does not bind.
+ALTER TABLE webhooks.api_tokens
+    ADD COLUMN tenant_id bigint REFERENCES webhooks.tenants (id),
+    ADD CONSTRAINT api_token_tenant_role CHECK (tenant_id IS NULL OR role IN ('producer', 'reader'));
+
+-- Isolation enforced by PostgreSQL, not only by the API's queries: with webhooks.tenant set, a role
+-- other than the owner reads and writes only that tenant's rows of these tables. Unset (the
+-- worker's functions, producers, dashboards, the operator), nothing is filtered. The owner (and so
+-- every SECURITY DEFINER function: the claim, finish) is not bound by these policies (no FORCE),
+-- so the hot path pays nothing; the views, which run as the owner, and the SECURITY DEFINER
+-- functions a scoped request can call (api_publish) apply the same setting themselves
+-- (functions/*.sql).
+ALTER TABLE webhooks.endpoints ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.endpoints
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
+           OR tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
+
+ALTER TABLE webhooks.alert_delivery_queue ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.alert_delivery_queue
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
+           OR tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
+
+ALTER TABLE webhooks.alert_delivery_log ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.alert_delivery_log
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
+           OR tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
+
+ALTER TABLE webhooks.tenants ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.tenants
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
+           OR id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
+
+ALTER TABLE webhooks.webhook_health_metrics ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.webhook_health_metrics
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
+           OR webhook_id IN (SELECT e.id FROM webhooks.endpoints e
+                             WHERE e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint));
+
+ALTER TABLE webhooks.endpoint_events ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.endpoint_events
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
+           OR webhook_id IN (SELECT e.id FROM webhooks.endpoints e
+                             WHERE e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint));
+
+-- Bulk operations are started by admin tokens, which are never scoped: a scoped token sees none.
+ALTER TABLE webhooks.api_operations ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON webhooks.api_operations
+    USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL);

@@ -38,6 +38,8 @@ from worker.observability import get_logger
 from worker.policy import RetrySchedule
 
 T = TypeVar("T")
+# A full tenant queue drains at the tenant's delivery rate; a few seconds is a fair first wait.
+QUOTA_RETRY_AFTER_SECONDS = 5
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 # W3C trace context, as the queue's traceparent_w3c_format constraint (031) accepts it.
 TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -104,6 +106,10 @@ async def publish(request: web.Request) -> web.Response:
                       f"payload: {exc.diag.message_primary}", field="payload") from None
     except psycopg.errors.InsufficientPrivilege as exc:
         raise invalid("event_type", str(exc.diag.message_primary)) from None
+    except psycopg.errors.ConfigurationLimitExceeded as exc:
+        # the tenant's max_queued: the producer waits for the queue to drain, nothing is lost
+        raise Problem(429, "tenant-quota", "The tenant's queue is full", str(exc.diag.message_primary),
+                      headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)}) from None
     created = any(row["created"] for row in rows)
     # the key given, or the event id generated for it (every delivery's webhook-id)
     event_id = rows[0]["idempotency_key"] if rows else body.idempotency_key
