@@ -98,6 +98,10 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
         ("GET", "/v1/stats"): [("GET", "/v1/stats", None, 200)],
         ("GET", "/v1/config"): [("GET", "/v1/config", None, 200)],
         ("PATCH", "/v1/config"): [("PATCH", "/v1/config", {"max_attempts": 3}, 403)],
+        ("GET", "/v1/tenants"): [("GET", "/v1/tenants", None, 403)],
+        ("POST", "/v1/tenants"): [("POST", "/v1/tenants", {"name": "x"}, 403)],
+        ("GET", "/v1/tenants/{id}"): [("GET", "/v1/tenants/acme", None, 403)],
+        ("PATCH", "/v1/tenants/{id}"): [("PATCH", "/v1/tenants/acme", {"max_queued": 1}, 403)],
     }
     assert set(calls) == {(method, path) for method, path, _ in ROUTES}  # every route is tried
     for (method, _path), tries in calls.items():
@@ -181,3 +185,25 @@ def test_only_producer_and_reader_tokens_can_be_scoped(db, two_tenants):
     with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.NoDataFound):
         tokens.create(conn, "reader-nobody", "reader", None, "nobody")
     assert query(db, "SELECT count(*) FROM webhooks.api_tokens") == [(0,)]
+
+
+def test_admins_add_read_and_change_tenants_over_http(api, db, role_tokens):
+    admin = role_tokens["admin"]
+    created = api.post("/v1/tenants", admin, {"name": "acme", "rate_limit_per_second": 20, "max_queued": 500})
+    assert created.status == 201, created.body
+    shown = created.json
+    assert (shown["name"], float(shown["rate_limit_per_second"]), shown["max_queued"]) == ("acme", 20.0, 500)
+    assert api.post("/v1/tenants", admin, {"name": "acme"}).status == 409
+    bad = api.post("/v1/tenants", admin, {"name": "b", "max_in_flight": 0})
+    assert bad.status == 422 and bad.json["field"] == "max_in_flight"
+    assert api.post("/v1/tenants", admin, {"name": "has space"}).json["field"] == "name"
+    changed = api.request("PATCH", "/v1/tenants/acme", admin, {"max_queued": None, "max_in_flight": 4})
+    assert changed.status == 200, changed.body
+    assert (changed.json["max_queued"], changed.json["max_in_flight"]) == (None, 4)
+    assert api.get(f"/v1/tenants/{created.json['id']}", admin).json["name"] == "acme"
+    assert [t["name"] for t in api.get("/v1/tenants", admin).json["items"]] == ["default", "acme"]
+    assert api.get("/v1/tenants/nobody", admin).status == 404
+    assert api.request("PATCH", "/v1/tenants/acme", admin, {}).status == 422
+    assert api.get("/v1/tenants", role_tokens["reader"]).status == 403
+    assert query(db, "SELECT name, max_in_flight, max_queued FROM webhooks.tenants ORDER BY id") == [
+        ("default", None, None), ("acme", 4, None)]

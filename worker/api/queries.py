@@ -212,3 +212,25 @@ async def set_config(conn: Conn, changes: dict[str, str | None]) -> None:
             "UPDATE webhooks.delivery_config SET {key} = %s::{type}, updated_at = now()"
         ).format(key=sql.Identifier(key), type=sql.SQL(SETTABLE[key]))
         await conn.execute(statement, (value,))
+
+
+TENANT_COLUMNS = ("id, name, rate_limit_per_second, rate_limit_burst, max_in_flight, max_endpoints,"
+                  " max_queued, endpoints, waiting, in_flight, dead_letters, created_at")
+
+
+async def tenants(conn: Conn) -> list[dict[str, Any]]:
+    return await fetch_all(conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary ORDER BY id")
+
+
+async def tenant(conn: Conn, name_or_id: str) -> dict[str, Any] | None:
+    return await fetch_one(
+        conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary WHERE name = %s OR id::text = %s"
+              " ORDER BY name = %s DESC LIMIT 1", (name_or_id, name_or_id, name_or_id))
+
+
+async def add_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
+    await conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, Jsonb(limits)))
+
+
+async def update_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
+    await conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, Jsonb(limits)))

@@ -15,6 +15,7 @@ from pydantic import Field, JsonValue, field_validator
 
 from worker import coalescing, signing
 from worker import operations as operator_queries
+from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
 from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
@@ -489,6 +490,78 @@ async def rotate_secret(request: web.Request) -> web.Response:
                           "old_expire_at": expire_at})
 
 
+# --- tenants ---------------------------------------------------------------------------------------
+
+
+class TenantLimits(Body):
+    """A tenant's limits; a field given as null clears that limit."""
+
+    rate_limit_per_second: float | None = Field(default=None, gt=0)
+    rate_limit_burst: int | None = Field(default=None, ge=1)
+    max_in_flight: int | None = Field(default=None, ge=1)
+    max_endpoints: int | None = Field(default=None, ge=0)
+    max_queued: int | None = Field(default=None, ge=0)
+
+    def given(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
+
+
+class TenantCreate(TenantLimits):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        problem = tenant_rules.name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+@allow(*ADMIN)
+async def list_tenants(request: web.Request) -> web.Response:
+    query_params(request, set())
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        return json_response({"items": await queries.tenants(conn)})
+
+
+@allow(*ADMIN)
+async def create_tenant(request: web.Request) -> web.Response:
+    body = await read_body(request, TenantCreate)
+    try:
+        async with _state(request).db.transaction(caller_of(request)) as conn:
+            await queries.add_tenant(conn, body.name, body.given())
+            row = await queries.tenant(conn, body.name)
+    except psycopg.errors.UniqueViolation:
+        raise conflict(f"name: a tenant named {body.name!r} exists", field="name") from None
+    get_logger().info("api added a tenant", tenant=body.name, by=caller_of(request).name)
+    return json_response(row, status=201)
+
+
+@allow(*ADMIN)
+async def get_tenant(request: web.Request) -> web.Response:
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        row = await queries.tenant(conn, request.match_info["id"])
+    if row is None:
+        raise not_found(f"tenant {request.match_info['id']}")
+    return json_response(row)
+
+
+@allow(*ADMIN)
+async def update_tenant(request: web.Request) -> web.Response:
+    body = await read_body(request, TenantLimits)
+    limits = body.given()
+    if not limits:
+        raise invalid("(body)", "nothing to change: give at least one limit")
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        row = await queries.tenant(conn, request.match_info["id"])
+        if row is None:
+            raise not_found(f"tenant {request.match_info['id']}")
+        await queries.update_tenant(conn, row["name"], limits)
+        row = await queries.tenant(conn, row["name"])
+    return json_response(row)
+
+
 # --- stats and config -------------------------------------------------------------------------------
 
 
@@ -594,6 +667,10 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
     ("POST", "/v1/endpoints/{id}/enable", enable_endpoint),
     ("POST", "/v1/endpoints/{id}/disable", disable_endpoint),
     ("POST", "/v1/endpoints/{id}/rotate-secret", rotate_secret),
+    ("GET", "/v1/tenants", list_tenants),
+    ("POST", "/v1/tenants", create_tenant),
+    ("GET", "/v1/tenants/{id}", get_tenant),
+    ("PATCH", "/v1/tenants/{id}", update_tenant),
     ("GET", "/v1/stats", stats),
     ("GET", "/v1/config", get_config),
     ("PATCH", "/v1/config", patch_config),
