@@ -533,8 +533,19 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scope(conn: psycopg.Connection, args: argparse.Namespace) -> None:
+    """--tenant: this command sees only that tenant's rows."""
+    if getattr(args, "tenant", None) is None:
+        return
+    try:
+        operations.scope_to_tenant(conn, args.tenant)
+    except psycopg.errors.NoDataFound:
+        raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
+        _scope(conn, args)
         status = operations.queue_status(conn)
     if args.json:
         _emit(args, status)
@@ -603,6 +614,7 @@ def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
+        _scope(conn, args)
         rows = operations.dead_letters(conn, _filters(conn, args), args.limit)
     _emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
                        "last_http_status", "dead_letter_reason", "dead_lettered_at"])
@@ -610,10 +622,12 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    filtered = any(getattr(args, f) for f in ("endpoint", "event_type", "category", "since", "until"))
+    filtered = any(getattr(args, f)
+                   for f in ("endpoint", "event_type", "category", "since", "until", "tenant"))
     if args.id is not None and (filtered or args.all):
         raise UsageError("give a delivery id, or filters with --all, not both")
     with _connect(args) as conn:
+        _scope(conn, args)
         if args.id is not None:
             if not operations.replay_one(conn, args.id):
                 raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
@@ -991,6 +1005,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = command(commands, "status", cmd_status,
                      "queue counts by status, oldest due, rows held back, endpoint health and circuits")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--tenant", metavar="NAME", help="only this tenant's rows and endpoints")
 
     delivery_commands = group("deliveries", "look up deliveries", "Look up deliveries.")
     show_delivery = command(delivery_commands, "show", cmd_deliveries_show,
@@ -1005,6 +1020,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--category", help="failure category, e.g. http_5xx, timeout")
         sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")
         sub.add_argument("--until", metavar="TIMESTAMP", help="dead-lettered before")
+        sub.add_argument("--tenant", metavar="NAME", help="only this tenant's dead letters")
 
     dlq_commands = group("dlq", "the dead letters", "The dead letters.")
     dlq_list = command(dlq_commands, "list", cmd_dlq_list, "list dead letters, oldest first")

@@ -365,6 +365,12 @@ def enqueue_one(
     return int(row[0])
 
 
+def scope_to_tenant(conn: psycopg.Connection, tenant: str) -> None:
+    """Keep this session to one tenant, as a scoped API token is kept: the views and
+    replay_dead_letters() then see only its rows. An unknown name raises NoDataFound."""
+    conn.execute("SELECT set_config('webhooks.tenant', webhooks.tenant_id(%s)::text, false)", (tenant,))
+
+
 def queue_status(conn: psycopg.Connection) -> dict[str, Any]:
     return {
         "queue": fetch_dicts(conn, "SELECT * FROM webhooks.queue_statistics ORDER BY status"),

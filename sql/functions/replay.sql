@@ -70,6 +70,8 @@ BEGIN
           AND (p_failure_category IS NULL OR q.failure_category = p_failure_category)
           AND (p_since IS NULL OR q.dead_lettered_at >= p_since)
           AND (p_until IS NULL OR q.dead_lettered_at < p_until)
+          -- the session's tenant, if it set one (`replay --all --tenant T`)
+          AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint)
         ORDER BY q.dead_lettered_at, q.delivery_id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED

@@ -48,3 +48,29 @@ def test_bad_tenant_input_is_refused_naming_the_option(db):
     assert "tenant t: at its limit of 1 endpoints" in refused(
         db, "endpoints", "add", "--name", "two", "--url", "https://hooks.example.test/2", "--tenant", "t")
     assert query(db, "SELECT name FROM webhooks.tenants ORDER BY id") == [("default",), ("t",)]
+
+
+def dead_letters_of(db, endpoint, count):
+    ids = enqueue(db, endpoint, count=count)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter',"
+              " failure_category = 'http_4xx', dead_letter_reason = 'test', dead_lettered_at = now()"
+              " WHERE delivery_id = ANY(%s)", (ids,))
+    return ids
+
+
+def test_tenant_filters_on_dlq_replay_all_and_status(db):
+    run(db, "tenants", "add", "acme")
+    acme = json.loads(run(db, "endpoints", "add", "--name", "a", "--url", "https://hooks.example.test/a",
+                          "--tenant", "acme", "--json"))["id"]
+    other = json.loads(run(db, "endpoints", "add", "--name", "b", "--url", "https://hooks.example.test/b",
+                           "--json"))["id"]
+    acme_dead, other_dead = dead_letters_of(db, acme, 2), dead_letters_of(db, other, 3)
+    listed = json.loads(run(db, "dlq", "list", "--tenant", "acme", "--json"))
+    assert sorted(d["delivery_id"] for d in listed) == acme_dead
+    status = json.loads(run(db, "status", "--tenant", "acme", "--json"))
+    assert {s["status"]: s["deliveries"] for s in status["queue"]}["dead_letter"] == 2
+    assert [e["id"] for e in status["endpoints"]] == [acme]
+    assert json.loads(run(db, "replay", "--all", "--tenant", "acme", "--json")) == {"replayed": 2}
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'dead_letter'"
+                     " AND delivery_id = ANY(%s)", (other_dead,)) == [(3,)]
+    assert "--tenant: no tenant named 'nobody'" in refused(db, "dlq", "list", "--tenant", "nobody")
