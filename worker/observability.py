@@ -155,6 +155,10 @@ class Metrics:
             "webhook_worker_endpoint_circuit_state",
             "1 for each endpoint's current circuit state (a bounded number of endpoints).",
             ["endpoint", "state"], registry=r)
+        self.tenant_queue_depth = Gauge(
+            "webhook_worker_tenant_queue_depth",
+            "Queue rows by tenant and status (sampled; the first tenants by id, the rest as `other`).",
+            ["tenant", "status"], registry=r)
         self.stats_sampled = Gauge(
             "webhook_worker_stats_last_sampled_timestamp_seconds",
             "When this process last sampled the queue statistics.", registry=r)
@@ -170,6 +174,13 @@ class Metrics:
             for state in CIRCUIT_STATES:
                 self.circuit_state.labels(circuit["endpoint"], state).set(
                     1 if circuit["state"] == state else 0)
+        self.tenant_queue_depth.clear()
+        by_tenant: dict[str, dict[str, int]] = {}
+        for row in stats.get("tenants", []):
+            by_tenant.setdefault(row["tenant"], {})[row["status"]] = row["deliveries"]
+        for tenant, depth in by_tenant.items():
+            for status in STATUSES:  # every status of a tenant with rows, zeros included
+                self.tenant_queue_depth.labels(tenant, status).set(depth.get(status, 0))
         self.stats_sampled.set(time.time())
 
 

@@ -75,7 +75,16 @@ BEGIN
         'circuits', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'endpoint', e.name, 'state', h.circuit_state) ORDER BY e.id), '[]')
             FROM (SELECT * FROM webhooks.endpoints ORDER BY id LIMIT p_endpoint_limit) e
-            JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id)
+            JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id),
+        -- rows by tenant and status: the first p_endpoint_limit tenants by id by name, the rest
+        -- together as 'other', so the number of series stays bounded as the endpoint label's does
+        'tenants', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'tenant', x.label, 'status', x.status, 'deliveries', x.n) ORDER BY x.label, x.status), '[]')
+            FROM (SELECT coalesce(named.name, 'other') AS label, q.status, count(*) AS n
+                  FROM webhooks.alert_delivery_queue q
+                  LEFT JOIN (SELECT t.id, t.name FROM webhooks.tenants t ORDER BY t.id LIMIT p_endpoint_limit)
+                      named ON named.id = q.tenant_id
+                  GROUP BY 1, 2) x)
     );
 END;
 $$;

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from worker.observability import Metrics
 
 
 def tenant(dsn: str, name: str, **limits: object) -> int:
@@ -155,3 +156,23 @@ def test_a_worker_pool_delivers_only_its_tenants_rows_and_the_rest_waits_for_the
     assert {r.path for r in receiver.requests} == {"/own"}
     spawn(db, "the-rest", worker={"exclude_tenants": ["big"]})
     eventually(lambda: all_final(db, shared_rows), message="the other pool delivers the rest")
+
+
+def test_queue_statistics_by_tenant_are_bounded_like_the_endpoint_label(db):
+    acme, zeta = tenant(db, "acme"), tenant(db, "zeta")
+    enqueue(db, add_endpoint(db, "http://127.0.0.1:9/d"), count=1)
+    enqueue(db, endpoint_of(db, acme), count=2)
+    enqueue(db, endpoint_of(db, zeta), count=3)
+    query(db, "UPDATE webhooks.stats_sample SET sampled_at = now() - interval '1 hour'")
+    [(sample,)] = query(db, "SELECT webhooks.queue_stats(2, '10 seconds')")
+    # the first two tenants by id by name, the rest as `other`
+    assert sample["tenants"] == [
+        {"tenant": "acme", "status": "pending", "deliveries": 2},
+        {"tenant": "default", "status": "pending", "deliveries": 1},
+        {"tenant": "other", "status": "pending", "deliveries": 3}]
+    metrics = Metrics()
+    metrics.record_stats(sample)
+    exported = {tuple(s.labels.values()): s.value for family in metrics.registry.collect()
+                for s in family.samples if s.name == "webhook_worker_tenant_queue_depth"}
+    assert exported[("other", "pending")] == 3 and exported[("acme", "dead_letter")] == 0
+    assert len(exported) == 3 * 5  # three tenant labels, every status
