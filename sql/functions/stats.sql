@@ -32,10 +32,17 @@ SELECT CASE WHEN NOT e.active THEN 'endpoint_disabled'
             WHEN (SELECT count(*) FROM webhooks.alert_delivery_queue d
                   WHERE d.webhook_id = e.id AND d.status = 'delivering' AND d.locked_until > now())
                  >= coalesce(e.max_in_flight, c.max_in_flight) THEN 'concurrency_cap'
+            -- the tenant's limits, across all its endpoints (acquire() in claim.sql)
+            WHEN t.rate_limit_per_second IS NOT NULL AND coalesce(t.rate_tokens, 1) < 1 THEN 'tenant_rate_limited'
+            WHEN t.max_in_flight IS NOT NULL
+              AND (SELECT count(*) FROM webhooks.alert_delivery_queue d
+                   WHERE d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now())
+                  >= t.max_in_flight THEN 'tenant_concurrency_cap'
        END AS reason,
        e.id AS webhook_id, due.rows
 FROM webhooks.endpoints e
 JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
+JOIN webhooks.tenants t ON t.id = e.tenant_id
 CROSS JOIN webhooks.delivery_config c
 CROSS JOIN LATERAL (
     SELECT count(*) AS rows FROM webhooks.claimable q

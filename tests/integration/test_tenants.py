@@ -96,6 +96,8 @@ def test_a_tenants_rate_limit_holds_across_all_its_endpoints(db):
                      " AND status = 'pending'", (limited,)) == [(17,)]
     # an idle worker is told to sleep until a token is due, not woken at once
     assert query(db, "SELECT webhooks.next_due_in() > 60")[0][0] is True
+    assert query(db, "SELECT reason, sum(rows)::int FROM webhooks.held_back GROUP BY 1") == [
+        ("tenant_rate_limited", 17)]
 
 
 def test_a_tenants_in_flight_cap_holds_across_its_endpoints(db):
@@ -108,6 +110,8 @@ def test_a_tenants_in_flight_cap_holds_across_its_endpoints(db):
     assert acquire(db, batch=50) == []  # two in flight: nothing more until one finishes
     # woken by the finish that frees a place: until then only the leases' end is due
     assert query(db, "SELECT webhooks.next_due_in()")[0][0] > 20
+    assert query(db, "SELECT reason, sum(rows)::int FROM webhooks.held_back GROUP BY 1") == [
+        ("tenant_concurrency_cap", 7)]
     deliver(db, first[:1])
     assert len(acquire(db, batch=50)) == 1
 
