@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 CIRCUIT_STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap",
-                     "tenant_rate_limited", "tenant_concurrency_cap")
+                     "tenant_rate_limited", "tenant_concurrency_cap", "no_pool")
 TRACER_PROVIDER_RECHECK_SECONDS = 1.0
 DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
 # The `operation` label of webhook_worker_database_errors_total: every value the worker counts.

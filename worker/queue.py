@@ -255,12 +255,15 @@ class Queue:
             raise
         return conn
 
-    @staticmethod
     async def register_worker(
-        conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
+        self, conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
     ) -> Registration:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        if self.pool_tenants == (None, None):  # the call a schema before tenants (4) also has
+            await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        else:
+            await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s, %s, %s)",
+                              (worker_id, instance, *self.pool_tenants))
         row = await cur.fetchone()
         assert row is not None
         return Registration(registered=bool(row["registered"]), holder_pid=row["holder_pid"],

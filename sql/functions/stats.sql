@@ -38,6 +38,14 @@ SELECT CASE WHEN NOT e.active THEN 'endpoint_disabled'
               AND (SELECT count(*) FROM webhooks.alert_delivery_queue d
                    WHERE d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now())
                   >= t.max_in_flight THEN 'tenant_concurrency_cap'
+            -- worker pools per tenant: live workers have pools, and none of them serves this tenant
+            WHEN EXISTS (SELECT 1 FROM webhooks.worker_liveness w
+                         WHERE w.lost_at IS NULL AND (w.tenants IS NOT NULL OR w.exclude_tenants IS NOT NULL))
+              AND NOT EXISTS (SELECT 1 FROM webhooks.worker_liveness w
+                              WHERE w.lost_at IS NULL
+                                AND (w.tenants IS NULL OR t.name = ANY (w.tenants))
+                                AND (w.exclude_tenants IS NULL OR NOT t.name = ANY (w.exclude_tenants)))
+              THEN 'no_pool'
        END AS reason,
        e.id AS webhook_id, due.rows
 FROM webhooks.endpoints e

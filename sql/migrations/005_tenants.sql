@@ -50,6 +50,10 @@ ALTER TABLE webhooks.alert_delivery_log ADD COLUMN tenant_id bigint NOT NULL DEF
 CREATE INDEX alert_delivery_queue_tenant_active ON webhooks.alert_delivery_queue (tenant_id, status)
     WHERE status IN ('pending', 'retrying', 'delivering');
 
+-- The tenants a worker process's pool serves (worker.tenants / worker.exclude_tenants; NULL: all),
+-- so that rows no live pool serves can be shown (the held_back view).
+ALTER TABLE webhooks.worker_liveness ADD COLUMN tenants text[], ADD COLUMN exclude_tenants text[];
+
 -- API tokens scoped to a tenant (`tokens create --tenant T`): every request of such a token runs
 -- with the setting webhooks.tenant set to its tenant's id for that transaction only (set_config(...,
 -- true)), and sees and changes only that tenant's rows. NULL: every tenant, as before. Only the

@@ -157,6 +157,8 @@ def test_a_worker_pool_delivers_only_its_tenants_rows_and_the_rest_waits_for_the
     spawn(db, "big-pool", worker={"tenants": ["big"]})
     eventually(lambda: all_final(db, own_rows), message="the pool delivers its tenant's rows")
     assert set(statuses(db, shared_rows).values()) == {"pending"}
+    # rows no live pool serves are visible, and why
+    assert query(db, "SELECT reason, webhook_id, rows FROM webhooks.held_back") == [("no_pool", shared, 3)]
     assert {r.path for r in receiver.requests} == {"/own"}
     spawn(db, "the-rest", worker={"exclude_tenants": ["big"]})
     eventually(lambda: all_final(db, shared_rows), message="the other pool delivers the rest")
