@@ -98,6 +98,12 @@ def test_a_tenants_rate_limit_holds_across_all_its_endpoints(db):
     assert query(db, "SELECT webhooks.next_due_in() > 60")[0][0] is True
     assert query(db, "SELECT reason, sum(rows)::int FROM webhooks.held_back GROUP BY 1") == [
         ("tenant_rate_limited", 17)]
+    query(db, "UPDATE webhooks.stats_sample SET sampled_at = now() - interval '1 hour'")
+    metrics = Metrics()
+    metrics.record_stats(query(db, "SELECT webhooks.queue_stats(100, '10 seconds')")[0][0])
+    held = {s.labels["reason"]: s.value for family in metrics.registry.collect() for s in family.samples
+            if s.name == "webhook_worker_held_back_deliveries"}
+    assert held["tenant_rate_limited"] == 17 and "no_pool" not in held
 
 
 def test_a_tenants_in_flight_cap_holds_across_its_endpoints(db):
