@@ -7,6 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from tests.api.console_client import Browserless, ConsoleServer
+from tests.api.server import api_config
 from tests.api.test_routes import dead_letter
 from tests.support import add_endpoint, enqueue, query
 from worker.api import tokens
@@ -207,3 +209,22 @@ def test_admins_add_read_and_change_tenants_over_http(api, db, role_tokens):
     assert api.get("/v1/tenants", role_tokens["reader"]).status == 403
     assert query(db, "SELECT name, max_in_flight, max_queued FROM webhooks.tenants ORDER BY id") == [
         ("default", None, None), ("acme", 4, None)]
+
+
+def test_a_scoped_readers_console_shows_only_its_tenant(db, two_tenants):
+    w = two_tenants
+    server = ConsoleServer(api_config(db)).start()
+    try:
+        person = Browserless(server)
+        assert person.login(scoped_token(db, "reader", "other")).status == 303
+        pages = {path: person.get(path) for path in (
+            "/console/", "/console/endpoints", "/console/dead-letters", f"/console/deliveries/{w['dead']}")}
+        assert pages[f"/console/deliveries/{w['dead']}"].status == 404
+        for path, answer in pages.items():
+            assert b"acme" not in answer.body, path
+        assert b"other-hook" in pages["/console/endpoints"].body
+        everyone = Browserless(server)
+        assert everyone.login(role_token(db, "reader")).status == 303
+        assert b"acme-orders" in everyone.get("/console/endpoints").body  # unscoped: every tenant
+    finally:
+        server.stop()
