@@ -334,13 +334,18 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         body_format=args.format,
         secret_settings={"routing_key": routing_key} if routing_key else {},
         active=not args.verify,
+        tenant=args.tenant,
     )
     with operations.connect(config) as conn:
         try:
             endpoint_id = register_endpoint(conn, spec, keyring)
         except psycopg.errors.UniqueViolation:
             raise CommandFailed(f"--name {args.name!r}: an endpoint with this name exists") from None
+        except psycopg.errors.NoDataFound:
+            raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
         except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name == "tenant_max_endpoints":
+                raise CommandFailed(f"--tenant: {exc.diag.message_primary}") from None
             raise UsageError(f"invalid endpoint: {exc.diag.constraint_name}") from None
         except operations.InvalidEndpoint as exc:
             raise UsageError(str(exc)) from None
@@ -542,8 +547,19 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scope(conn: psycopg.Connection, args: argparse.Namespace) -> None:
+    """--tenant: this command sees only that tenant's rows."""
+    if getattr(args, "tenant", None) is None:
+        return
+    try:
+        operations.scope_to_tenant(conn, args.tenant)
+    except psycopg.errors.NoDataFound:
+        raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
+        _scope(conn, args)
         status = operations.queue_status(conn)
     if args.json:
         _emit(args, status)
@@ -612,6 +628,7 @@ def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> 
 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     with _connect(args) as conn:
+        _scope(conn, args)
         rows = operations.dead_letters(conn, _filters(conn, args), args.limit)
     _emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
                        "last_http_status", "dead_letter_reason", "dead_lettered_at"])
@@ -619,10 +636,12 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    filtered = any(getattr(args, f) for f in ("endpoint", "event_type", "category", "since", "until"))
+    filtered = any(getattr(args, f)
+                   for f in ("endpoint", "event_type", "category", "since", "until", "tenant"))
     if args.id is not None and (filtered or args.all):
         raise UsageError("give a delivery id, or filters with --all, not both")
     with _connect(args) as conn:
+        _scope(conn, args)
         if args.id is not None:
             if not operations.replay_one(conn, args.id):
                 raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
@@ -738,17 +757,22 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
     problem = tokens.name_problem(args.name)
     if problem is not None:
         raise UsageError(f"--name: {problem}")
+    if args.tenant is not None and args.role == "admin":
+        # an admin token runs as the schema owner, whom row-level security does not bind
+        raise UsageError("--tenant: only producer and reader tokens can be scoped to a tenant")
     if args.expires_in is not None and not 0 < args.expires_in <= 3650:
         raise UsageError("--expires-in: expected a number of days above 0, at most 3650")
     expires_at = datetime.now(UTC) + timedelta(days=args.expires_in) if args.expires_in else None
     with _connect(args) as conn:
         try:
-            token = tokens.create(conn, args.name, args.role, expires_at)
+            token = tokens.create(conn, args.name, args.role, expires_at, args.tenant)
         except psycopg.errors.UniqueViolation:
             raise CommandFailed(f"--name {args.name!r}: a token with this name exists") from None
+        except psycopg.errors.NoDataFound:
+            raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
     if args.json:
-        print(json.dumps({"name": args.name, "role": args.role, "expires_at": expires_at, "token": token},
-                         default=str))
+        print(json.dumps({"name": args.name, "role": args.role, "tenant": args.tenant,
+                          "expires_at": expires_at, "token": token}, default=str))
         return 0
     until = f", expires {expires_at:%Y-%m-%d %H:%M:%S} UTC" if expires_at else ""
     # the token alone on standard output, so `TOKEN=$(webhook-worker tokens create …)` captures it
@@ -762,7 +786,7 @@ def cmd_tokens_list(args: argparse.Namespace) -> int:
 
     with _connect(args) as conn:
         rows = tokens.listing(conn)
-    _emit(args, rows, ["name", "role", "state", "created_at", "expires_at", "revoked_at"])
+    _emit(args, rows, ["name", "role", "tenant", "state", "created_at", "expires_at", "revoked_at"])
     return 0
 
 
@@ -773,6 +797,80 @@ def cmd_tokens_revoke(args: argparse.Namespace) -> int:
         if not tokens.revoke(conn, args.name):
             raise CommandFailed(f"NAME {args.name!r}: no active token with this name")
     print(f"token {args.name} revoked")
+    return 0
+
+
+def _tenant_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits given as options; `none` clears one."""
+    from worker import tenants
+
+    return {key: getattr(args, key) for key in tenants.LIMIT_OPTIONS if getattr(args, key) is not _UNSET}
+
+
+def _limit_value(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        if text.lower() == "none":
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a number' if kind is float else 'an integer'} "
+                                             "or none") from None
+    return parse
+
+
+_UNSET = object()
+
+
+def cmd_tenants_add(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    with _connect(args) as conn:
+        try:
+            tenant_id = tenants.add(conn, args.name, _tenant_limits(args))
+        except tenants.InvalidTenant as exc:
+            raise UsageError(str(exc)) from None
+        except psycopg.errors.UniqueViolation:
+            raise CommandFailed(f"NAME {args.name!r}: a tenant with this name exists") from None
+    _emit(args, {"id": tenant_id, "name": args.name}) if args.json else print(tenant_id)
+    return 0
+
+
+def cmd_tenants_update(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    limits = _tenant_limits(args)
+    if not limits:
+        raise UsageError("nothing to change: give at least one limit")
+    with _connect(args) as conn:
+        try:
+            tenants.update(conn, args.name, limits)
+        except tenants.InvalidTenant as exc:
+            raise UsageError(str(exc)) from None
+        except psycopg.errors.NoDataFound:
+            raise CommandFailed(f"NAME {args.name!r}: no tenant with this name") from None
+    print(f"tenant {args.name} updated")
+    return 0
+
+
+def cmd_tenants_list(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    with _connect(args) as conn:
+        rows = tenants.listing(conn)
+    _emit(args, rows, ["id", "name", "rate_limit_per_second", "max_in_flight", "max_endpoints", "max_queued",
+                       "endpoints", "waiting", "in_flight", "dead_letters"])
+    return 0
+
+
+def cmd_tenants_show(args: argparse.Namespace) -> int:
+    from worker import tenants
+
+    with _connect(args) as conn:
+        row = tenants.show(conn, args.name)
+    if row is None:
+        raise CommandFailed(f"NAME {args.name!r}: no tenant with this name")
+    _emit(args, row)
     return 0
 
 
@@ -859,6 +957,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_routing_key_options(add)
     add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add_coalescing_options(add)
+    add.add_argument("--tenant", metavar="NAME", help="the tenant it belongs to (default: default)")
     add.add_argument("--verify", action="store_true",
                      help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
     add.add_argument("--json", action="store_true", help="print JSON")
@@ -920,6 +1019,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = command(commands, "status", cmd_status,
                      "queue counts by status, oldest due, rows held back, endpoint health and circuits")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--tenant", metavar="NAME", help="only this tenant's rows and endpoints")
 
     delivery_commands = group("deliveries", "look up deliveries", "Look up deliveries.")
     show_delivery = command(delivery_commands, "show", cmd_deliveries_show,
@@ -934,6 +1034,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--category", help="failure category, e.g. http_5xx, timeout")
         sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")
         sub.add_argument("--until", metavar="TIMESTAMP", help="dead-lettered before")
+        sub.add_argument("--tenant", metavar="NAME", help="only this tenant's dead letters")
 
     dlq_commands = group("dlq", "the dead letters", "The dead letters.")
     dlq_list = command(dlq_commands, "list", cmd_dlq_list, "list dead letters, oldest first")
@@ -988,11 +1089,43 @@ def build_parser() -> argparse.ArgumentParser:
     token_create.add_argument("--role", required=True, choices=["producer", "reader", "admin"],
                               help="producer: publish only; reader: every read; admin: everything")
     token_create.add_argument("--expires-in", type=float, metavar="DAYS", help="stops working after this")
+    token_create.add_argument("--tenant", metavar="NAME",
+                              help="producer or reader token that sees and changes only this tenant's rows")
     token_create.add_argument("--json", action="store_true", help="print JSON")
     token_list = command(token_commands, "list", cmd_tokens_list, "list tokens (never the tokens themselves)")
     token_list.add_argument("--json", action="store_true", help="print JSON")
     token_revoke = command(token_commands, "revoke", cmd_tokens_revoke, "revoke a token: it stops at once")
     token_revoke.add_argument("name", metavar="NAME")
+
+    tenant_commands = group("tenants", "tenants: the teams or customers this deployment serves",
+                            "Tenants and their fleet-wide limits (`none` clears a limit).")
+
+    def tenant_limit_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--rate-limit", dest="rate_limit_per_second", type=_limit_value(float),
+                         default=_UNSET, metavar="PER_SECOND",
+                         help="requests per second across its endpoints")
+        sub.add_argument("--burst", dest="rate_limit_burst", type=_limit_value(int), default=_UNSET,
+                         help="requests allowed at once above the rate")
+        sub.add_argument("--max-in-flight", type=_limit_value(int), default=_UNSET,
+                         help="at most this many requests open at once, fleet-wide")
+        sub.add_argument("--max-endpoints", type=_limit_value(int), default=_UNSET,
+                         help="registering more endpoints is refused")
+        sub.add_argument("--max-queued", type=_limit_value(int), default=_UNSET,
+                         help="publishing over the API beyond this many unfinished rows gets 429 "
+                              "(SQL producers are never refused)")
+
+    tenant_add = command(tenant_commands, "add", cmd_tenants_add, "add a tenant; prints its id")
+    tenant_add.add_argument("name", metavar="NAME")
+    tenant_limit_options(tenant_add)
+    tenant_add.add_argument("--json", action="store_true", help="print JSON")
+    tenant_update = command(tenant_commands, "update", cmd_tenants_update, "change a tenant's limits")
+    tenant_update.add_argument("name", metavar="NAME")
+    tenant_limit_options(tenant_update)
+    tenant_list = command(tenant_commands, "list", cmd_tenants_list, "list tenants, their limits and rows")
+    tenant_list.add_argument("--json", action="store_true", help="print JSON")
+    tenant_show = command(tenant_commands, "show", cmd_tenants_show, "one tenant, its limits and rows")
+    tenant_show.add_argument("name", metavar="NAME")
+    tenant_show.add_argument("--json", action="store_true", help="print JSON")
 
     demo = commands.add_parser(
         "demo", help="deliver sample alerts end to end on a local PostgreSQL and receiver",

@@ -58,6 +58,15 @@ class WorkerConfig(_Section):
     # auto: asyncio's own loop (uvloop was measured and not adopted: docs/performance.md); uvloop
     # needs the optional extra.
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    # A pool of its own for some tenants: only these (tenants), or all but these (exclude_tenants).
+    tenants: list[str] | None = Field(default=None, min_length=1)
+    exclude_tenants: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_pool_rule(self) -> WorkerConfig:
+        if self.tenants is not None and self.exclude_tenants is not None:
+            raise ValueError("worker.tenants and worker.exclude_tenants: give one, not both")
+        return self
 
 
 class DeliveryConfig(_Section):

@@ -678,6 +678,7 @@ async def serve(config: Config) -> None:
         keyring,
         require_sealed=config.security.require_sealed,
     )
+    queue.pool_tenants = (config.worker.tenants, config.worker.exclude_tenants)
     worker = Worker(config, queue, sender_for(config))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -18,6 +18,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 CIRCUIT_STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap")
+# Reasons only a deployment with tenants has: exported from their first appearance on, so a
+# single-tenant deployment's metrics are as they were.
+TENANT_HELD_BACK_REASONS = ("tenant_rate_limited", "tenant_concurrency_cap", "no_pool")
 TRACER_PROVIDER_RECHECK_SECONDS = 1.0
 DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
 # The `operation` label of webhook_worker_database_errors_total: every value the worker counts.
@@ -115,6 +118,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._tenant_reasons_seen: set[str] = set()
         r = self.registry
         self.deliveries = Counter(
             "webhook_worker_deliveries", "Attempt outcomes written, by outcome.", ["outcome"], registry=r)
@@ -155,6 +159,10 @@ class Metrics:
             "webhook_worker_endpoint_circuit_state",
             "1 for each endpoint's current circuit state (a bounded number of endpoints).",
             ["endpoint", "state"], registry=r)
+        self.tenant_queue_depth = Gauge(
+            "webhook_worker_tenant_queue_depth",
+            "Queue rows by tenant and status (sampled; the first tenants by id, the rest as `other`).",
+            ["tenant", "status"], registry=r)
         self.stats_sampled = Gauge(
             "webhook_worker_stats_last_sampled_timestamp_seconds",
             "When this process last sampled the queue statistics.", registry=r)
@@ -165,11 +173,22 @@ class Metrics:
         self.oldest_due_age.set(stats.get("oldest_due_age_seconds") or 0)
         for reason in HELD_BACK_REASONS:
             self.held_back.labels(reason).set(stats.get("held_back", {}).get(reason, 0))
+        for reason in TENANT_HELD_BACK_REASONS:
+            if reason in stats.get("held_back", {}) or reason in self._tenant_reasons_seen:
+                self._tenant_reasons_seen.add(reason)
+                self.held_back.labels(reason).set(stats.get("held_back", {}).get(reason, 0))
         self.circuit_state.clear()
         for circuit in stats.get("circuits", []):
             for state in CIRCUIT_STATES:
                 self.circuit_state.labels(circuit["endpoint"], state).set(
                     1 if circuit["state"] == state else 0)
+        self.tenant_queue_depth.clear()
+        by_tenant: dict[str, dict[str, int]] = {}
+        for row in stats.get("tenants", []):
+            by_tenant.setdefault(row["tenant"], {})[row["status"]] = row["deliveries"]
+        for tenant, depth in by_tenant.items():
+            for status in STATUSES:  # every status of a tenant with rows, zeros included
+                self.tenant_queue_depth.labels(tenant, status).set(depth.get(status, 0))
         self.stats_sampled.set(time.time())
 
 

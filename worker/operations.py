@@ -61,6 +61,7 @@ class EndpointSpec:
     body_format: str = "raw"
     secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
     active: bool = True
+    tenant: str | None = None  # its name; None: the `default` tenant
 
 
 class InvalidEndpoint(ValueError):
@@ -77,7 +78,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
     with conn.transaction():
         row = conn.execute(
             "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " %s)",
+            " %s, %s)",
             (
                 spec.name,
                 "",  # the credentials follow once the id they are bound to is known
@@ -96,6 +97,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
                 spec.body_format,
                 "{}",
                 spec.active,
+                spec.tenant,
             ),
         ).fetchone()
         assert row is not None
@@ -361,6 +363,12 @@ def enqueue_one(
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def scope_to_tenant(conn: psycopg.Connection, tenant: str) -> None:
+    """Keep this session to one tenant, as a scoped API token is kept: the views and
+    replay_dead_letters() then see only its rows. An unknown name raises NoDataFound."""
+    conn.execute("SELECT set_config('webhooks.tenant', webhooks.tenant_id(%s)::text, false)", (tenant,))
 
 
 def queue_status(conn: psycopg.Connection) -> dict[str, Any]:

@@ -171,6 +171,8 @@ class Queue:
         self.keyring = keyring
         # security.require_sealed: a credential stored in plaintext fails its delivery, not the fleet.
         self.require_sealed = require_sealed
+        # worker.tenants / worker.exclude_tenants: the tenants this process's pool serves
+        self.pool_tenants: tuple[list[str] | None, list[str] | None] = (None, None)
 
     @classmethod
     def create(
@@ -253,12 +255,15 @@ class Queue:
             raise
         return conn
 
-    @staticmethod
     async def register_worker(
-        conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
+        self, conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
     ) -> Registration:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        if self.pool_tenants == (None, None):  # the call a schema before tenants (4) also has
+            await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
+        else:
+            await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s, %s, %s)",
+                              (worker_id, instance, *self.pool_tenants))
         row = await cur.fetchone()
         assert row is not None
         return Registration(registered=bool(row["registered"]), holder_pid=row["holder_pid"],
@@ -296,7 +301,11 @@ class Queue:
     async def next_due_in(self) -> float | None:
         """Seconds until a row falls due or a lease expires; None when nothing waits."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT webhooks.next_due_in()")
+            # without a pool, the call a schema before tenants (4) also has
+            if self.pool_tenants == (None, None):
+                cur = await conn.execute("SELECT webhooks.next_due_in()")
+            else:
+                cur = await conn.execute("SELECT webhooks.next_due_in(%s, %s)", self.pool_tenants)
             row = await cur.fetchone()
         return None if row is None else row[0]
 
@@ -306,9 +315,13 @@ class Queue:
             # The endpoint's JSON columns arrive on every row; keep them as text, and parse them
             # once per endpoint in _endpoint_settings.
             cur.adapters.register_loader("jsonb", TextLoader)
-            await cur.execute(
-                "SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker_id, batch_size, lease_seconds)
-            )
+            if self.pool_tenants == (None, None):
+                await cur.execute(
+                    "SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker_id, batch_size, lease_seconds)
+                )
+            else:
+                await cur.execute("SELECT * FROM webhooks.acquire(%s, %s, %s, %s, %s)",
+                                  (worker_id, batch_size, lease_seconds, *self.pool_tenants))
             rows = await cur.fetchall()
         endpoints: dict[int, dict[str, Any] | str] = {}
         return [_claimed(row, self.keyring, endpoints, self.require_sealed) for row in rows]

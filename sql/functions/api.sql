@@ -7,6 +7,10 @@
 -- step keeps two API processes from stepping one operation at once, and any API process resumes
 -- the running ones (api_running_operations()).
 --
+-- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/data.py); the views
+-- and row-level security keep them to their tenant, and api_publish(), which runs as the owner,
+-- checks it itself and refuses a tenant over its max_queued quota (SQLSTATE 53400: HTTP 429).
+--
 -- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
 -- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
 -- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
@@ -17,15 +21,17 @@
 
 -- tokens --------------------------------------------------------------------------------------------
 
+-- p_tenant: the tenant a producer or reader token is scoped to (its name); NULL: every tenant.
 CREATE FUNCTION webhooks.api_create_token(p_name text, p_role text, p_token_hash bytea,
-                                          p_expires_at timestamptz DEFAULT NULL)
+                                          p_expires_at timestamptz DEFAULT NULL, p_tenant text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
-    INSERT INTO webhooks.api_tokens (name, role, token_hash, expires_at)
-    VALUES (p_name, p_role, p_token_hash, p_expires_at)
+    INSERT INTO webhooks.api_tokens (name, role, token_hash, expires_at, tenant_id)
+    VALUES (p_name, p_role, p_token_hash, p_expires_at,
+            CASE WHEN p_tenant IS NOT NULL THEN webhooks.tenant_id(p_tenant) END)
     RETURNING id;
 $$;
 
@@ -45,7 +51,7 @@ $$;
 
 CREATE FUNCTION webhooks.api_token_list()
 RETURNS TABLE (name text, role text, state text, created_at timestamptz, expires_at timestamptz,
-               revoked_at timestamptz)
+               revoked_at timestamptz, tenant text)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
@@ -54,17 +60,19 @@ AS $$
            CASE WHEN t.revoked_at IS NOT NULL THEN 'revoked'
                 WHEN t.expires_at <= now() THEN 'expired'
                 ELSE 'active' END,
-           t.created_at, t.expires_at, t.revoked_at
-    FROM webhooks.api_tokens t ORDER BY t.name;
+           t.created_at, t.expires_at, t.revoked_at, n.name
+    FROM webhooks.api_tokens t LEFT JOIN webhooks.tenants n ON n.id = t.tenant_id ORDER BY t.name;
 $$;
 
--- The name and role of a usable token by its hash; no row for an unknown, revoked or expired one.
-CREATE FUNCTION webhooks.api_token_role(p_token_hash bytea) RETURNS TABLE (name text, role text)
+-- The name, role and tenant (NULL: every tenant) of a usable token by its hash; no row for an
+-- unknown, revoked or expired one.
+CREATE FUNCTION webhooks.api_token_role(p_token_hash bytea)
+RETURNS TABLE (name text, role text, tenant_id bigint)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
-    SELECT t.name, t.role FROM webhooks.api_tokens t
+    SELECT t.name, t.role, t.tenant_id FROM webhooks.api_tokens t
     WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
       AND (t.expires_at IS NULL OR t.expires_at > now());
 $$;
@@ -97,10 +105,15 @@ AS $$
 DECLARE
     v_key text := coalesce(p_idempotency_key, 'evt_' || replace(gen_random_uuid()::text, '-', ''));
     v_webhook_id bigint;
+    -- a scoped token's tenant (set per transaction by the API); this function runs as the owner,
+    -- whom row-level security does not bind, so it keeps to the tenant itself
+    v_tenant bigint := nullif(current_setting('webhooks.tenant', true), '')::bigint;
+    v_full record;
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
-        WHERE e.name = p_endpoint OR e.id::text = p_endpoint
+        WHERE (e.name = p_endpoint OR e.id::text = p_endpoint)
+          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)
         ORDER BY e.name = p_endpoint DESC LIMIT 1;
         IF v_webhook_id IS NULL THEN
             RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
@@ -111,11 +124,29 @@ BEGIN
                         'operational events', p_event_type
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    -- The queued-rows quota of the tenants it would queue for: over the API a producer waits
+    -- (429), where through SQL it is never refused.
+    SELECT t.name, t.max_queued INTO v_full
+    FROM webhooks.tenants t
+    WHERE t.max_queued IS NOT NULL
+      AND t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e
+                   WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
+                      OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
+                          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)))
+      AND (SELECT count(*) FROM (SELECT 1 FROM webhooks.alert_delivery_queue q
+                                 WHERE q.tenant_id = t.id AND q.status IN ('pending', 'retrying', 'delivering')
+                                 LIMIT t.max_queued) n) >= t.max_queued
+    ORDER BY t.id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
+            USING ERRCODE = 'configuration_limit_exceeded';
+    END IF;
     RETURN QUERY
     WITH targets AS (
         SELECT e.id, e.name FROM webhooks.endpoints e
         WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
-           OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type))
+           OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
+               AND (v_tenant IS NULL OR e.tenant_id = v_tenant))
     ), inserted AS (
         INSERT INTO webhooks.alert_delivery_queue AS q
             (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,

@@ -150,7 +150,8 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer)
+CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer,
+                                            p_tenants text[] DEFAULT NULL, p_exclude_tenants text[] DEFAULT NULL)
 RETURNS TABLE (
     delivery_id      bigint,
     webhook_id       bigint,
@@ -190,6 +191,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_endpoints bigint[];
+    v_tenants bigint[];
 BEGIN
     -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
     -- of more rows than any worker can hold only locks them.
@@ -208,21 +210,47 @@ BEGIN
     FROM (
         SELECT h.webhook_id
         FROM webhooks.webhook_health_metrics h
-        JOIN webhooks.endpoints e ON e.id = h.webhook_id
-        WHERE e.active
-          AND (h.paused_until IS NULL OR h.paused_until <= now())
-          AND h.circuit_state <> 'forced_open'
-          AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
-          AND EXISTS (SELECT 1 FROM webhooks.claimable q
-                      WHERE q.webhook_id = h.webhook_id AND q.next_retry_at <= now())
+        JOIN (
+            -- Tenants first, then their endpoints: each tenant's least recently served endpoint
+            -- comes before any tenant's second, so a tenant with a hundred endpoints takes no more
+            -- of the claim than a tenant with one. (A window function cannot sit beside FOR
+            -- UPDATE, hence the ranking apart from the locking.)
+            SELECT h2.webhook_id,
+                   row_number() OVER (PARTITION BY e.tenant_id
+                                      ORDER BY h2.last_claimed_at NULLS FIRST, h2.webhook_id) AS tenant_turn
+            FROM webhooks.webhook_health_metrics h2
+            JOIN webhooks.endpoints e ON e.id = h2.webhook_id
+            WHERE e.active
+              AND (h2.paused_until IS NULL OR h2.paused_until <= now())
+              AND h2.circuit_state <> 'forced_open'
+              AND (h2.circuit_state <> 'open' OR h2.circuit_open_until <= now())
+              -- a pool serves only its tenants (worker.tenants / worker.exclude_tenants)
+              AND (p_tenants IS NULL
+                   OR e.tenant_id IN (SELECT t.id FROM webhooks.tenants t WHERE t.name = ANY (p_tenants)))
+              AND (p_exclude_tenants IS NULL
+                   OR e.tenant_id NOT IN (SELECT t.id FROM webhooks.tenants t
+                                          WHERE t.name = ANY (p_exclude_tenants)))
+              AND EXISTS (SELECT 1 FROM webhooks.claimable q
+                          WHERE q.webhook_id = h2.webhook_id AND q.next_retry_at <= now())
+        ) r ON r.webhook_id = h.webhook_id
         -- least recently served first, and a bounded number: a claim never locks every endpoint
-        ORDER BY h.last_claimed_at NULLS FIRST, h.webhook_id
+        ORDER BY r.tenant_turn, h.last_claimed_at NULLS FIRST, h.webhook_id
         LIMIT p_batch_size
         FOR UPDATE OF h SKIP LOCKED
     ) x;
     IF v_endpoints IS NULL THEN
         RETURN;
     END IF;
+    -- The limited tenants of these endpoints, locked as the endpoints are (SKIP LOCKED: a claim
+    -- never waits for another); a limited tenant another claim holds sends nothing in this one.
+    SELECT array_agg(x.id) INTO v_tenants
+    FROM (
+        SELECT t.id FROM webhooks.tenants t
+        WHERE t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e WHERE e.id = ANY (v_endpoints))
+          AND (t.rate_limit_per_second IS NOT NULL OR t.max_in_flight IS NOT NULL)
+        ORDER BY t.id
+        FOR UPDATE OF t SKIP LOCKED
+    ) x;
 
     RETURN QUERY
     WITH cfg AS (
@@ -230,7 +258,7 @@ BEGIN
     ), clock AS (
         SELECT clock_timestamp() AS now_exact
     ), limits AS (
-        SELECT h.webhook_id, h.circuit_state,
+        SELECT h.webhook_id, e.tenant_id, h.circuit_state,
                h.probe_successes + h.probe_failures AS probe_results,
                coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
                coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
@@ -266,6 +294,35 @@ BEGIN
             FROM webhooks.alert_delivery_queue d
             WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
         ) f
+    ), tenant_quota AS (
+        -- What each tenant may still send now, across all its endpoints and the fleet: the least
+        -- of its free concurrency and its rate tokens (requests, as for endpoints); unlimited,
+        -- the batch; limited but held by another claim, nothing.
+        SELECT t.id AS tenant_id, t.rate_limit_per_second AS rate, tt.tokens_now,
+               CASE WHEN t.rate_limit_per_second IS NULL AND t.max_in_flight IS NULL THEN p_batch_size
+                    WHEN NOT t.id = ANY (coalesce(v_tenants, '{}')) THEN 0
+                    ELSE least(p_batch_size,
+                               t.max_in_flight - f.flying,
+                               floor(tt.tokens_now)::integer)
+               END AS quota
+        FROM webhooks.tenants t
+        CROSS JOIN clock
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN t.rate_limit_per_second IS NOT NULL THEN least(tb.burst::double precision,
+                       coalesce(t.rate_tokens, tb.burst) + t.rate_limit_per_second::double precision
+                           * greatest(0, extract(epoch FROM clock.now_exact
+                                                  - coalesce(t.rate_refilled_at, clock.now_exact))))
+                   END AS tokens_now
+            FROM (SELECT coalesce(t.rate_limit_burst,
+                                  greatest(1, ceil(t.rate_limit_per_second))::integer) AS burst) tb
+        ) tt
+        CROSS JOIN LATERAL (
+            SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id))::integer AS flying
+            FROM webhooks.alert_delivery_queue d
+            WHERE t.max_in_flight IS NOT NULL
+              AND d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now()
+        ) f
+        WHERE t.id IN (SELECT l.tenant_id FROM limits l)
     ), quota AS (
         SELECT t.*,
                least(
@@ -336,11 +393,23 @@ BEGIN
                row_number() OVER (PARTITION BY g.webhook_id ORDER BY min(g.turn)) AS turn
         FROM grouped g
         GROUP BY g.webhook_id, g.request
-    ), picked_requests AS (
-        SELECT r.*
+    ), tenant_requests AS (
+        -- Each tenant's requests in its own order (priority, then round-robin across its
+        -- endpoints): its turn is how many of its requests come before.
+        SELECT r.*, l.tenant_id,
+               row_number() OVER (PARTITION BY l.tenant_id
+                                  ORDER BY r.priority DESC, r.turn, r.next_retry_at, r.first_id) AS tenant_turn
         FROM requests r
+        JOIN limits l ON l.webhook_id = r.webhook_id
         WHERE r.turn <= r.quota
-        ORDER BY r.priority DESC, r.turn, r.next_retry_at, r.first_id
+    ), picked_requests AS (
+        -- The batch is shared between tenants first (round-robin over their turns), then within
+        -- each by priority and across its endpoints; a tenant's limits cap its share.
+        SELECT r.*
+        FROM tenant_requests r
+        JOIN tenant_quota tq ON tq.tenant_id = r.tenant_id
+        WHERE r.tenant_turn <= tq.quota
+        ORDER BY r.tenant_turn, r.priority DESC, r.turn, r.next_retry_at, r.first_id
         LIMIT p_batch_size
     ), key_runs AS (
         -- The head of an ordering key, the endpoint coalescing, takes the rows of its key that
@@ -416,6 +485,15 @@ BEGIN
         CROSS JOIN clock
         WHERE h.webhook_id = n.webhook_id
         RETURNING h.webhook_id, h.circuit_state
+    ), tenants_debited AS (
+        UPDATE webhooks.tenants t
+        SET rate_tokens = tq.tokens_now - n.claimed, rate_refilled_at = clock.now_exact
+        FROM (SELECT c.tenant_id, count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
+              FROM claimed c GROUP BY c.tenant_id) n
+        JOIN tenant_quota tq ON tq.tenant_id = n.tenant_id
+        CROSS JOIN clock
+        WHERE t.id = n.tenant_id AND tq.rate IS NOT NULL
+        RETURNING 1
     ), half_opened AS (
         INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by)
         SELECT d.webhook_id, 'circuit_half_open', 'sleep over; sending probes', 'circuit breaker'
@@ -441,9 +519,13 @@ BEGIN
     WHERE webhook_id = ANY(v_endpoints);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.acquire(text, integer, integer) TO webhooks_worker;
+GRANT EXECUTE ON FUNCTION webhooks.acquire(text, integer, integer, text[], text[]) TO webhooks_worker;
 
-CREATE OR REPLACE FUNCTION webhooks.next_due_in() RETURNS double precision
+-- p_tenants / p_exclude_tenants: the worker's pool, as acquire() takes them (a pool must not wake for
+-- rows it may not claim).
+CREATE OR REPLACE FUNCTION webhooks.next_due_in(p_tenants text[] DEFAULT NULL,
+                                                p_exclude_tenants text[] DEFAULT NULL)
+RETURNS double precision
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
@@ -461,10 +543,15 @@ BEGIN
                    h.paused_until,
                    CASE WHEN h.circuit_state = 'open' THEN h.circuit_open_until END,
                    CASE WHEN r.rate IS NOT NULL AND coalesce(h.rate_tokens, 1) < 1
-                        THEN h.rate_refilled_at + make_interval(secs => (1 - h.rate_tokens) / r.rate) END
+                        THEN h.rate_refilled_at + make_interval(secs => (1 - h.rate_tokens) / r.rate) END,
+                   -- the tenant's rate limit, as the endpoint's
+                   CASE WHEN t.rate_limit_per_second IS NOT NULL AND coalesce(t.rate_tokens, 1) < 1
+                        THEN t.rate_refilled_at + make_interval(
+                            secs => (1 - t.rate_tokens) / t.rate_limit_per_second::double precision) END
                ) AS at
         FROM webhooks.webhook_health_metrics h
         JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        JOIN webhooks.tenants t ON t.id = e.tenant_id
         CROSS JOIN cfg
         CROSS JOIN LATERAL (SELECT coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second)::double precision
                             AS rate) r
@@ -480,6 +567,13 @@ BEGIN
             WHERE d.webhook_id = h.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
         ) f
         WHERE e.active AND h.circuit_state <> 'forced_open' AND due.at IS NOT NULL
+          AND (p_tenants IS NULL OR t.name = ANY (p_tenants))
+          AND (p_exclude_tenants IS NULL OR NOT t.name = ANY (p_exclude_tenants))
+          -- a tenant at its cap is woken by the finish that frees a place, as an endpoint is
+          AND (t.max_in_flight IS NULL OR (
+              SELECT count(*) FROM webhooks.alert_delivery_queue d
+              WHERE d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now())
+              < t.max_in_flight)
           -- an endpoint at its cap (or out of probes) is woken by the finish that frees a place
           AND f.flying < coalesce(e.max_in_flight, cfg.max_in_flight)
           AND NOT (h.circuit_state = 'half_open' AND f.flying + h.probe_successes + h.probe_failures
@@ -494,7 +588,7 @@ BEGIN
     RETURN greatest(0, extract(epoch FROM v_at - now()))::double precision;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.next_due_in() TO webhooks_worker;
+GRANT EXECUTE ON FUNCTION webhooks.next_due_in(text[], text[]) TO webhooks_worker;
 
 CREATE OR REPLACE FUNCTION webhooks.release(p_worker_id text, p_leases jsonb) RETURNS integer
 LANGUAGE sql

@@ -12,7 +12,7 @@
 -- Opens a session for a token that is usable now; returns its name and role (no row, and no
 -- session, for an unknown, revoked or expired token).
 CREATE FUNCTION webhooks.console_start_session(p_session_hash bytea, p_token_hash bytea, p_lifetime interval)
-RETURNS TABLE (name text, role text)
+RETURNS TABLE (name text, role text, tenant_id bigint)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
@@ -25,25 +25,25 @@ BEGIN
     DELETE FROM webhooks.console_sessions s WHERE s.expires_at <= now();
     RETURN QUERY
     WITH usable AS (
-        SELECT t.name, t.role FROM webhooks.api_token_role(p_token_hash) t
+        SELECT t.name, t.role, t.tenant_id FROM webhooks.api_token_role(p_token_hash) t
     ), opened AS (
         INSERT INTO webhooks.console_sessions (session_hash, token_hash, expires_at)
         SELECT p_session_hash, p_token_hash, now() + p_lifetime FROM usable
         RETURNING 1
     )
-    SELECT u.name, u.role FROM usable u, opened;
+    SELECT u.name, u.role, u.tenant_id FROM usable u, opened;
 END;
 $$;
 
 -- The caller behind a session: no row once the session expired or ended, or its token was revoked
 -- or expired.
 CREATE FUNCTION webhooks.console_session(p_session_hash bytea)
-RETURNS TABLE (name text, role text)
+RETURNS TABLE (name text, role text, tenant_id bigint)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
-    SELECT t.name, t.role
+    SELECT t.name, t.role, t.tenant_id
     FROM webhooks.console_sessions s
     CROSS JOIN LATERAL webhooks.api_token_role(s.token_hash) t
     WHERE s.session_hash = p_session_hash AND s.expires_at > now();

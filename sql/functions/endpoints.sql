@@ -244,20 +244,22 @@ CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
     p_circuit_policy  jsonb  DEFAULT '{}',
     p_body_format     text   DEFAULT 'raw',
     p_secret_settings jsonb  DEFAULT '{}',
-    p_active          boolean DEFAULT true
+    p_active          boolean DEFAULT true,
+    p_tenant          text    DEFAULT NULL  -- its name; NULL: the `default` tenant
 ) RETURNS bigint
 LANGUAGE sql AS $$
     INSERT INTO webhooks.endpoints
         (name, url, url_display, signing_secrets, event_types, headers, max_attempts, timeout_ms,
          retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight, circuit_policy,
-         body_format, secret_settings, active, disabled_reason, disabled_at)
+         body_format, secret_settings, active, disabled_reason, disabled_at, tenant_id)
     VALUES
         (p_name, p_url, p_url_display, p_signing_secrets, coalesce(p_event_types, '{*}'),
          coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule,
          p_rate_limit_per_second, p_rate_limit_burst, p_max_in_flight, coalesce(p_circuit_policy, '{}'),
          coalesce(p_body_format, 'raw'), coalesce(p_secret_settings, '{}'), coalesce(p_active, true),
          CASE WHEN NOT coalesce(p_active, true) THEN 'awaiting verification' END,
-         CASE WHEN NOT coalesce(p_active, true) THEN now() END)
+         CASE WHEN NOT coalesce(p_active, true) THEN now() END,
+         webhooks.tenant_id(coalesce(p_tenant, 'default')))
     RETURNING id;
 $$;
 
@@ -396,7 +398,10 @@ SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
        e.created_at, h.health_status, h.total_attempts, h.successes, h.failures,
        h.consecutive_failures, h.last_success_at, h.last_failure_at, h.circuit_state,
        h.circuit_open_until, h.paused_until, e.rate_limit_per_second, e.rate_limit_burst,
-       e.max_in_flight
+       e.max_in_flight, e.coalesce_max, e.coalesce_window, e.tenant_id, t.name AS tenant
 FROM webhooks.endpoints e
-LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id;
+JOIN webhooks.tenants t ON t.id = e.tenant_id
+LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
+-- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
 GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader;

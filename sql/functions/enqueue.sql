@@ -7,7 +7,8 @@
 -- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
 -- holding a stable event key; the payload is the row as JSON).
 --
--- Every way passes through the queue's insert triggers: fill_idempotency_key() bounds the payload,
+-- Every way passes through the queue's insert triggers: fill_idempotency_key() sets the row's tenant
+-- from its endpoint (never from the producer), bounds the payload,
 -- metadata and source_ref and defaults the key to the event id; refuse_reserved_event_type() keeps
 -- 'webhook.*' for the worker's own events; notify_workers() sends one NOTIFY per statement (not per
 -- row), switchable off in delivery_config for very high insert rates. A duplicate key neither
@@ -21,8 +22,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
-    v_limit integer;
-    v_size  integer;
+    v_limit   integer;
+    v_size    integer;
+    v_tenant  bigint;
+    v_expires timestamptz;
 BEGIN
     SELECT c.max_payload_bytes INTO v_limit FROM webhooks.delivery_config c;
     -- The text form is what is sent; the stored (binary, maybe compressed) size is no bound on it.
@@ -47,9 +50,15 @@ BEGIN
     IF NEW.idempotency_key IS NULL THEN
         NEW.idempotency_key := NEW.event_id;
     END IF;
+    -- The endpoint's tenant, whatever the producer wrote (a producer cannot choose its tenant), and
+    -- its default time to live, if it has one. No such endpoint: the foreign key refuses the row.
+    SELECT e.tenant_id, now() + e.delivery_ttl INTO v_tenant, v_expires
+    FROM webhooks.endpoints e WHERE e.id = NEW.webhook_id;
+    IF FOUND THEN
+        NEW.tenant_id := v_tenant;
+    END IF;
     IF NEW.expires_at IS NULL THEN
-        -- the endpoint's default time to live, if it has one
-        SELECT now() + e.delivery_ttl INTO NEW.expires_at FROM webhooks.endpoints e WHERE e.id = NEW.webhook_id;
+        NEW.expires_at := v_expires;
     END IF;
     RETURN NEW;
 END;

@@ -52,7 +52,10 @@ $$;
 -- session holds it. A new process under the id reclaims what an earlier, dead process of the same
 -- id left in flight (`reclaimed`); the same process registering again after a lost connection or
 -- a PostgreSQL restart keeps its rows.
-CREATE OR REPLACE FUNCTION webhooks.register_worker(p_worker_id text, p_instance uuid)
+-- p_tenants / p_exclude_tenants: the pool it serves (worker.tenants / worker.exclude_tenants).
+CREATE OR REPLACE FUNCTION webhooks.register_worker(p_worker_id text, p_instance uuid,
+                                                   p_tenants text[] DEFAULT NULL,
+                                                   p_exclude_tenants text[] DEFAULT NULL)
 RETURNS TABLE (registered boolean, holder_pid integer, holder_since timestamptz, reclaimed integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -78,10 +81,12 @@ BEGIN
         reclaimed := webhooks.reclaim_rows_of(p_worker_id);
     END IF;
     INSERT INTO webhooks.worker_liveness AS w
-        (worker_id, instance, lock_key, backend_pid, postmaster_started_at)
-    VALUES (p_worker_id, p_instance, v_key, pg_backend_pid(), pg_postmaster_start_time())
+        (worker_id, instance, lock_key, backend_pid, postmaster_started_at, tenants, exclude_tenants)
+    VALUES (p_worker_id, p_instance, v_key, pg_backend_pid(), pg_postmaster_start_time(), p_tenants,
+            p_exclude_tenants)
     ON CONFLICT (worker_id) DO UPDATE
     SET instance = excluded.instance, lock_key = excluded.lock_key, backend_pid = excluded.backend_pid,
+        tenants = excluded.tenants, exclude_tenants = excluded.exclude_tenants,
         postmaster_started_at = excluded.postmaster_started_at,
         started_at = CASE WHEN w.instance = excluded.instance THEN w.started_at ELSE now() END,
         registered_at = now(), lost_at = NULL;
@@ -89,7 +94,7 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.register_worker(text, uuid) TO webhooks_worker;
+GRANT EXECUTE ON FUNCTION webhooks.register_worker(text, uuid, text[], text[]) TO webhooks_worker;
 
 -- Called by every worker twice a second on its liveness connection. Marks registrations whose
 -- lock is gone; reclaims the rows of those missing it for longer than the grace (only those

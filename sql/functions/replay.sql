@@ -70,6 +70,8 @@ BEGIN
           AND (p_failure_category IS NULL OR q.failure_category = p_failure_category)
           AND (p_since IS NULL OR q.dead_lettered_at >= p_since)
           AND (p_until IS NULL OR q.dead_lettered_at < p_until)
+          -- the session's tenant, if it set one (`replay --all --tenant T`)
+          AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint)
         ORDER BY q.dead_lettered_at, q.delivery_id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
@@ -90,7 +92,9 @@ SELECT q.delivery_id, q.webhook_id, e.name AS endpoint_name, e.url_display AS en
        q.delivered_at, q.dead_lettered_at
 FROM webhooks.alert_delivery_queue q
 JOIN webhooks.endpoints e ON e.id = q.webhook_id
-CROSS JOIN webhooks.delivery_config c;
+CROSS JOIN webhooks.delivery_config c
+-- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
 GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery(p_delivery_id bigint)

@@ -28,10 +28,10 @@ GRANT SELECT (delivery_id, webhook_id, idempotency_key) ON webhooks.alert_delive
 
 GRANT SELECT ON webhooks.alert_delivery_queue, webhooks.alert_delivery_log, webhooks.webhook_health_metrics,
                 webhooks.endpoint_events, webhooks.delivery_config, webhooks.stats_sample,
-                webhooks.schema_migrations, webhooks.worker_liveness
+                webhooks.schema_migrations, webhooks.worker_liveness, webhooks.tenants
     TO webhooks_reader;
 GRANT SELECT (id, name, url_display, active, disabled_reason, disabled_at, event_types, body_format,
               max_attempts, retry_schedule, timeout_ms, rate_limit_per_second, rate_limit_burst,
               max_in_flight, circuit_policy, delivery_ttl, retry_policy, metadata, created_at, updated_at,
-              coalesce_max, coalesce_window)
+              coalesce_max, coalesce_window, tenant_id)
     ON webhooks.endpoints TO webhooks_reader;

@@ -15,6 +15,8 @@ LEFT JOIN (
                WHERE q.status IN ('pending', 'retrying') AND q.next_retry_at <= now()))::double precision
                AS oldest_due_age_seconds
     FROM webhooks.alert_delivery_queue q
+    -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+    WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint
     GROUP BY q.status
 ) c ON c.status = s.status;
 GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader;
@@ -30,16 +32,33 @@ SELECT CASE WHEN NOT e.active THEN 'endpoint_disabled'
             WHEN (SELECT count(*) FROM webhooks.alert_delivery_queue d
                   WHERE d.webhook_id = e.id AND d.status = 'delivering' AND d.locked_until > now())
                  >= coalesce(e.max_in_flight, c.max_in_flight) THEN 'concurrency_cap'
+            -- the tenant's limits, across all its endpoints (acquire() in claim.sql)
+            WHEN t.rate_limit_per_second IS NOT NULL AND coalesce(t.rate_tokens, 1) < 1 THEN 'tenant_rate_limited'
+            WHEN t.max_in_flight IS NOT NULL
+              AND (SELECT count(*) FROM webhooks.alert_delivery_queue d
+                   WHERE d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now())
+                  >= t.max_in_flight THEN 'tenant_concurrency_cap'
+            -- worker pools per tenant: live workers have pools, and none of them serves this tenant
+            WHEN EXISTS (SELECT 1 FROM webhooks.worker_liveness w
+                         WHERE w.lost_at IS NULL AND (w.tenants IS NOT NULL OR w.exclude_tenants IS NOT NULL))
+              AND NOT EXISTS (SELECT 1 FROM webhooks.worker_liveness w
+                              WHERE w.lost_at IS NULL
+                                AND (w.tenants IS NULL OR t.name = ANY (w.tenants))
+                                AND (w.exclude_tenants IS NULL OR NOT t.name = ANY (w.exclude_tenants)))
+              THEN 'no_pool'
        END AS reason,
        e.id AS webhook_id, due.rows
 FROM webhooks.endpoints e
 JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
+JOIN webhooks.tenants t ON t.id = e.tenant_id
 CROSS JOIN webhooks.delivery_config c
 CROSS JOIN LATERAL (
     SELECT count(*) AS rows FROM webhooks.claimable q
     WHERE q.webhook_id = e.id AND q.next_retry_at <= now()
 ) due
-WHERE due.rows > 0;
+WHERE due.rows > 0
+  -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+  AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
 GRANT SELECT ON webhooks.held_back TO webhooks_reader;
 
 CREATE OR REPLACE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100,
@@ -71,7 +90,16 @@ BEGIN
         'circuits', (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'endpoint', e.name, 'state', h.circuit_state) ORDER BY e.id), '[]')
             FROM (SELECT * FROM webhooks.endpoints ORDER BY id LIMIT p_endpoint_limit) e
-            JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id)
+            JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id),
+        -- rows by tenant and status: the first p_endpoint_limit tenants by id by name, the rest
+        -- together as 'other', so the number of series stays bounded as the endpoint label's does
+        'tenants', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'tenant', x.label, 'status', x.status, 'deliveries', x.n) ORDER BY x.label, x.status), '[]')
+            FROM (SELECT coalesce(named.name, 'other') AS label, q.status, count(*) AS n
+                  FROM webhooks.alert_delivery_queue q
+                  LEFT JOIN (SELECT t.id, t.name FROM webhooks.tenants t ORDER BY t.id LIMIT p_endpoint_limit)
+                      named ON named.id = q.tenant_id
+                  GROUP BY 1, 2) x)
     );
 END;
 $$;

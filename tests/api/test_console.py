@@ -12,6 +12,7 @@ import pytest
 
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
+from tests.api.test_endpoints_api import delivered_in_a_digest
 from tests.support import add_endpoint, enqueue, query
 from worker.api import tokens
 from worker.console.pages import CONTENT_SECURITY_POLICY
@@ -320,3 +321,9 @@ def test_a_session_past_its_lifetime_ends(console, db):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_lifetime"):
         query(db, "SELECT * FROM webhooks.console_start_session(%s, %s, interval '8 days')",
               (b"x" * 32, b"y" * 32))
+
+
+def test_the_delivery_page_names_the_digest_that_carried_each_attempt(console, db):
+    ids, digest = delivered_in_a_digest(db, rows=4)
+    html = logged_in(console, db, "reader").get(f"/console/deliveries/{ids[0]}").body.decode()
+    assert re.search(rf'<td class="digest">d-{digest} <span class="muted">\(4 rows\)</span></td>', html), html

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, query
 from worker import encryption
 
@@ -139,3 +141,81 @@ def test_rotate_secret_and_delete(api, role_tokens, db):
     query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE delivery_id = %s", (delivery,))
     assert api.request("DELETE", f"/v1/endpoints/{endpoint}", admin).status == 204
     assert api.request("DELETE", f"/v1/endpoints/{endpoint}", admin).status == 404
+
+
+# --- coalescing over HTTP (issue 23) ------------------------------------------------------------
+
+
+def test_the_coalescing_policy_is_set_read_changed_and_turned_off_over_http(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    created = api.post("/v1/endpoints", admin, {"name": "storm", "url": "https://example.com/x",
+                                                "format": "slack", "coalesce_max": 20, "coalesce_window": 5})
+    assert created.status == 201, created.body
+    assert (created.json["coalesce_max"], created.json["coalesce_window"]) == (20, 5.0)
+    endpoint = created.json["id"]
+    assert query(db, "SELECT coalesce_max, extract(epoch FROM coalesce_window)::int FROM webhooks.endpoints"
+                     " WHERE id = %s", (endpoint,)) == [(20, 5)]
+    read = api.get(f"/v1/endpoints/{endpoint}", role_tokens["reader"])
+    assert (read.json["coalesce_max"], read.json["coalesce_window"]) == (20, 5.0)
+    listed = api.get("/v1/endpoints", role_tokens["reader"]).json["items"]
+    assert [(e["coalesce_max"], e["coalesce_window"]) for e in listed] == [(20, 5.0)]
+    changed = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"coalesce_max": 50})
+    assert changed.status == 200, changed.body
+    assert (changed.json["coalesce_max"], changed.json["coalesce_window"]) == (50, 5.0)
+    off = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"coalesce_max": 0})
+    assert off.status == 200, off.body
+    assert (off.json["coalesce_max"], off.json["coalesce_window"]) == (None, None)
+
+
+def test_a_bad_coalescing_policy_is_refused_naming_the_field(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    cases = [
+        ({"format": "raw", "coalesce_max": 10}, "coalesce_max", "never coalesced"),
+        ({"format": "slack", "coalesce_max": 1}, "coalesce_max", "between 2 and 1000"),
+        ({"format": "slack", "coalesce_max": 1001}, "coalesce_max", ""),
+        ({"format": "slack", "coalesce_window": 5}, "coalesce_window", "needs coalesce_max"),
+        ({"format": "slack", "coalesce_max": 5, "coalesce_window": 3601}, "coalesce_window", ""),
+    ]
+    for fields, field, words in cases:
+        answer = api.post("/v1/endpoints", admin, {"name": "a", "url": "https://example.com/x", **fields})
+        assert answer.status == 422, (fields, answer.body)
+        assert answer.json["field"] == field and words in answer.json["detail"], (fields, answer.json)
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+    slack = api.post("/v1/endpoints", admin, {"name": "s", "url": "https://example.com/x", "format": "slack",
+                                              "coalesce_max": 5}).json["id"]
+    # a coalescing endpoint cannot move to a format that never is
+    answer = api.request("PATCH", f"/v1/endpoints/{slack}", admin, {"format": "raw"})
+    assert answer.status == 422 and answer.json["field"] == "format", answer.body
+    assert query(db, "SELECT body_format, coalesce_max FROM webhooks.endpoints WHERE id = %s",
+                 (slack,)) == [("slack", 5)]
+
+
+def delivered_in_a_digest(db: str, rows: int = 3) -> tuple[list[int], int]:
+    """Rows claimed and delivered as one digest, through acquire() and finish() as a worker does."""
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/a", body_format="envelope", rate_limit_per_second=0.01,
+                            rate_limit_burst=1)
+    query(db, "SELECT webhooks.update_endpoint(%s, %s)", (endpoint, json.dumps({"coalesce_max": 10})))
+    ids = enqueue(db, endpoint, count=rows)
+    claimed = query(db, "SELECT delivery_id, lease_token, attempt, digest_id"
+                        " FROM webhooks.acquire('w', 10, 30)")
+    [digest] = {row[3] for row in claimed}
+    assert digest is not None and sorted(row[0] for row in claimed) == ids
+    outcomes = [{"delivery_id": d, "lease_token": str(t), "attempt": a, "outcome": "delivered",
+                 "http_status": 200} for d, t, a, _ in claimed]
+    query(db, "SELECT * FROM webhooks.finish('w', %s)", (json.dumps(outcomes),))
+    return ids, digest
+
+
+def test_a_deliverys_attempts_name_the_digest_that_carried_them(api, role_tokens, db):
+    ids, digest = delivered_in_a_digest(db)
+    answer = api.get(f"/v1/deliveries/{ids[1]}", role_tokens["reader"])
+    assert answer.status == 200, answer.body
+    [attempt] = [a for a in answer.json["attempts_history"] if a["attempt"] == 1]
+    assert (attempt["digest_id"], attempt["digest"], attempt["digest_rows"]) == (digest, f"d-{digest}", 3)
+    alone = enqueue(db, add_endpoint(db, "http://127.0.0.1:9/b"))[0]
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'delivered', delivered_at = now()"
+              " WHERE delivery_id = %s", (alone,))
+    query(db, "SELECT webhooks.replay(%s)", (alone,))  # an audit row no digest carried
+    history = api.get(f"/v1/deliveries/{alone}", role_tokens["reader"]).json["attempts_history"]
+    assert history and all((a["digest_id"], a["digest"], a["digest_rows"]) == (None, None, None)
+                           for a in history)

@@ -66,6 +66,7 @@ def sample_request(method, path, world, role):
         "/v1/deliveries/{id}": world["delivered"],
         "/v1/deliveries/{id}/replay": world["dead"],
         "/v1/operations/{id}": world["operation"],
+        "/v1/tenants/{id}": "default",
     }
     target = ids.get(path, world["spare"] if method == "DELETE" else world["endpoint"])
     url = path.replace("{id}", str(target))
@@ -77,6 +78,8 @@ def sample_request(method, path, world, role):
         ("POST", "/v1/endpoints/{id}/circuit"): {"action": "reset"},
         ("POST", "/v1/endpoints/{id}/disable"): {"reason": "maintenance"},
         ("PATCH", "/v1/config"): {"max_attempts": 12},
+        ("POST", "/v1/tenants"): {"name": f"tenant-{role}"},
+        ("PATCH", "/v1/tenants/{id}"): {"max_queued": 1000},
     }
     return url, bodies.get((method, path))
 

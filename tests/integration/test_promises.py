@@ -324,7 +324,7 @@ def test_held_back_deliveries_by_reason_and_circuit_labels_for_at_most_the_label
 
 def test_database_errors_total_counts_each_failed_claim_finish_and_stats_call(own_pg, receiver, spawn):
     db = own_pg.url
-    acquire = "FUNCTION webhooks.acquire(text, integer, integer)"
+    acquire = "FUNCTION webhooks.acquire(text, integer, integer, text[], text[])"
     endpoint = add_endpoint(db, receiver.url("/held"))
     worker = spawn(db)
     eventually(lambda: worker.logged("worker started"), message="worker started")

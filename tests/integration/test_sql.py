@@ -488,7 +488,8 @@ def test_functions_granted_to_a_role_run_as_the_owner_with_a_fixed_search_path(d
     assert rows["refuse_reserved_event_type"][0] is False
     assert rows["enqueue"][0] is False and "search_path=pg_catalog, webhooks, pg_temp" in rows["enqueue"][1]
     # only the worker may claim
-    assert query(db, "SELECT has_function_privilege(r, 'webhooks.acquire(text, integer, integer)', 'EXECUTE')"
+    assert query(db, "SELECT has_function_privilege(r,"
+                     " 'webhooks.acquire(text, integer, integer, text[], text[])', 'EXECUTE')"
                      " FROM unnest(ARRAY['webhooks_worker', 'webhooks_producer', 'webhooks_reader']) r") == [
         (True,), (False,), (False,)]
     # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)

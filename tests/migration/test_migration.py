@@ -171,3 +171,13 @@ def test_an_older_release_migrating_after_a_newer_one_leaves_its_definitions_alo
     query(db, "UPDATE webhooks.schema_definitions SET checksum = 'newer'")
     assert schema.migrate(db) == []
     assert {c for (c,) in query(db, "SELECT checksum FROM webhooks.schema_definitions")} == {"newer"}
+
+
+def test_every_endpoint_and_row_of_a_database_before_tenants_belongs_to_default(old_db):
+    schema.migrate(old_db)
+    assert query(old_db, "SELECT id, name FROM webhooks.tenants") == [(1, "default")]
+    for table in ("endpoints", "alert_delivery_queue", "alert_delivery_log"):
+        rows = query(old_db, f"SELECT tenant_id, count(*) FROM webhooks.{table} GROUP BY 1")
+        assert len(rows) == 1 and rows[0][0] == 1 and rows[0][1] > 0, (table, rows)
+    # a tenant added later gets a new id, not the default's
+    assert query(old_db, "SELECT webhooks.register_tenant('acme')") == [(2,)]

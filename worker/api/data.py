@@ -57,6 +57,9 @@ class Database:
             role = DATABASE_ROLES[caller.role]
             if role is not None:
                 await conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(role)))
+            if caller.tenant_id is not None:
+                # for this transaction only: row-level security and the views keep to this tenant
+                await conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(caller.tenant_id),))
             yield conn
 
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from worker import signing
+from worker import coalescing, signing
 from worker.api.inputs import Body
 from worker.api.problems import invalid
 from worker.config import Config
@@ -38,6 +38,8 @@ class EndpointFields(Body):
     format: BodyFormat | None = None
     routing_key: str | None = Field(default=None, min_length=1, repr=False)
     ttl_seconds: float | None = Field(default=None, gt=0, le=MAX_TTL_SECONDS)
+    coalesce_max: int | None = Field(default=None, ge=0, le=coalescing.MAX_COALESCE)
+    coalesce_window: float | None = Field(default=None, ge=0, le=coalescing.MAX_WINDOW_SECONDS)
 
     @field_validator("event_types")
     @classmethod
@@ -145,6 +147,22 @@ def spec(body: EndpointCreate, secret: str) -> EndpointSpec:
         body_format=body.format or "raw",
         secret_settings={"routing_key": body.routing_key} if body.routing_key else {},
     )
+
+
+def coalescing_changes(body: EndpointFields, body_format: str | None, stored_max: int | None = None
+                       ) -> dict[str, Any]:
+    """webhooks.update_endpoint's fields for coalesce_max / coalesce_window (0 turns coalescing off),
+    checked by the CLI's rules; `body_format` is the endpoint's format after the change."""
+    try:
+        return coalescing.policy_changes(body.coalesce_max, body.coalesce_window, body_format, stored_max)
+    except ValueError as exc:
+        # the rules name the CLI's options; the API names its fields
+        option, _, detail = str(exc).partition(": ")
+        field = {"--coalesce-max": "coalesce_max", "--coalesce-window": "coalesce_window"}.get(
+            option, option.removeprefix("--").partition(" ")[0])
+        for cli, api in (("--coalesce-max", "coalesce_max"), ("--coalesce-window", "coalesce_window")):
+            detail = detail.replace(cli, api)
+        raise invalid(field, detail) from None
 
 
 def changes(body: EndpointFields) -> dict[str, Any]:

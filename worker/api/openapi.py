@@ -64,6 +64,9 @@ ATTEMPT = {
     "worker_id": NULLABLE_TEXT,
     "stale": BOOL,
     "logged_at": TIME,
+    "digest_id": {"type": ["integer", "null"], "description": "the digest that carried this attempt"},
+    "digest": {"type": ["string", "null"], "description": "the digest as people name it: d-17"},
+    "digest_rows": {"type": ["integer", "null"], "description": "how many rows the digest carried"},
 }
 ENDPOINT = {
     "id": INT,
@@ -86,6 +89,8 @@ ENDPOINT = {
     "last_success_at": NULLABLE_TIME,
     "last_failure_at": NULLABLE_TIME,
     "created_at": TIME,
+    "coalesce_max": NULLABLE_INT,
+    "coalesce_window": {"type": ["number", "null"], "description": "seconds"},
 }
 ENDPOINT_FIELDS = {
     "url": {"type": "string", "minLength": 1, "description": "kept sealed; never shown again"},
@@ -110,6 +115,15 @@ ENDPOINT_FIELDS = {
     "format": {"type": "string", "enum": ["raw", "envelope", "slack", "mattermost", "pagerduty"]},
     "routing_key": {"type": "string", "minLength": 1},
     "ttl_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 31536000},
+    "coalesce_max": {
+        "type": "integer", "minimum": 0, "maximum": 1000,
+        "description": "send up to N due rows as one digest request (slack, mattermost, envelope); 0 turns"
+                       " coalescing off",
+    },
+    "coalesce_window": {
+        "type": "number", "minimum": 0, "maximum": 3600,
+        "description": "seconds; with coalesce_max: also coalesce once the oldest due row waited this long",
+    },
 }
 ENDPOINT_DETAIL = {
     **ENDPOINT,
@@ -126,6 +140,27 @@ ENDPOINT_DETAIL = {
             }
         ),
     },
+}
+TENANT_LIMITS = {
+    "rate_limit_per_second": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "rate_limit_burst": {"type": ["integer", "null"], "minimum": 1},
+    "max_in_flight": {"type": ["integer", "null"], "minimum": 1},
+    "max_endpoints": {"type": ["integer", "null"], "minimum": 0},
+    "max_queued": {"type": ["integer", "null"], "minimum": 0},
+}
+TENANT = {
+    "id": INT,
+    "name": TEXT,
+    "rate_limit_per_second": {"type": ["number", "string", "null"]},
+    "rate_limit_burst": NULLABLE_INT,
+    "max_in_flight": NULLABLE_INT,
+    "max_endpoints": NULLABLE_INT,
+    "max_queued": NULLABLE_INT,
+    "endpoints": INT,
+    "waiting": INT,
+    "in_flight": INT,
+    "dead_letters": INT,
+    "created_at": TIME,
 }
 PAGE_NOTE = "Keyset pagination: pass `next_cursor` as `cursor` for the next page; null on the last."
 
@@ -261,6 +296,11 @@ SCHEMAS: dict[str, Any] = {
             "held_back": {"type": "array", "items": obj({"reason": TEXT, "rows": INT})},
         }
     ),
+    "Tenant": obj(TENANT),
+    "TenantList": obj({"items": {"type": "array", "items": ref("Tenant")}}),
+    "TenantCreate": obj({"name": {"type": "string", "minLength": 1, "maxLength": 100}, **TENANT_LIMITS},
+                        ["name"]),
+    "TenantPatch": {**obj(dict(TENANT_LIMITS), []), "minProperties": 1},
     "Config": {
         "type": "object",
         "description": "webhooks.delivery_config: every fleet-wide default",
@@ -519,6 +559,15 @@ def document() -> dict[str, Any]:
                     body_required=False,
                 )
             )
+        },
+        "/v1/tenants": {
+            "get": _op("Tenants, their limits (null: none) and rows", ADMIN, {200: "TenantList"}),
+            "post": _conflict(_op("Add a tenant", ADMIN, {201: "Tenant"}, "TenantCreate")),
+        },
+        "/v1/tenants/{id}": {
+            "get": _not_found(_op("A tenant, by name or id", ADMIN, {200: "Tenant"}, params=endpoint)),
+            "patch": _not_found(_op("Change a tenant's limits; null clears one", ADMIN, {200: "Tenant"},
+                                    "TenantPatch", params=endpoint)),
         },
         "/v1/stats": {
             "get": _op("Queue by status, oldest due, rows held back and why", READ, {200: "Stats"})

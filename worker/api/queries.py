@@ -21,7 +21,10 @@ DELIVERY_COLUMNS = (
     " dead_letter_reason, priority, created_at, delivered_at, dead_lettered_at"
 )
 ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
-                   " worker_id, stale, logged_at")
+                   " worker_id, stale, logged_at, digest_id,"
+                   # members only ever leave a digest: the rows it carried when it was first sent
+                   " (SELECT count(DISTINCT d.delivery_id) FROM webhooks.alert_delivery_log d"
+                   "  WHERE d.digest_id = h.digest_id) AS digest_rows")
 
 
 async def endpoint_id(conn: Conn, name_or_id: str) -> int | None:
@@ -83,7 +86,7 @@ async def delivery(conn: Conn, delivery_id: int) -> dict[str, Any] | None:
                                 " FROM webhooks.delivery(%s)", (delivery_id,))
     if row is not None:
         row["attempts_history"] = await fetch_all(
-            conn, f"SELECT {ATTEMPT_COLUMNS} FROM webhooks.delivery_history(%s)", (delivery_id,))
+            conn, f"SELECT {ATTEMPT_COLUMNS} FROM webhooks.delivery_history(%s) h", (delivery_id,))
     return row
 
 
@@ -117,7 +120,8 @@ async def operation(conn: Conn, operation_id: int) -> dict[str, Any] | None:
 ENDPOINT_COLUMNS = (
     "id, name, url_display, active, disabled_reason, event_types, secrets, body_format, max_attempts,"
     " timeout_ms, rate_limit_per_second, rate_limit_burst, max_in_flight, health_status, circuit_state,"
-    " circuit_open_until, consecutive_failures, last_success_at, last_failure_at, created_at"
+    " circuit_open_until, consecutive_failures, last_success_at, last_failure_at, created_at, coalesce_max,"
+    " extract(epoch FROM coalesce_window)::float8 AS coalesce_window"
 )
 
 
@@ -208,3 +212,25 @@ async def set_config(conn: Conn, changes: dict[str, str | None]) -> None:
             "UPDATE webhooks.delivery_config SET {key} = %s::{type}, updated_at = now()"
         ).format(key=sql.Identifier(key), type=sql.SQL(SETTABLE[key]))
         await conn.execute(statement, (value,))
+
+
+TENANT_COLUMNS = ("id, name, rate_limit_per_second, rate_limit_burst, max_in_flight, max_endpoints,"
+                  " max_queued, endpoints, waiting, in_flight, dead_letters, created_at")
+
+
+async def tenants(conn: Conn) -> list[dict[str, Any]]:
+    return await fetch_all(conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary ORDER BY id")
+
+
+async def tenant(conn: Conn, name_or_id: str) -> dict[str, Any] | None:
+    return await fetch_one(
+        conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary WHERE name = %s OR id::text = %s"
+              " ORDER BY name = %s DESC LIMIT 1", (name_or_id, name_or_id, name_or_id))
+
+
+async def add_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
+    await conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, Jsonb(limits)))
+
+
+async def update_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
+    await conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, Jsonb(limits)))

@@ -13,8 +13,9 @@ import psycopg
 from aiohttp import web
 from pydantic import Field, JsonValue, field_validator
 
+from worker import coalescing, signing
 from worker import operations as operator_queries
-from worker import signing
+from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
 from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
@@ -38,6 +39,8 @@ from worker.observability import get_logger
 from worker.policy import RetrySchedule
 
 T = TypeVar("T")
+# A full tenant queue drains at the tenant's delivery rate; a few seconds is a fair first wait.
+QUOTA_RETRY_AFTER_SECONDS = 5
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 # W3C trace context, as the queue's traceparent_w3c_format constraint accepts it.
 TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -104,6 +107,10 @@ async def publish(request: web.Request) -> web.Response:
                       f"payload: {exc.diag.message_primary}", field="payload") from None
     except psycopg.errors.InsufficientPrivilege as exc:
         raise invalid("event_type", str(exc.diag.message_primary)) from None
+    except psycopg.errors.ConfigurationLimitExceeded as exc:
+        # the tenant's max_queued: the producer waits for the queue to drain, nothing is lost
+        raise Problem(429, "tenant-quota", "The tenant's queue is full", str(exc.diag.message_primary),
+                      headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)}) from None
     created = any(row["created"] for row in rows)
     # the key given, or the event id generated for it (every delivery's webhook-id)
     event_id = rows[0]["idempotency_key"] if rows else body.idempotency_key
@@ -162,6 +169,11 @@ async def get_delivery(request: web.Request) -> web.Response:
         row = await queries.delivery(conn, delivery_id)
     if row is None:
         raise not_found(f"delivery {delivery_id}")
+    for attempt in row["attempts_history"]:
+        digest_id = attempt["digest_id"]
+        attempt["digest"] = None if digest_id is None else coalescing.digest_label(digest_id)
+        if digest_id is None:
+            attempt["digest_rows"] = None
     row["attempts_history"] = row.pop("attempts_history")
     return json_response(row)
 
@@ -312,6 +324,7 @@ async def create_endpoint(request: web.Request) -> web.Response:
     secret = body.secret or signing.generate_secret()
     endpoint_rules.check_secret(secret)
     endpoint_rules.check_routing_key(body.format, body.routing_key)
+    coalesce = endpoint_rules.coalescing_changes(body, body.format or "raw")
     spec = endpoint_rules.spec(body, secret)
 
     def register(conn: psycopg.Connection[Any]) -> int:
@@ -320,6 +333,8 @@ async def create_endpoint(request: web.Request) -> web.Response:
             if body.ttl_seconds:
                 operator_queries.update_endpoint(
                     conn, endpoint_id, {"delivery_ttl": f"{body.ttl_seconds} seconds"}, keyring)
+            if coalesce:
+                operator_queries.update_endpoint(conn, endpoint_id, coalesce, keyring)
         return endpoint_id
 
     try:
@@ -350,7 +365,8 @@ async def update_endpoint(request: web.Request) -> web.Response:
     body = await read_body(request, endpoint_rules.EndpointPatch)
     keyring = _keyring(state)
     changes = endpoint_rules.changes(body)
-    if not changes and body.routing_key is None:
+    coalesce_fields = body.coalesce_max is not None or body.coalesce_window is not None
+    if not changes and body.routing_key is None and not coalesce_fields:
         raise invalid("(body)", "nothing to change: give at least one field")
     if body.url is not None:
         await endpoint_rules.check_url(body.url, state.config)
@@ -359,6 +375,9 @@ async def update_endpoint(request: web.Request) -> web.Response:
 
     def update(conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
+            if coalesce_fields or body.format is not None:
+                stored = operator_queries.endpoint_coalescing(conn, endpoint_id) or (None, None)
+                changes.update(endpoint_rules.coalescing_changes(body, body.format or stored[0], stored[1]))
             if body.routing_key is not None or body.format == "pagerduty":
                 stored_format, settings = operator_queries.endpoint_format_and_settings(
                     conn, endpoint_id, keyring)
@@ -471,6 +490,78 @@ async def rotate_secret(request: web.Request) -> web.Response:
                           "old_expire_at": expire_at})
 
 
+# --- tenants ---------------------------------------------------------------------------------------
+
+
+class TenantLimits(Body):
+    """A tenant's limits; a field given as null clears that limit."""
+
+    rate_limit_per_second: float | None = Field(default=None, gt=0)
+    rate_limit_burst: int | None = Field(default=None, ge=1)
+    max_in_flight: int | None = Field(default=None, ge=1)
+    max_endpoints: int | None = Field(default=None, ge=0)
+    max_queued: int | None = Field(default=None, ge=0)
+
+    def given(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
+
+
+class TenantCreate(TenantLimits):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        problem = tenant_rules.name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+@allow(*ADMIN)
+async def list_tenants(request: web.Request) -> web.Response:
+    query_params(request, set())
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        return json_response({"items": await queries.tenants(conn)})
+
+
+@allow(*ADMIN)
+async def create_tenant(request: web.Request) -> web.Response:
+    body = await read_body(request, TenantCreate)
+    try:
+        async with _state(request).db.transaction(caller_of(request)) as conn:
+            await queries.add_tenant(conn, body.name, body.given())
+            row = await queries.tenant(conn, body.name)
+    except psycopg.errors.UniqueViolation:
+        raise conflict(f"name: a tenant named {body.name!r} exists", field="name") from None
+    get_logger().info("api added a tenant", tenant=body.name, by=caller_of(request).name)
+    return json_response(row, status=201)
+
+
+@allow(*ADMIN)
+async def get_tenant(request: web.Request) -> web.Response:
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        row = await queries.tenant(conn, request.match_info["id"])
+    if row is None:
+        raise not_found(f"tenant {request.match_info['id']}")
+    return json_response(row)
+
+
+@allow(*ADMIN)
+async def update_tenant(request: web.Request) -> web.Response:
+    body = await read_body(request, TenantLimits)
+    limits = body.given()
+    if not limits:
+        raise invalid("(body)", "nothing to change: give at least one limit")
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        row = await queries.tenant(conn, request.match_info["id"])
+        if row is None:
+            raise not_found(f"tenant {request.match_info['id']}")
+        await queries.update_tenant(conn, row["name"], limits)
+        row = await queries.tenant(conn, row["name"])
+    return json_response(row)
+
+
 # --- stats and config -------------------------------------------------------------------------------
 
 
@@ -576,6 +667,10 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
     ("POST", "/v1/endpoints/{id}/enable", enable_endpoint),
     ("POST", "/v1/endpoints/{id}/disable", disable_endpoint),
     ("POST", "/v1/endpoints/{id}/rotate-secret", rotate_secret),
+    ("GET", "/v1/tenants", list_tenants),
+    ("POST", "/v1/tenants", create_tenant),
+    ("GET", "/v1/tenants/{id}", get_tenant),
+    ("PATCH", "/v1/tenants/{id}", update_tenant),
     ("GET", "/v1/stats", stats),
     ("GET", "/v1/config", get_config),
     ("PATCH", "/v1/config", patch_config),

@@ -53,13 +53,16 @@ class Caller:
 
     name: str
     role: Role
+    tenant_id: int | None = None  # a scoped token's tenant; None: every tenant
 
 
-def create(conn: psycopg.Connection, name: str, role: str, expires_at: datetime | None) -> str:
-    """Store a new token's hash under its name and return the token (shown once, never stored)."""
+def create(conn: psycopg.Connection, name: str, role: str, expires_at: datetime | None,
+           tenant: str | None = None) -> str:
+    """Store a new token's hash under its name and return the token (shown once, never stored);
+    with a tenant (its name), the token sees and changes only that tenant's rows."""
     token = generate_token()
-    conn.execute("SELECT webhooks.api_create_token(%s, %s, %s, %s)",
-                 (name, role, token_hash(token), expires_at))
+    conn.execute("SELECT webhooks.api_create_token(%s, %s, %s, %s, %s)",
+                 (name, role, token_hash(token), expires_at, tenant))
     return token
 
 
@@ -79,10 +82,11 @@ async def verify(conn: psycopg.AsyncConnection[Any], token: str) -> Caller | Non
     database answers every time, so a revocation takes effect on the next request."""
     if not well_formed(token):
         return None
-    cur = await conn.execute("SELECT name, role FROM webhooks.api_token_role(%s)", (token_hash(token),))
+    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.api_token_role(%s)",
+                             (token_hash(token),))
     row = await cur.fetchone()
     if row is None:
         return None
-    name, role = row
+    name, role, tenant_id = row
     assert role in ROLES
-    return Caller(str(name), role)
+    return Caller(str(name), role, None if tenant_id is None else int(tenant_id))

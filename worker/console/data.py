@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from worker.api.data import fetch_all, fetch_one
+from worker.coalescing import digest_label
 from worker.console import chart
 
 CHART_HOURS = 6
@@ -63,6 +64,9 @@ async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
         "       count(*) FILTER (WHERE l.outcome = ANY(%(failed)s)) AS failed"
         " FROM webhooks.alert_delivery_log l"
         " WHERE l.logged_at >= %(now)s - %(window)s"
+        # a tenant filter on an admin's page: the owner is not bound by row-level security
+        "   AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL"
+        "        OR l.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint)"
         " GROUP BY 1",
         {"bucket": CHART_BUCKET, "failed": list(FAILED_OUTCOMES), "now": now,
          "window": timedelta(hours=CHART_HOURS) + CHART_BUCKET})
@@ -87,7 +91,15 @@ async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, An
 async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
     names = await fetch_all(conn, "SELECT id, name FROM webhooks.endpoint_summary ORDER BY name LIMIT %s",
                             (PAGE_ROWS,))
-    return {"endpoints": names}
+    tenants = await fetch_all(conn, "SELECT id, name FROM webhooks.tenant_summary ORDER BY name LIMIT %s",
+                              (PAGE_ROWS,))
+    return {"endpoints": names, "tenants": tenants}
+
+
+async def tenant_id(conn: psycopg.AsyncConnection[Any], name: str) -> int | None:
+    """A tenant the caller may see, by name (None: no such tenant, or not the caller's)."""
+    row = await fetch_one(conn, "SELECT id FROM webhooks.tenant_summary WHERE name = %s", (name,))
+    return None if row is None else int(row["id"])
 
 
 async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict[str, Any] | None:
@@ -97,8 +109,14 @@ async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict
     row["history"] = await fetch_all(
         conn,
         "SELECT attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
-        "       worker_id, stale, logged_at FROM webhooks.delivery_history(%s)",
+        "       worker_id, stale, logged_at, digest_id,"
+        # members only ever leave a digest: the rows it carried when it was first sent
+        "       (SELECT count(DISTINCT d.delivery_id) FROM webhooks.alert_delivery_log d"
+        "        WHERE d.digest_id = h.digest_id) AS digest_rows"
+        "  FROM webhooks.delivery_history(%s) h",
         (delivery_id,))
+    for attempt in row["history"]:
+        attempt["digest"] = None if attempt["digest_id"] is None else digest_label(attempt["digest_id"])
     return row
 
 

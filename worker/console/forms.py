@@ -38,6 +38,14 @@ def dead_letter_filters(query: Mapping[str, str]) -> dict[str, Any]:
     return filters
 
 
+def tenant_filter(query: Mapping[str, str]) -> str | None:
+    """A page's tenant filter (`?tenant=NAME`; absent or empty: every tenant the caller sees)."""
+    value = query.get("tenant", "").strip()
+    if len(value) > MAX_FILTER_LENGTH or not value.isprintable():
+        raise FieldError("tenant", f"at most {MAX_FILTER_LENGTH} printable characters")
+    return value or None
+
+
 def selected_ids(values: list[str]) -> list[int]:
     """The deliveries ticked on the dead-letter page."""
     if not values:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -220,19 +221,34 @@ async def logout(request: web.Request) -> web.Response:
 # --- pages ----------------------------------------------------------------------------------------
 
 
+async def _viewer(request: web.Request) -> Caller:
+    """The caller, kept to the tenant of `?tenant=NAME` as a scoped token is (the views then show
+    only its rows); a scoped caller's own tenant cannot be widened."""
+    caller: Caller = request[CALLER]
+    name = forms.tenant_filter(request.query)
+    if name is None:
+        return caller
+    async with request.app[STATE].db.transaction(caller) as conn:
+        found = await data.tenant_id(conn, name)
+    if found is None:
+        raise forms.FieldError("tenant", "no tenant with this name")
+    return dataclasses.replace(caller, tenant_id=found)
+
+
 async def overview(request: web.Request) -> web.Response:
-    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+    async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         facts = await data.overview(conn)
     return render(request, "overview.html", page="overview", **facts)
 
 
 async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
-    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+    viewer = await _viewer(request)
+    async with request.app[STATE].db.transaction(viewer) as conn:
         rows = await data.dead_letters(conn, filters)
         choices = await data.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
-                  choices=choices, limit=data.PAGE_ROWS)
+                  choices=choices, limit=data.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
 
 
 async def replay_selected(request: web.Request) -> web.Response:
@@ -264,7 +280,7 @@ async def replay_one(request: web.Request) -> web.Response:
 
 
 async def endpoints(request: web.Request) -> web.Response:
-    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+    async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         rows = await data.endpoints(conn)
         events = await data.endpoint_events(conn)
     return render(request, "endpoints.html", page="endpoints", rows=rows, events=events)

@@ -57,18 +57,18 @@ def cookie_options(secure: bool, max_age: int | None) -> dict[str, Any]:
 
 async def start(conn: psycopg.AsyncConnection[Any], session_id: str, token: str) -> Caller | None:
     """Open a session for a token; None when the token stopped being usable meanwhile."""
-    cur = await conn.execute("SELECT name, role FROM webhooks.console_start_session(%s, %s, %s)",
+    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.console_start_session(%s, %s, %s)",
                              (session_hash(session_id), token_hash(token), LIFETIME))
     row = await cur.fetchone()
-    return None if row is None else Caller(str(row[0]), row[1])
+    return None if row is None else Caller(str(row[0]), row[1], row[2])
 
 
 async def caller(conn: psycopg.AsyncConnection[Any], session_id: str) -> Caller | None:
     """Who holds a session, asked of the database on every request so that a revoked token stops at once."""
-    cur = await conn.execute("SELECT name, role FROM webhooks.console_session(%s)",
+    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.console_session(%s)",
                              (session_hash(session_id),))
     row = await cur.fetchone()
-    return None if row is None else Caller(str(row[0]), row[1])
+    return None if row is None else Caller(str(row[0]), row[1], row[2])
 
 
 async def end(conn: psycopg.AsyncConnection[Any], session_id: str) -> None:

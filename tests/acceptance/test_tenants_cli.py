@@ -1,0 +1,76 @@
+"""`webhook-worker tenants …` and `endpoints add --tenant`, run as subprocesses (issue 21)."""
+
+import json
+
+from tests.acceptance.test_cli import cli
+from tests.support import enqueue, query
+
+
+def run(db, *args):
+    result = cli(*args, env={"DATABASE_URL": db})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def refused(db, *args):
+    result = cli(*args, env={"DATABASE_URL": db})
+    assert result.returncode != 0, result.stdout
+    return result.stderr
+
+
+def test_tenants_add_update_list_and_show(db):
+    tenant_id = int(run(db, "tenants", "add", "acme", "--rate-limit", "50", "--max-endpoints", "2"))
+    run(db, "tenants", "update", "acme", "--max-in-flight", "8", "--rate-limit", "none")
+    shown = json.loads(run(db, "tenants", "show", "acme", "--json"))
+    assert (shown["id"], shown["rate_limit_per_second"], shown["max_in_flight"], shown["max_endpoints"]) == (
+        tenant_id, None, 8, 2)
+    listed = json.loads(run(db, "tenants", "list", "--json"))
+    assert [t["name"] for t in listed] == ["default", "acme"]
+    endpoint = json.loads(run(db, "endpoints", "add", "--name", "a", "--url", "https://hooks.example.test/a",
+                              "--tenant", "acme", "--json"))["id"]
+    enqueue(db, endpoint, count=3)
+    acme = json.loads(run(db, "tenants", "show", "acme", "--json"))
+    assert (acme["endpoints"], acme["waiting"]) == (1, 3)
+    assert query(db, "SELECT tenant_id FROM webhooks.endpoints WHERE id = %s", (endpoint,)) == [(tenant_id,)]
+
+
+def test_bad_tenant_input_is_refused_naming_the_option(db):
+    assert "--max-in-flight: must be 1 or more" in refused(db, "tenants", "add", "t", "--max-in-flight", "0")
+    assert "--rate-limit" in refused(db, "tenants", "add", "t", "--rate-limit", "fast")
+    assert "NAME: must be printable" in refused(db, "tenants", "add", "a b")
+    run(db, "tenants", "add", "t", "--max-endpoints", "1")
+    assert "a tenant with this name exists" in refused(db, "tenants", "add", "t")
+    assert "no tenant with this name" in refused(db, "tenants", "update", "nobody", "--max-queued", "5")
+    assert "nothing to change" in refused(db, "tenants", "update", "t")
+    assert "--tenant: no tenant named 'nobody'" in refused(
+        db, "endpoints", "add", "--name", "x", "--url", "https://hooks.example.test/x", "--tenant", "nobody")
+    run(db, "endpoints", "add", "--name", "one", "--url", "https://hooks.example.test/1", "--tenant", "t")
+    assert "tenant t: at its limit of 1 endpoints" in refused(
+        db, "endpoints", "add", "--name", "two", "--url", "https://hooks.example.test/2", "--tenant", "t")
+    assert query(db, "SELECT name FROM webhooks.tenants ORDER BY id") == [("default",), ("t",)]
+
+
+def dead_letters_of(db, endpoint, count):
+    ids = enqueue(db, endpoint, count=count)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter',"
+              " failure_category = 'http_4xx', dead_letter_reason = 'test', dead_lettered_at = now()"
+              " WHERE delivery_id = ANY(%s)", (ids,))
+    return ids
+
+
+def test_tenant_filters_on_dlq_replay_all_and_status(db):
+    run(db, "tenants", "add", "acme")
+    acme = json.loads(run(db, "endpoints", "add", "--name", "a", "--url", "https://hooks.example.test/a",
+                          "--tenant", "acme", "--json"))["id"]
+    other = json.loads(run(db, "endpoints", "add", "--name", "b", "--url", "https://hooks.example.test/b",
+                           "--json"))["id"]
+    acme_dead, other_dead = dead_letters_of(db, acme, 2), dead_letters_of(db, other, 3)
+    listed = json.loads(run(db, "dlq", "list", "--tenant", "acme", "--json"))
+    assert sorted(d["delivery_id"] for d in listed) == acme_dead
+    status = json.loads(run(db, "status", "--tenant", "acme", "--json"))
+    assert {s["status"]: s["deliveries"] for s in status["queue"]}["dead_letter"] == 2
+    assert [e["id"] for e in status["endpoints"]] == [acme]
+    assert json.loads(run(db, "replay", "--all", "--tenant", "acme", "--json")) == {"replayed": 2}
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'dead_letter'"
+                     " AND delivery_id = ANY(%s)", (other_dead,)) == [(3,)]
+    assert "--tenant: no tenant named 'nobody'" in refused(db, "dlq", "list", "--tenant", "nobody")

@@ -1,0 +1,86 @@
+"""Tenants as the operator manages them: their limits checked, and the SQL functions that store them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+# The limits a tenant may set, as webhooks.set_tenant_limits() names them, with their CLI options.
+LIMIT_OPTIONS = {
+    "rate_limit_per_second": "--rate-limit",
+    "rate_limit_burst": "--burst",
+    "max_in_flight": "--max-in-flight",
+    "max_endpoints": "--max-endpoints",
+    "max_queued": "--max-queued",
+}
+MAX_NAME = 100
+SUMMARY_COLUMNS = ("id", "name", "rate_limit_per_second", "rate_limit_burst", "max_in_flight",
+                   "max_endpoints", "max_queued", "endpoints", "waiting", "in_flight", "dead_letters",
+                   "created_at")
+
+
+class InvalidTenant(ValueError):
+    """A tenant name or limit that cannot be stored; the message names the option."""
+
+
+def name_problem(name: str) -> str | None:
+    if not 1 <= len(name) <= MAX_NAME:
+        return f"must be 1 to {MAX_NAME} characters"
+    if any(not c.isprintable() or c.isspace() for c in name):
+        return "must be printable, without spaces"
+    return None
+
+
+def limits_problem(limits: dict[str, Any]) -> str | None:
+    """What is wrong with these limits (None: unset), naming the option; None if they can be stored."""
+    for key, value in limits.items():
+        option = LIMIT_OPTIONS[key]
+        if value is None:
+            continue
+        if key == "rate_limit_per_second":
+            if not value > 0:
+                return f"{option}: must be above 0 requests per second, not {value:g}"
+        elif key in ("max_endpoints", "max_queued"):
+            if value < 0:
+                return f"{option}: must be 0 or more, not {value}"
+        elif value < 1:
+            return f"{option}: must be 1 or more, not {value}"
+    return None
+
+
+def add(conn: psycopg.Connection, name: str, limits: dict[str, Any]) -> int:
+    _check(name, limits)
+    row = conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, json.dumps(limits))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def update(conn: psycopg.Connection, name: str, limits: dict[str, Any]) -> int:
+    _check(name, limits)
+    row = conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, json.dumps(limits))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def listing(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute(f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM webhooks.tenant_summary"
+                       " ORDER BY id").fetchall()
+
+
+def show(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute(f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM webhooks.tenant_summary WHERE name = %s",
+                       (name,)).fetchone()
+
+
+def _check(name: str, limits: dict[str, Any]) -> None:
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidTenant(f"NAME: {problem}")
+    problem = limits_problem(limits)
+    if problem is not None:
+        raise InvalidTenant(problem)
