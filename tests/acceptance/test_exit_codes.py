@@ -41,6 +41,7 @@ NAMES_NOTHING = {
     ("demo",): "names nothing",
     ("api",): "serves the API",
     ("tokens", "list"): "names nothing",
+    ("tenants", "list"): "names nothing",
 }
 MISSING = {
     ("endpoints", "add"): ["--name", "taken", "--url", "https://hooks.example.test/x"],  # name taken
@@ -58,12 +59,15 @@ MISSING = {
     ("purge",): ["--endpoint", "nosuch"],
     ("tokens", "create"): ["--name", "taken", "--role", "reader"],  # name taken
     ("tokens", "revoke"): ["nosuch"],
+    ("tenants", "add"): ["default"],  # the default tenant exists
+    ("tenants", "show"): ["nosuch"],
+    ("tenants", "update"): ["nosuch", "--max-queued", "10"],
 }
 # Well-formed arguments that reach the database (for the unreachable-database case).
 MINIMAL = {
     ("migrate",): [], ("endpoints", "list"): [], ("status",): [], ("config", "show"): [],
     ("keys", "status"): [], ("keys", "rotate"): [], ("config", "set"): ["max_attempts", "5"],
-    ("tokens", "list"): [],
+    ("tokens", "list"): [], ("tenants", "list"): [],
     **{command: args for command, args in MISSING.items() if args is not None},
 }
 # Commands that never reach the database with the arguments above, and why.

@@ -41,9 +41,12 @@ def two_tenants(db, receiver):
     theirs = add_endpoint(db, receiver.url("/other"), name="other-hook")
     in_tenant(db, theirs, other)
     [pending] = enqueue(db, theirs)
-    # an operation that matches nothing: a running replay would change the rows under the test
+    # an operation that matches nothing, stepped to its end here: a running one would change under
+    # the test when the API process steps it
     [(operation,)] = query(db, "SELECT webhooks.api_start_replay('{\"event_type\": \"none\"}', NULL, NULL,"
                                " 'admin')")
+    query(db, "SELECT count(*) FROM webhooks.api_replay_step(%s, 100)", (operation,))
+    assert query(db, "SELECT status FROM webhooks.api_operations WHERE id = %s", (operation,)) == [("done",)]
     return {"acme": acme, "other": other, "endpoint": endpoint, "dead": dead, "delivered": delivered,
             "theirs": theirs, "pending": pending, "operation": operation}
 
