@@ -107,7 +107,7 @@ class Worker:
         # Set while this process's liveness is registered; claims wait for it.
         self._alive = asyncio.Event()
         self._liveness: psycopg.AsyncConnection[Any] | None = None
-        self.metrics = Metrics()
+        self.metrics = Metrics(tenant_label_limit=config.http.endpoint_label_limit)
         self.finisher = Finisher(queue, self.worker_id, self.metrics, self.log, self.wake)
         self.metrics.in_flight.set_function(lambda: len(self._in_flight))
         self._debug = self.log.is_enabled_for(logging.DEBUG)

@@ -107,17 +107,19 @@ class Finisher:
 
     def _count(self, batch: list[Finished], results: list[FinishResult]) -> None:
         outcomes = {f.delivery_id: f for f in batch}
+        count = self.metrics.count_outcome
         for result in results:
             finished = outcomes.get(result.delivery_id)
+            tenant, rank = (finished.tenant, finished.tenant_rank) if finished is not None else ("default", 1)
             if not result.applied:
-                self.metrics.outcomes["stale"].inc()
+                count("stale", tenant, rank)
             elif result.status == "delivered":
-                self.metrics.outcomes["delivered"].inc()
+                count("delivered", tenant, rank)
             elif result.status == "dead_letter":
-                self.metrics.outcomes["dead_lettered"].inc()
+                count("dead_lettered", tenant, rank)
             elif finished is not None and finished.outcome == Outcome.DEFERRED:
-                self.metrics.outcomes["deferred"].inc()
+                count("deferred", tenant, rank)
             else:
-                self.metrics.outcomes["retried"].inc()
+                count("retried", tenant, rank)
             if result.applied and result.status in ("delivered", "dead_letter") and finished is not None:
                 self.metrics.attempts_per_delivery.observe(finished.attempt)

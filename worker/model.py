@@ -42,6 +42,9 @@ class Claimed:
     url_version: str = ""
     # The digest (one request for several rows) this row goes in; None: its own request.
     digest_id: int | None = None
+    # The row's tenant and its place among the tenants by id (1: the first): its metrics label.
+    tenant: str = "default"
+    tenant_rank: int = 1
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class Finished:
     disable_endpoint: bool = False
     # False for the members of a digest but one: one request counts once in the endpoint's health.
     reports_request: bool = True
+    # The claimed row's tenant and rank, for the delivery counter's `tenant` label (finish()
+    # ignores them).
+    tenant: str = "default"
+    tenant_rank: int = 1
 
 
 @dataclass(frozen=True)

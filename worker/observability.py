@@ -25,6 +25,16 @@ TRACER_PROVIDER_RECHECK_SECONDS = 1.0
 DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
 # The `operation` label of webhook_worker_database_errors_total: every value the worker counts.
 DATABASE_OPERATIONS = ("claim", "finish", "stats")
+# The `tenant` label of the tenants past the label limit. No tenant may take this name
+# (worker/tenants.py and webhooks.register_tenant() refuse it), so it always means "the rest".
+OTHER_TENANTS = "other"
+DEFAULT_TENANT_LABEL_LIMIT = 100  # http.endpoint_label_limit's default
+
+
+def tenant_label(name: str, rank: int, limit: int) -> str:
+    """A tenant's metrics label: its name for the first `limit` tenants by id (rank 1 is the
+    first), `other` for the rest, so the number of series stays bounded."""
+    return name if rank <= limit else OTHER_TENANTS
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -116,15 +126,22 @@ class Metrics:
     """The worker's Prometheus metrics, in a registry of its own. No label ever holds a URL, a
     secret or a payload; endpoint labels are names, for a bounded number of endpoints."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant_label_limit: int = DEFAULT_TENANT_LABEL_LIMIT) -> None:
         self.registry = CollectorRegistry()
         self._tenant_reasons_seen: set[str] = set()
+        self.tenant_label_limit = tenant_label_limit
         r = self.registry
         self.deliveries = Counter(
-            "webhook_worker_deliveries", "Attempt outcomes written, by outcome.", ["outcome"], registry=r)
-        # Every outcome's series exists from the start (a rate over a series that appears late
-        # misses its first increments), and counting one is a dict lookup, not a labels() call.
-        self.outcomes = {name: self.deliveries.labels(name) for name in DELIVERY_OUTCOMES}
+            "webhook_worker_deliveries",
+            "Attempt outcomes written, by outcome and tenant (the first tenants by id, the rest as `other`).",
+            ["outcome", "tenant"], registry=r)
+        # Counting an outcome is a dict lookup, not a labels() call: the children by
+        # (outcome, tenant name), made on a tenant's first outcome.
+        self._outcome_counters: dict[tuple[str, str], Any] = {}
+        # Every outcome's series exists from the start for the default tenant (a rate over a series
+        # that appears late misses its first increments), and from a tenant's first count for the
+        # others: all its outcomes at once, so the first increment of each is seen.
+        self._add_tenant("default", 1)
         self.request_duration = Histogram(
             "webhook_worker_request_duration_seconds", "HTTP request duration, to the last byte read.",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
@@ -166,6 +183,19 @@ class Metrics:
         self.stats_sampled = Gauge(
             "webhook_worker_stats_last_sampled_timestamp_seconds",
             "When this process last sampled the queue statistics.", registry=r)
+
+    def count_outcome(self, outcome: str, tenant: str = "default", tenant_rank: int = 1) -> None:
+        """Count one attempt outcome written (one of DELIVERY_OUTCOMES) for the row's tenant."""
+        counter = self._outcome_counters.get((outcome, tenant))
+        if counter is None:
+            self._add_tenant(tenant, tenant_rank)
+            counter = self._outcome_counters[(outcome, tenant)]
+        counter.inc()
+
+    def _add_tenant(self, tenant: str, tenant_rank: int) -> None:
+        label = tenant_label(tenant, tenant_rank, self.tenant_label_limit)
+        for outcome in DELIVERY_OUTCOMES:
+            self._outcome_counters[(outcome, tenant)] = self.deliveries.labels(outcome, label)
 
     def record_stats(self, stats: dict[str, Any]) -> None:
         for status in STATUSES:

@@ -136,6 +136,9 @@ def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[st
                      "max_attempts", "lease_token", "locked_until")
     }
     identity["digest_id"] = row.get("digest_id")
+    # (absent from a schema whose acquire() predates the tenant label: every row is `default`'s)
+    identity["tenant"] = row.get("tenant") or "default"
+    identity["tenant_rank"] = row.get("tenant_rank") or 1
     settings = endpoints.get(row["webhook_id"])
     if settings is None:
         try:

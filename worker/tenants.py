@@ -8,6 +8,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from worker.observability import OTHER_TENANTS
+
 # The limits a tenant may set, as webhooks.set_tenant_limits() names them, with their CLI options.
 LIMIT_OPTIONS = {
     "rate_limit_per_second": "--rate-limit",
@@ -27,6 +29,8 @@ class InvalidTenant(ValueError):
 
 
 def name_problem(name: str) -> str | None:
+    if name == OTHER_TENANTS:
+        return f"{name!r} is reserved: it labels the tenants past the metrics label limit"
     if not 1 <= len(name) <= MAX_NAME:
         return f"must be 1 to {MAX_NAME} characters"
     if any(not c.isprintable() or c.isspace() for c in name):

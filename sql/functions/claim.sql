@@ -19,6 +19,8 @@
 -- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
 --    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
 --    rate tokens are debited.
+-- 5. Each row comes with its tenant's name and rank (place by id), from which the worker makes
+--    the `tenant` label of its delivery counter.
 -- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
 -- lease expires. webhooks.release(): rows claimed but not sent at shutdown go back with their
 -- attempt given back.
@@ -176,7 +178,9 @@ RETURNS TABLE (
     retry_jitter     real,
     created_at       timestamptz,
     retry_policy     jsonb,       -- delivery_config.retry_policy with the endpoint's keys on top
-    digest_id        bigint       -- the digest (one request) the row goes in; NULL: a request of its own
+    digest_id        bigint,      -- the digest (one request) the row goes in; NULL: a request of its own
+    tenant           text,        -- the row's tenant, by name
+    tenant_rank      integer      -- its place among the tenants by id (1: the first), at most 10001
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -500,6 +504,16 @@ BEGIN
         FROM debited d JOIN quota qt ON qt.webhook_id = d.webhook_id
         WHERE qt.circuit_state = 'open'
         RETURNING 1
+    ), claimed_tenants AS (
+        -- The metrics' tenant label is the name for the first tenants by id (the worker's
+        -- http.endpoint_label_limit, at most 10000) and `other` after them, as in queue_stats().
+        -- Tenants are never deleted, so a rank never changes; it is counted once per tenant of the
+        -- batch, over at most 10000 index entries, and a single-tenant claim counts none.
+        SELECT t.id, t.name,
+               1 + (SELECT count(*) FROM (SELECT 1 FROM webhooks.tenants o WHERE o.id < t.id
+                                          ORDER BY o.id LIMIT 10000) earlier)::integer AS rank
+        FROM webhooks.tenants t
+        WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
     )
     SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
            q.payload::text, q.attempts,
@@ -507,9 +521,10 @@ BEGIN
            q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
            e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
            coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
-           cfg.retry_policy || e.retry_policy, q.digest_id
+           cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank
     FROM claimed q
     JOIN webhooks.endpoints e ON e.id = q.webhook_id
+    JOIN claimed_tenants ct ON ct.id = q.tenant_id
     CROSS JOIN cfg
     ORDER BY q.priority DESC, q.delivery_id;
 

@@ -10,6 +10,7 @@
 -- 429; a producer inserting through SQL is never refused, its rows wait under the rate limit).
 -- The claim enforces the first three fleet-wide (acquire() in claim.sql). Every audit row carries
 -- its endpoint's tenant (fill_log_tenant), as every queue row does (fill_idempotency_key).
+-- The name `other` is reserved: the metrics label the tenants past their label limit so.
 
 -- A tenant's id by name; an unknown name is an error that names it.
 CREATE OR REPLACE FUNCTION webhooks.tenant_id(p_name text) RETURNS bigint
@@ -65,6 +66,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
 BEGIN
+    -- `other` labels the tenants past the metrics' label limit: a tenant of that name would be
+    -- counted as if it were the rest (worker/observability.py)
+    IF p_name = 'other' THEN
+        RAISE EXCEPTION 'tenant name %: reserved (it labels the tenants past the metrics label limit)',
+            quote_literal(p_name) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     INSERT INTO webhooks.tenants (name) VALUES (p_name) RETURNING id INTO v_id;
     PERFORM webhooks.set_tenant_limits(v_id, p_limits);
     RETURN v_id;

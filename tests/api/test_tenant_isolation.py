@@ -26,10 +26,10 @@ def in_tenant(db: str, endpoint: int, tenant_id: int) -> None:
 
 @pytest.fixture
 def two_tenants(db, receiver):
-    """Tenant acme: an endpoint with a dead letter, a delivered row and a state change; tenant other:
-    an endpoint with one pending row."""
+    """Tenant acme: an endpoint with a dead letter, a delivered row and a state change; tenant
+    globex (`other` is a reserved name): an endpoint with one pending row."""
     acme = query(db, "SELECT webhooks.register_tenant('acme')")[0][0]
-    other = query(db, "SELECT webhooks.register_tenant('other')")[0][0]
+    other = query(db, "SELECT webhooks.register_tenant('globex')")[0][0]
     endpoint = add_endpoint(db, receiver.url("/acme"), name="acme-orders")
     in_tenant(db, endpoint, acme)
     dead = dead_letter(db, endpoint, reason="http 400 acme-secret-reason")
@@ -63,7 +63,7 @@ def snapshot(db):
 def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_changes_nothing(
         api, db, two_tenants):
     w = two_tenants
-    reader, producer = scoped_token(db, "reader", "other"), scoped_token(db, "producer", "other")
+    reader, producer = scoped_token(db, "reader", "globex"), scoped_token(db, "producer", "globex")
     before = snapshot(db)
     acme_words = [b"acme", b"secret-reason"]
     ids = {"dead": w["dead"], "delivered": w["delivered"], "endpoint": w["endpoint"],
@@ -142,7 +142,7 @@ def role_token(db, role):
 
 def test_a_scoped_producer_publishes_only_to_its_tenants_endpoints(api, db, two_tenants):
     w = two_tenants
-    producer = scoped_token(db, "producer", "other")
+    producer = scoped_token(db, "producer", "globex")
     query(db, "SELECT webhooks.enable_endpoint(%s, 'test')", (w["endpoint"],))
     answer = api.post("/v1/messages", producer, {"event_type": "order.paid", "payload": {"n": 1}})
     assert answer.status == 202, answer.body
@@ -152,12 +152,12 @@ def test_a_scoped_producer_publishes_only_to_its_tenants_endpoints(api, db, two_
 def test_publishing_beyond_the_tenants_queued_quota_gets_429_with_retry_after(
         api, db, two_tenants, role_tokens):
     w = two_tenants
-    query(db, "SELECT webhooks.update_tenant('other', '{\"max_queued\": 2}')")
-    producer = scoped_token(db, "producer", "other")
+    query(db, "SELECT webhooks.update_tenant('globex', '{\"max_queued\": 2}')")
+    producer = scoped_token(db, "producer", "globex")
     assert api.post("/v1/messages", producer, {"event_type": "a", "payload": {}}).status == 202  # 2 queued
     refused = api.post("/v1/messages", producer, {"event_type": "a", "payload": {}})
     assert refused.status == 429 and int(refused.headers["retry-after"]) > 0, refused.body
-    assert "tenant other: at its quota of 2 queued deliveries" in refused.json["detail"]
+    assert "tenant globex: at its quota of 2 queued deliveries" in refused.json["detail"]
     # an unscoped token is held to the tenant's quota too, for that tenant's endpoint
     full = api.post("/v1/messages", role_tokens["producer"],
                     {"event_type": "a", "payload": {}, "endpoint": "other-hook"})
@@ -188,7 +188,7 @@ def test_row_level_security_itself_keeps_a_scoped_session_to_its_tenant(db, two_
 
 def test_only_producer_and_reader_tokens_can_be_scoped(db, two_tenants):
     with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
-        tokens.create(conn, "admin-other", "admin", None, "other")
+        tokens.create(conn, "admin-other", "admin", None, "globex")
     with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.NoDataFound):
         tokens.create(conn, "reader-nobody", "reader", None, "nobody")
     assert query(db, "SELECT count(*) FROM webhooks.api_tokens") == [(0,)]
@@ -221,7 +221,7 @@ def test_a_scoped_readers_console_shows_only_its_tenant(db, two_tenants):
     server = ConsoleServer(api_config(db)).start()
     try:
         person = Browserless(server)
-        assert person.login(scoped_token(db, "reader", "other")).status == 303
+        assert person.login(scoped_token(db, "reader", "globex")).status == 303
         pages = {path: person.get(path) for path in (
             "/console/", "/console/endpoints", "/console/dead-letters", f"/console/deliveries/{w['dead']}")}
         assert pages[f"/console/deliveries/{w['dead']}"].status == 404
@@ -245,9 +245,9 @@ def test_the_console_pages_filter_by_tenant(db, two_tenants):
         everything = person.get("/console/dead-letters").body.decode()
         assert "acme-secret-reason" in everything and "other-reason" in everything
         assert 'id="f-tenant"' in everything  # the filter is offered when there are tenants
-        other_only = person.get("/console/dead-letters?tenant=other").body.decode()
+        other_only = person.get("/console/dead-letters?tenant=globex").body.decode()
         assert "other-reason" in other_only and "acme-secret-reason" not in other_only
-        endpoints = person.get("/console/endpoints?tenant=other").body.decode()
+        endpoints = person.get("/console/endpoints?tenant=globex").body.decode()
         assert "other-hook" in endpoints and "acme-orders" not in endpoints
         overview = person.get("/console/?tenant=acme").body.decode()
         assert "acme-orders" in overview and "other-hook" not in overview
@@ -255,7 +255,7 @@ def test_the_console_pages_filter_by_tenant(db, two_tenants):
         assert unknown.status == 422 and "tenant" in unknown.body.decode()
         # a scoped reader cannot widen or change its tenant
         scoped = Browserless(server)
-        assert scoped.login(scoped_token(db, "reader", "other")).status == 303
+        assert scoped.login(scoped_token(db, "reader", "globex")).status == 303
         assert scoped.get("/console/dead-letters?tenant=acme").status == 422
     finally:
         server.stop()

@@ -57,9 +57,9 @@ def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
                message="the queue statistics sampled")
     samples = scrape(worker)
 
-    assert value(samples, "webhook_worker_deliveries_total", outcome="delivered") == 4
-    assert value(samples, "webhook_worker_deliveries_total", outcome="retried") == 1
-    assert value(samples, "webhook_worker_deliveries_total", outcome="dead_lettered") == 1
+    assert value(samples, "webhook_worker_deliveries_total", outcome="delivered", tenant="default") == 4
+    assert value(samples, "webhook_worker_deliveries_total", outcome="retried", tenant="default") == 1
+    assert value(samples, "webhook_worker_deliveries_total", outcome="dead_lettered", tenant="default") == 1
     assert value(samples, "webhook_worker_attempts_per_delivery_count") == 5
     assert value(samples, "webhook_worker_attempts_per_delivery_sum") == 3 * 1 + 2 + 1
     assert value(samples, "webhook_worker_request_duration_seconds_count") == 6

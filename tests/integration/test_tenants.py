@@ -188,3 +188,40 @@ def test_queue_statistics_by_tenant_are_bounded_like_the_endpoint_label(db):
                 for s in family.samples if s.name == "webhook_worker_tenant_queue_depth"}
     assert exported[("other", "pending")] == 3 and exported[("acme", "dead_letter")] == 0
     assert len(exported) == 3 * 5  # three tenant labels, every status
+
+
+def test_the_delivery_counter_counts_each_tenant_bounded_like_the_queue_depth_label(db, receiver, spawn):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    acme, zeta = tenant(db, "acme"), tenant(db, "zeta")
+    endpoints = {name: add_endpoint(db, receiver.url(f"/{name}")) for name in ("default", "acme", "zeta")}
+    for tenant_id, name in ((acme, "acme"), (zeta, "zeta")):
+        query(db, "UPDATE webhooks.endpoints SET tenant_id = %s WHERE id = %s", (tenant_id, endpoints[name]))
+    rows = (enqueue(db, endpoints["default"], count=1) + enqueue(db, endpoints["acme"], count=2)
+            + enqueue(db, endpoints["zeta"], count=3))
+    # the first two tenants by id (default, acme) by name, zeta as `other`
+    worker = spawn(db, http={"endpoint_label_limit": 2})
+    eventually(lambda: all_final(db, rows), message="every tenant's rows delivered")
+
+    def delivered() -> dict[tuple[str, str], float]:
+        status, body = worker.get("/metrics")
+        assert status == 200
+        return {(s.labels["outcome"], s.labels["tenant"]): s.value
+                for family in text_string_to_metric_families(body) for s in family.samples
+                if s.name == "webhook_worker_deliveries_total"}
+
+    # the counts are written after the rows are: wait for the last of them
+    series = eventually(lambda: (d := delivered()).get(("delivered", "other")) == 3 and d,
+                        message="zeta's deliveries counted as other")
+    assert series[("delivered", "default")] == 1
+    assert series[("delivered", "acme")] == 2
+    assert {tenant for _, tenant in series} == {"default", "acme", "other"}
+    # each tenant's every outcome is exported from its first count, at zero until it happens
+    assert series[("dead_lettered", "acme")] == 0 and series[("retried", "other")] == 0
+    assert len(series) == 3 * 5
+
+
+def test_no_tenant_may_take_the_overflow_label_s_name(db):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="tenant name 'other': reserved"):
+        tenant(db, "other")
+    assert query(db, "SELECT count(*) FROM webhooks.tenants WHERE name = 'other'") == [(0,)]

@@ -20,12 +20,12 @@ def test_the_outcome_document_has_every_field_by_name_and_the_token_as_text():
         {"delivery_id": 7, "lease_token": str(token), "attempt": 2, "outcome": "delivered",
          "retry_after_s": None, "http_status": 200, "failure_category": None, "error": None,
          "response_excerpt": "ok", "latency_ms": 12, "reason": None, "disable_endpoint": False,
-         "reports_request": True},
+         "reports_request": True, "tenant": "default", "tenant_rank": 1},
         {"delivery_id": 8, "lease_token": str(token), "attempt": 1, "outcome": "retry",
          "retry_after_s": 4.5, "http_status": None, "failure_category": "timeout",
          "error": "délai dépassé après 10 s", "response_excerpt": None, "latency_ms": None, "reason": None,
-         "disable_endpoint": False, "reports_request": True},
-    ]
+         "disable_endpoint": False, "reports_request": True, "tenant": "default", "tenant_rank": 1},
+    ]  # (finish() reads no tenant: it counts in the worker's metrics only)
 
 
 def test_a_lone_surrogate_still_makes_a_document_with_every_outcome():
