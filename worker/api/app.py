@@ -68,6 +68,8 @@ class ApiState:
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     limiter: FailedAuthLimiter = field(default_factory=lambda: FailedAuthLimiter(20))
     operations_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    # set when the process stops: the operations loop ends by itself, whatever a cancellation met
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def verify_token(self, token: str, address: str) -> Caller:
         """The caller a token stands for; raises a Problem (429 while this address is locked out
@@ -249,6 +251,8 @@ async def _start_background(app: web.Application) -> None:
 
 async def _stop_background(app: web.Application) -> None:
     task = app[BACKGROUND]
+    app[STATE].stopping.set()
+    app[STATE].operations_wakeup.set()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task

@@ -47,7 +47,7 @@ async def run_operations(state: ApiState) -> None:
     """Step every running operation until it is done; runs for the life of the process."""
     log = get_logger()
     due: dict[int, float] = {}
-    while True:
+    while not state.stopping.is_set():
         try:
             async with state.db.connection() as conn:
                 cur = await conn.execute("SELECT id, rate FROM webhooks.api_running_operations()")
@@ -66,12 +66,19 @@ async def run_operations(state: ApiState) -> None:
                     del due[operation_id]
                 busy = any(d <= time.monotonic() for d in due.values())
         except (psycopg.Error, TimeoutError) as exc:
+            if state.stopping.is_set():
+                return  # the process is stopping, not the database failing
             log.warning("api operations paused: database call failed", error=type(exc).__name__)
             busy = False
         if busy:
             await asyncio.sleep(0)
             continue
+        if state.stopping.is_set():
+            return
         wait = min([SCAN_SECONDS, *(max(0.0, d - time.monotonic()) for d in due.values())])
         state.operations_wakeup.clear()
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for was seen to swallow the
+        # cancellation that stops this loop (state.stopping ends it whatever a cancellation met)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(state.operations_wakeup.wait(), wait)
+            async with asyncio.timeout(wait):
+                await state.operations_wakeup.wait()
