@@ -506,10 +506,10 @@ class Worker:
                     items.append(formats.digest_item(member.body_format, member.body, _event(member)))
                     carried.append(member)
                 except (formats.FormatError, ValueError) as exc:
-                    # given at once, so that a shutdown does not release it again; the request, if
-                    # any, is reported by the members it carries
+                    # given at once, so that a shutdown does not release it again; no request was
+                    # made for it, so it says nothing of the endpoint's health
                     self.finisher.put(replace(outcomes.cannot_render(member, str(exc)),
-                                              reports_request=len(left) == len(members) - 1))
+                                              reports_request=False))
                     left.add(member.delivery_id)
                     self._row_log(member).error(
                         "payload cannot be rendered", body_format=member.body_format, error=str(exc))

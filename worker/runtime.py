@@ -7,8 +7,8 @@ import importlib.util
 import resource
 from collections.abc import Callable
 
-# What `auto` means where uvloop is installed. Issue 22 asked to adopt uvloop if it gained >= 10% in
-# the median of alternating end-to-end drains; docs/performance.md has the measurement.
+# What `auto` means where uvloop is installed: adopted only if it gains >= 10% in the median of
+# alternating end-to-end drains, which it did not (docs/performance.md).
 AUTO_PREFERS_UVLOOP = False
 
 
@@ -66,5 +66,8 @@ def raise_open_files_limit() -> tuple[int, int] | None:
     target = raised_open_files_limit(soft, hard, _kernel_nr_open())
     if target is None:
         return None
-    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return None  # the system refused: the worker runs with the limit it was given
     return soft, target

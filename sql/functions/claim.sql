@@ -586,7 +586,7 @@ BEGIN
           AND (p_exclude_tenants IS NULL OR NOT t.name = ANY (p_exclude_tenants))
           -- a tenant at its cap is woken by the finish that frees a place, as an endpoint is
           AND (t.max_in_flight IS NULL OR (
-              SELECT count(*) FROM webhooks.alert_delivery_queue d
+              SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id)) FROM webhooks.alert_delivery_queue d
               WHERE d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now())
               < t.max_in_flight)
           -- an endpoint at its cap (or out of probes) is woken by the finish that frees a place

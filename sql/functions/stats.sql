@@ -35,7 +35,8 @@ SELECT CASE WHEN NOT e.active THEN 'endpoint_disabled'
             -- the tenant's limits, across all its endpoints (acquire() in claim.sql)
             WHEN t.rate_limit_per_second IS NOT NULL AND coalesce(t.rate_tokens, 1) < 1 THEN 'tenant_rate_limited'
             WHEN t.max_in_flight IS NOT NULL
-              AND (SELECT count(*) FROM webhooks.alert_delivery_queue d
+              AND (SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id))
+                   FROM webhooks.alert_delivery_queue d
                    WHERE d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now())
                   >= t.max_in_flight THEN 'tenant_concurrency_cap'
             -- worker pools per tenant: live workers have pools, and none of them serves this tenant
