@@ -127,6 +127,11 @@ async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
     await asyncio.gather(*(one(r) for r in rows))
     elapsed, cpu = loop.time() - started, time.process_time() - cpu0
     await sender.close()
+    return _client_figures(counts, elapsed, cpu)
+
+
+def _client_figures(counts: dict[str, int], elapsed: float, cpu: float) -> dict[str, Any]:
+    """One HTTP client loop's figures, the same for the Sender and the bare ceiling."""
     return {
         "requests": counts["ok"],
         "failed": counts["failed"],
@@ -157,14 +162,7 @@ async def _bare_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
         cpu0, started = time.process_time(), loop.time()
         await asyncio.gather(*(one() for _ in range(concurrency)))
         elapsed, cpu = loop.time() - started, time.process_time() - cpu0
-    return {
-        "requests": counts["ok"],
-        "failed": counts["failed"],
-        "seconds": round(elapsed, 2),
-        "per_second": round(counts["ok"] / elapsed, 1),
-        "client_cpu_ms_per_request": round(cpu * 1000 / max(1, counts["ok"]), 4),
-        "loop": "asyncio (default)",
-    }
+    return {**_client_figures(counts, elapsed, cpu), "loop": "asyncio (default)"}
 
 
 def bare_ceiling(ctx: Context) -> dict[str, Any]:

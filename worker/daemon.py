@@ -438,15 +438,19 @@ class Worker:
             **({"traceparent": row.traceparent} if row.traceparent else {}),
         )
 
+    def _request_timeout(self, row: Claimed) -> float:
+        """A request may never outlive its lease, whatever the endpoint asks for."""
+        assert self.effective is not None
+        return row.retry_policy.timeout(
+            row.timeout_seconds or self.effective.timeout_seconds, row.attempt,
+            self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+
     async def _deliver(self, row: Claimed) -> None:
         assert self.effective is not None
         try:
             if row.problem is not None:
                 raise PoisonRow(row.problem)
-            # A request may never outlive its lease, whatever the endpoint asks for.
-            timeout = row.retry_policy.timeout(
-                row.timeout_seconds or self.effective.timeout_seconds, row.attempt,
-                self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+            timeout = self._request_timeout(row)
             try:
                 body = formats.render(row.body_format, row.body, _event(row))
             except (formats.FormatError, ValueError) as exc:
@@ -478,8 +482,7 @@ class Worker:
                 self._row_log(row).error("delivery failed inside the worker", error=error_text(exc))
             else:
                 self._row_log(row).exception("delivery failed inside the worker")
-            finished = outcomes.internal_failure(
-                row, str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}")
+            finished = outcomes.internal_failure(row, _failure_text(exc))
         finally:
             self._in_flight.pop(row.lease_token, None)
             self._sending.pop(row.lease_token, None)
@@ -497,9 +500,7 @@ class Worker:
         try:
             if leader.problem is not None:
                 raise PoisonRow(leader.problem)
-            timeout = leader.retry_policy.timeout(
-                leader.timeout_seconds or self.effective.timeout_seconds, leader.attempt,
-                self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
+            timeout = self._request_timeout(leader)
             items, carried = [], []
             for member in members:
                 try:
@@ -549,7 +550,7 @@ class Worker:
             else:
                 self._row_log(leader).exception("digest failed inside the worker")
             done = left | {f.delivery_id for f in finished}
-            error = str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}"
+            error = _failure_text(exc)
             failed = [m for m in members if m.delivery_id not in done]
             finished += [replace(outcomes.internal_failure(m, error), reports_request=m is failed[0])
                          for m in failed]
@@ -626,6 +627,12 @@ def _id_in_use(worker_id: str, registration: Registration) -> str:
     holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
     return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
             "give each worker process its own id")
+
+
+def _failure_text(exc: Exception) -> str:
+    """The error column's text for a failure inside the worker: a poison row says why; anything
+    else by its type only, as its text may quote the endpoint's URL."""
+    return str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}"
 
 
 def _event(row: Claimed) -> formats.Event:

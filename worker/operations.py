@@ -409,17 +409,25 @@ def find_deliveries(
     return rows
 
 
+# The dead letters an operator's filter names, in webhooks.delivery_overview: the CLI's, the API's and
+# the console's lists read the same rows (parameters webhook_id, event_type, category, since, until;
+# each NULL matches all).
+DEAD_LETTERS_MATCHING = (
+    " WHERE status = 'dead_letter'"
+    " AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+    " AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+    " AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
+    " AND (%(since)s::timestamptz IS NULL OR dead_lettered_at >= %(since)s)"
+    " AND (%(until)s::timestamptz IS NULL OR dead_lettered_at < %(until)s)"
+)
+
+
 def dead_letters(conn: psycopg.Connection, filters: dict[str, Any], limit: int) -> list[dict[str, Any]]:
     return fetch_dicts(
         conn,
         "SELECT delivery_id, endpoint_name, event_type, attempts, failure_category, last_http_status,"
         " dead_letter_reason, dead_lettered_at FROM webhooks.delivery_overview"
-        " WHERE status = 'dead_letter'"
-        " AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
-        " AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
-        " AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
-        " AND (%(since)s::timestamptz IS NULL OR dead_lettered_at >= %(since)s)"
-        " AND (%(until)s::timestamptz IS NULL OR dead_lettered_at < %(until)s)"
+        + DEAD_LETTERS_MATCHING +
         " ORDER BY dead_lettered_at, delivery_id LIMIT %(limit)s",
         {**filters, "limit": limit},  # type: ignore[arg-type]
     )

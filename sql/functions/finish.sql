@@ -250,9 +250,6 @@ BEGIN
     ), target AS (
         -- the rows as they were, with the decision each outcome leads to
         SELECT o.*, q.webhook_id, q.digest_id,
-               -- a digest is one request: the one member the worker names speaks for it to the
-               -- endpoint's health and circuit, whichever finish batch each member's outcome is in
-               o.reports_request AS speaks_for_request,
                CASE
                    WHEN o.outcome = 'delivered' THEN 'delivered'
                    WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
@@ -327,7 +324,9 @@ BEGIN
         -- 'interrupted'), say nothing about the receiver: keep them out of the endpoint's state, or
         -- a cut-off half-open probe would count as a success and could close the circuit.
         WHERE coalesce(t.failure_category, '') NOT IN ('blocked', 'interrupted')
-          AND t.speaks_for_request
+          -- a digest is one request: the one member the worker names speaks for it, whichever
+          -- finish batch each member's outcome is in
+          AND t.reports_request
     ), per_endpoint AS (
         SELECT p.webhook_id,
                count(*)::integer AS attempts,

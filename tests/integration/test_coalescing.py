@@ -34,7 +34,7 @@ def finish(dsn, claimed, reporters=None, **fields):
         firsts = {}
         for d, _, _, digest in claimed:
             firsts.setdefault(digest, d)
-        reporters = {d for digest, d in firsts.items()} | {d for d, _, _, digest in claimed if digest is None}
+        reporters = set(firsts.values()) | {d for d, _, _, digest in claimed if digest is None}
     outcomes = [{"delivery_id": d, "lease_token": str(t), "attempt": a, "reports_request": d in reporters,
                  **fields} for d, t, a, _ in claimed]
     query(dsn, "SELECT * FROM webhooks.finish('w', %s)", (json.dumps(outcomes),))

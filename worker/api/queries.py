@@ -10,7 +10,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from worker.api.data import fetch_all, fetch_one
-from worker.operations import SETTABLE
+from worker.operations import DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -69,12 +69,7 @@ async def dead_letters(conn: Conn, filters: dict[str, Any], after: tuple[datetim
     return await fetch_all(
         conn,
         f"SELECT {DELIVERY_COLUMNS} FROM webhooks.delivery_overview"
-        " WHERE status = 'dead_letter'"
-        " AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
-        " AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
-        " AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
-        " AND (%(since)s::timestamptz IS NULL OR dead_lettered_at >= %(since)s)"
-        " AND (%(until)s::timestamptz IS NULL OR dead_lettered_at < %(until)s)"
+        + DEAD_LETTERS_MATCHING +
         " AND (%(after_at)s::timestamptz IS NULL"
         "      OR (dead_lettered_at, delivery_id) > (%(after_at)s, %(after_id)s))"
         " ORDER BY dead_lettered_at, delivery_id LIMIT %(limit)s",

@@ -10,6 +10,7 @@ import psycopg
 from worker.api.data import fetch_all, fetch_one
 from worker.coalescing import digest_label
 from worker.console import chart
+from worker.operations import DEAD_LETTERS_MATCHING
 
 CHART_HOURS = 6
 CHART_BUCKET = timedelta(minutes=10)
@@ -80,12 +81,9 @@ async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, An
         "SELECT delivery_id, webhook_id, endpoint_name, event_type, attempts, replays, failure_category,"
         "       last_http_status, dead_letter_reason, dead_lettered_at"
         " FROM webhooks.delivery_overview"
-        " WHERE status = 'dead_letter'"
-        "   AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
-        "   AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
-        "   AND (%(category)s::text IS NULL OR failure_category = %(category)s)"
+        + DEAD_LETTERS_MATCHING +
         " ORDER BY dead_lettered_at DESC, delivery_id DESC LIMIT %(limit)s",
-        {**filters, "limit": PAGE_ROWS})
+        {"since": None, "until": None, **filters, "limit": PAGE_ROWS})
 
 
 async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
