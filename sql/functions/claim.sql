@@ -237,6 +237,12 @@ BEGIN
               AND EXISTS (SELECT 1 FROM webhooks.claimable q
                           WHERE q.webhook_id = h2.webhook_id AND q.next_retry_at <= now())
         ) r ON r.webhook_id = h.webhook_id
+        -- Again on the locked row itself: when a finish updates it while this claim waits to lock
+        -- it, PostgreSQL re-checks only the locked row's own conditions against its new version,
+        -- so a Retry-After pause or an opened circuit the finish just wrote is seen here.
+        WHERE (h.paused_until IS NULL OR h.paused_until <= now())
+          AND h.circuit_state <> 'forced_open'
+          AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
         -- least recently served first, and a bounded number: a claim never locks every endpoint
         ORDER BY r.tenant_turn, h.last_claimed_at NULLS FIRST, h.webhook_id
         LIMIT p_batch_size
