@@ -105,6 +105,26 @@ def test_a_finish_batch_answers_each_outcome_in_its_order_applied_or_stale(db):
     assert statuses == ["retrying", "pending", "delivered"]
 
 
+def test_a_finish_sent_again_after_its_answer_was_lost_is_answered_as_applied_and_written_once(db):
+    # A crash or a cut connection can lose the answer to a finish the database committed; the
+    # worker then sends the same batch again. It must not read as stale, log twice or count twice.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint, count=2)
+    delivered, retried = sorted(acquire(db, "w", batch=2))
+    batch = [outcome(delivered, **OK),
+             outcome(retried, outcome="retry", retry_after_s=60, http_status=500, failure_category="http_5xx")]
+    first = finish(db, "w", *batch)
+    assert first == [(delivered[0], True, "delivered"), (retried[0], True, "retrying")]
+
+    assert finish(db, "w", *batch) == first
+    log = query(db, "SELECT delivery_id, outcome, stale FROM webhooks.alert_delivery_log ORDER BY log_id")
+    assert log == [(delivered[0], "delivered", False), (retried[0], "retry", False)]
+    health = query(db, "SELECT total_attempts, successes FROM webhooks.webhook_health_metrics")
+    assert health == [(2, 1)]
+    # another worker's outcome under that lease is still a late one, not a repeat
+    assert finish(db, "other", outcome(delivered, **OK)) == [(delivered[0], False, "stale")]
+
+
 def test_a_lease_token_is_only_ever_held_by_a_row_in_flight(db):
     # finish() fences on the token alone: a row that is not delivering must not carry one.
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
