@@ -363,12 +363,36 @@ BEGIN
                   ORDER BY q.next_retry_at
                   LIMIT greatest(qt.quota, 0) + 1) b
         ) w ON qt.coalesce_max IS NOT NULL
+    ), heads AS (
+        -- Each endpoint's first candidate, and how many other endpoints of its tenant have a first
+        -- candidate of at least its priority: each of those comes before this endpoint's second
+        -- request in the tenant's order (priority, then turn), so at most batch - that many of its
+        -- requests can be picked. Bounding each endpoint's candidates by it picks exactly the same
+        -- rows, and keeps a claim over a hundred endpoints with backlogs to about a hundred
+        -- candidates rather than ten thousand, which took 80 ms a claim.
+        SELECT qt.webhook_id,
+               count(*) OVER (PARTITION BY qt.tenant_id ORDER BY hd.priority DESC
+                              RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS endpoints_ahead
+        FROM backlog qt
+        CROSS JOIN LATERAL (
+            SELECT q.priority
+            FROM webhooks.claimable q
+            WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
+              AND (q.digest_id IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM webhooks.alert_delivery_queue m
+                  WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
+                    AND m.status IN ('pending', 'retrying')))
+            ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
+            LIMIT 1
+        ) hd
+        WHERE qt.quota > 0
     ), candidates AS (
         SELECT qt.webhook_id, qt.quota, qt.coalescing, qt.coalesce_max,
                r.delivery_id, r.priority, r.next_retry_at, r.digest_id, r.ordering_key,
                row_number() OVER (PARTITION BY qt.webhook_id
                                   ORDER BY r.priority DESC, r.next_retry_at, r.delivery_id) AS turn
         FROM backlog qt
+        JOIN heads hd ON hd.webhook_id = qt.webhook_id
         CROSS JOIN LATERAL (
             SELECT q.delivery_id, q.priority, q.next_retry_at, q.digest_id, q.ordering_key
             FROM webhooks.claimable q
@@ -380,7 +404,8 @@ BEGIN
                     AND m.status IN ('pending', 'retrying')))
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
             -- the quota counts requests: coalescing, each may carry coalesce_max rows
-            LIMIT qt.quota * CASE WHEN qt.coalescing THEN qt.coalesce_max ELSE 1 END
+            LIMIT least(qt.quota, greatest(1, p_batch_size - hd.endpoints_ahead))
+                  * CASE WHEN qt.coalescing THEN qt.coalesce_max ELSE 1 END
         ) r
         WHERE qt.quota > 0
     ), grouped AS (

@@ -366,6 +366,22 @@ def test_endpoints_at_their_cap_do_not_crowd_out_one_with_room(db):
     assert [row(db, c[0], "webhook_id")[0] for c in claimed] == [roomy]
 
 
+@pytest.mark.parametrize("batch", [4, 6, 9])
+def test_a_claim_across_endpoints_takes_rows_by_priority_then_round_robin(db, batch):
+    # the claim bounds each endpoint's candidates by the endpoints whose first row comes before
+    # its second; the rows it takes must be those of the full order all the same
+    urgent, plain_b, plain_c = (add_endpoint(db, f"http://127.0.0.1:9/{n}") for n in "abc")
+    a = enqueue(db, urgent, count=5)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET priority = 9 WHERE delivery_id = ANY(%s) RETURNING 1",
+          (a[:4],))
+    b, c = enqueue(db, plain_b, count=5), enqueue(db, plain_c, count=5)
+    # priority first (the urgent endpoint's four rows, more than a fair share of any batch here),
+    # then turns, a turn's rows oldest first: a[4] is its endpoint's fifth turn
+    order = [a[0], a[1], a[2], a[3], b[0], c[0], b[1], c[1], b[2], c[2], b[3], c[3], a[4]]
+    claimed = [c[0] for c in acquire(db, "w", batch=batch)]
+    assert sorted(claimed) == sorted(order[:batch])
+
+
 def test_concurrent_partition_makers_never_wait_on_each_other(db):
     # Every worker's housekeeping keeps log partitions ahead; when the day rolls over they all
     # try to create the new one. A second creator used to take a lock on the default partition
