@@ -112,7 +112,8 @@ def test_a_finish_sent_again_after_its_answer_was_lost_is_answered_as_applied_an
     enqueue(db, endpoint, count=2)
     delivered, retried = sorted(acquire(db, "w", batch=2))
     batch = [outcome(delivered, **OK),
-             outcome(retried, outcome="retry", retry_after_s=60, http_status=500, failure_category="http_5xx")]
+             outcome(retried, outcome="retry", retry_after_s=60, http_status=500,
+                     failure_category="http_5xx")]
     first = finish(db, "w", *batch)
     assert first == [(delivered[0], True, "delivered"), (retried[0], True, "retrying")]
 
