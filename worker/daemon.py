@@ -356,9 +356,11 @@ class Worker:
             by_notify, self._notified = self._notified, False
             try:
                 claim = self.queue.acquire(self.worker_id, want, self.effective.lease_seconds)
+                claim_started = loop.time()
                 rows = await self._unless_stopped(claim)
                 if rows is None:
                     return  # stopped while waiting for the database; anything claimed returns after its lease
+                self.metrics.database_call_duration.labels("claim").observe(loop.time() - claim_started)
             except DATABASE_ERRORS as exc:
                 self.metrics.database_errors.labels("claim").inc()
                 delay = backoff.next()
