@@ -96,6 +96,8 @@ class Worker:
         self.effective: Effective | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        # Set with _wake by a NOTIFY (anyone may send one), not by this process's own finishes.
+        self._notified = False
         self._slot_freed = asyncio.Event()
         self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
         # A digest in flight (one request, one _in_flight entry under its first member): its members.
@@ -120,6 +122,10 @@ class Worker:
             self._stopping.set()
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def notified(self) -> None:
+        self._notified = True
         self._wake.set()
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -186,7 +192,7 @@ class Worker:
             finisher = asyncio.create_task(self.finisher.run(batch, delay), name="finisher")
             # Runs through the drain: outcomes written during the grace need the rows still ours.
             liveness = asyncio.create_task(self._liveness_loop(), name="liveness")
-            side_tasks = Maintenance(self.config, self.queue, self.metrics, self.log, self.wake).start()
+            side_tasks = Maintenance(self.config, self.queue, self.metrics, self.log, self.notified).start()
             try:
                 await self._claim_loop()
             finally:
@@ -347,11 +353,14 @@ class Worker:
                 continue
             want = min(batch_size, free)
             self._wake.clear()
+            by_notify, self._notified = self._notified, False
             try:
                 claim = self.queue.acquire(self.worker_id, want, self.effective.lease_seconds)
+                claim_started = loop.time()
                 rows = await self._unless_stopped(claim)
                 if rows is None:
                     return  # stopped while waiting for the database; anything claimed returns after its lease
+                self.metrics.database_call_duration.labels("claim").observe(loop.time() - claim_started)
             except DATABASE_ERRORS as exc:
                 self.metrics.database_errors.labels("claim").inc()
                 delay = backoff.next()
@@ -379,7 +388,7 @@ class Worker:
                 self._in_flight[row.lease_token] = (row, task)
             if len(rows) < want:
                 claimed_at = loop.time()
-                quiet = quiet_after_claim(quiet, found_rows=bool(rows))
+                quiet = quiet_after_claim(quiet, found_rows=bool(rows), by_notify=by_notify)
                 # (Woken while claiming: no need to ask when rows fall due; claim again after the hold.)
                 if not self._wake.is_set():
                     await self._wait_for(self._wake, limit_seconds=await self._idle_seconds())
@@ -614,11 +623,17 @@ class Worker:
             self.log.error("release failed; rows return after the lease", error=brief(exc))
 
 
-def quiet_after_claim(previous: float, found_rows: bool) -> float:
+def quiet_after_claim(previous: float, found_rows: bool, by_notify: bool) -> float:
     """How long after a claim further wake-ups are held and merged into one claim: nothing after a
-    claim that found rows; after one that found nothing a few ms, doubling each time, up to a cap."""
+    claim that found rows; after one a NOTIFY asked for that found nothing a few ms, doubling each
+    time, up to a cap. A claim this process asked for itself (a finish freed capacity) and that
+    found nothing leaves the window as it was: with one row at a time, that empty look follows
+    every delivery, and holding the next NOTIFY behind it added up to the whole window to the
+    next row's latency."""
     if found_rows:
         return 0.0
+    if not by_notify:
+        return previous
     return min(max(previous * 2, WAKE_QUIET_MIN_SECONDS), WAKE_QUIET_MAX_SECONDS)
 
 

@@ -71,9 +71,12 @@ class Finisher:
         is split until the outcome at fault is isolated and dropped: its row comes back after its
         lease, and every other outcome is written."""
         backoff = Backoff()
+        loop = asyncio.get_running_loop()
         while True:
             try:
+                started = loop.time()
                 results = await self.queue.finish(self.worker_id, batch)
+                self.metrics.database_call_duration.labels("finish").observe(loop.time() - started)
                 break
             except TRANSIENT_ERRORS as exc:
                 self.metrics.database_errors.labels("finish").inc()

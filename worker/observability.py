@@ -149,6 +149,15 @@ class Metrics:
             "webhook_worker_attempts_per_delivery", "Attempts a delivery took, when it ended.",
             buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20), registry=r)
         self.in_flight = Gauge("webhook_worker_in_flight", "Requests in flight in this process.", registry=r)
+        # The first sign that PostgreSQL runs out of CPU: its claims and finishes take longer
+        # (docs/capacity.md; the WebhookDatabaseSlow alert).
+        self.database_call_duration = Histogram(
+            "webhook_worker_database_call_duration_seconds",
+            "Duration of the worker's claims and outcome writes, by call, for those that succeeded.",
+            ["call"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r)
+        for call in ("claim", "finish"):
+            self.database_call_duration.labels(call)
         self.claim_batch = Histogram(
             "webhook_worker_claim_batch_size", "Rows per claim that returned any.",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)

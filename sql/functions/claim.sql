@@ -18,7 +18,8 @@
 --    Rows of a limited endpoint are not touched: they wait in the table.
 -- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
 --    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
---    rate tokens are debited.
+--    rate tokens are debited, and every endpoint looked at goes to the back of the line, in the
+--    same statement (one write of each endpoint's state row per claim, not two).
 -- 5. Each row comes with its tenant's name and rank (place by id), from which the worker makes
 --    the `tenant` label of its delivery counter.
 -- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
@@ -362,13 +363,40 @@ BEGIN
                     AND q.next_retry_at <= now() AND q.digest_id IS NULL
                   ORDER BY q.next_retry_at
                   LIMIT greatest(qt.quota, 0) + 1) b
-        ) w ON qt.coalesce_max IS NOT NULL
+            -- here, not in the join's ON, which filters what the count returns but does not stop
+            -- it: it counted a batch of rows for every endpoint, coalescing or not
+            WHERE qt.coalesce_max IS NOT NULL
+        ) w ON true
+    ), heads AS (
+        -- Each endpoint's first candidate, and how many other endpoints of its tenant have a first
+        -- candidate of at least its priority: each of those comes before this endpoint's second
+        -- request in the tenant's order (priority, then turn), so at most batch - that many of its
+        -- requests can be picked. Bounding each endpoint's candidates by it picks exactly the same
+        -- rows, and keeps a claim over a hundred endpoints with backlogs to about a hundred
+        -- candidates rather than ten thousand, which took 80 ms a claim.
+        SELECT qt.webhook_id,
+               count(*) OVER (PARTITION BY qt.tenant_id ORDER BY hd.priority DESC
+                              RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS endpoints_ahead
+        FROM backlog qt
+        CROSS JOIN LATERAL (
+            SELECT q.priority
+            FROM webhooks.claimable q
+            WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
+              AND (q.digest_id IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM webhooks.alert_delivery_queue m
+                  WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
+                    AND m.status IN ('pending', 'retrying')))
+            ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
+            LIMIT 1
+        ) hd
+        WHERE qt.quota > 0
     ), candidates AS (
         SELECT qt.webhook_id, qt.quota, qt.coalescing, qt.coalesce_max,
                r.delivery_id, r.priority, r.next_retry_at, r.digest_id, r.ordering_key,
                row_number() OVER (PARTITION BY qt.webhook_id
                                   ORDER BY r.priority DESC, r.next_retry_at, r.delivery_id) AS turn
         FROM backlog qt
+        JOIN heads hd ON hd.webhook_id = qt.webhook_id
         CROSS JOIN LATERAL (
             SELECT q.delivery_id, q.priority, q.next_retry_at, q.digest_id, q.ordering_key
             FROM webhooks.claimable q
@@ -380,7 +408,8 @@ BEGIN
                     AND m.status IN ('pending', 'retrying')))
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
             -- the quota counts requests: coalescing, each may carry coalesce_max rows
-            LIMIT qt.quota * CASE WHEN qt.coalescing THEN qt.coalesce_max ELSE 1 END
+            LIMIT least(qt.quota, greatest(1, p_batch_size - hd.endpoints_ahead))
+                  * CASE WHEN qt.coalescing THEN qt.coalesce_max ELSE 1 END
         ) r
         WHERE qt.quota > 0
     ), grouped AS (
@@ -472,8 +501,12 @@ BEGIN
             locked_by = p_worker_id,
             lease_token = gen_random_uuid(),
             locked_until = now() + make_interval(secs => p_lease_seconds),
-            digest_id = coalesce(q.digest_id, (SELECT p.new_digest_id FROM picked p
-                                               WHERE p.delivery_id = q.delivery_id)),
+            -- (looked up row by row only when the claim made a digest: the lookup reads `picked`
+            -- whole for each row)
+            digest_id = coalesce(q.digest_id,
+                                 CASE WHEN (SELECT bool_or(p.new_digest_id IS NOT NULL) FROM picked p)
+                                      THEN (SELECT p.new_digest_id FROM picked p
+                                            WHERE p.delivery_id = q.delivery_id) END),
             updated_at = now()
         -- by primary key whatever the row estimates: joined to `picked`, a plan made without the
         -- batch size (a generic plan) hashed the picked rows and scanned the whole queue
@@ -481,20 +514,29 @@ BEGIN
           AND q.status IN ('pending', 'retrying')
         RETURNING q.*
     ), debited AS (
+        -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its
+        -- cap: otherwise endpoints that can take nothing would keep the front and crowd out the
+        -- rest. Those that got rows pay their rate tokens, and an open circuit's sleep is over.
         UPDATE webhooks.webhook_health_metrics h
-        SET rate_tokens = CASE WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
-            rate_refilled_at = CASE WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
-            circuit_state = CASE WHEN h.circuit_state = 'open' THEN 'half_open' ELSE h.circuit_state END,
-            probe_successes = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_successes END,
-            probe_failures = CASE WHEN h.circuit_state = 'open' THEN 0 ELSE h.probe_failures END,
-            updated_at = now()
+        SET rate_tokens = CASE WHEN n.claimed IS NULL THEN h.rate_tokens
+                               WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
+            rate_refilled_at = CASE WHEN n.claimed IS NULL THEN h.rate_refilled_at
+                                    WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
+            circuit_state = CASE WHEN h.circuit_state = 'open' AND n.claimed IS NOT NULL THEN 'half_open'
+                                 ELSE h.circuit_state END,
+            probe_successes = CASE WHEN h.circuit_state = 'open' AND n.claimed IS NOT NULL THEN 0
+                                   ELSE h.probe_successes END,
+            probe_failures = CASE WHEN h.circuit_state = 'open' AND n.claimed IS NOT NULL THEN 0
+                                  ELSE h.probe_failures END,
+            last_claimed_at = clock.now_exact,
+            updated_at = CASE WHEN n.claimed IS NULL THEN h.updated_at ELSE now() END
         -- tokens are per request: a digest costs one
-        FROM (SELECT c.webhook_id, count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
-              FROM claimed c GROUP BY c.webhook_id) n
-        JOIN quota qt ON qt.webhook_id = n.webhook_id
+        FROM quota qt
+        LEFT JOIN (SELECT c.webhook_id, count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
+                   FROM claimed c GROUP BY c.webhook_id) n ON n.webhook_id = qt.webhook_id
         CROSS JOIN clock
-        WHERE h.webhook_id = n.webhook_id
-        RETURNING h.webhook_id, h.circuit_state
+        WHERE h.webhook_id = qt.webhook_id
+        RETURNING h.webhook_id, n.claimed IS NOT NULL AS claimed_any
     ), tenants_debited AS (
         UPDATE webhooks.tenants t
         SET rate_tokens = tq.tokens_now - n.claimed, rate_refilled_at = clock.now_exact
@@ -508,7 +550,7 @@ BEGIN
         INSERT INTO webhooks.endpoint_events (webhook_id, change, reason, decided_by)
         SELECT d.webhook_id, 'circuit_half_open', 'sleep over; sending probes', 'circuit breaker'
         FROM debited d JOIN quota qt ON qt.webhook_id = d.webhook_id
-        WHERE qt.circuit_state = 'open'
+        WHERE qt.circuit_state = 'open' AND d.claimed_any
         RETURNING 1
     ), claimed_tenants AS (
         -- The metrics' tenant label is the name for the first tenants by id (the worker's
@@ -533,11 +575,6 @@ BEGIN
     JOIN claimed_tenants ct ON ct.id = q.tenant_id
     CROSS JOIN cfg
     ORDER BY q.priority DESC, q.delivery_id;
-
-    -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its
-    -- cap: otherwise endpoints that can take nothing would keep the front and crowd out the rest.
-    UPDATE webhooks.webhook_health_metrics SET last_claimed_at = clock_timestamp()
-    WHERE webhook_id = ANY(v_endpoints);
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.acquire(text, integer, integer, text[], text[]) TO webhooks_worker;

@@ -6,7 +6,9 @@
 -- The worker decides what an HTTP result means (classification and backoff are pure Python); this
 -- function applies it under the fencing rule: a row changes only if it is still held under the
 -- same lease token. A late outcome (its lease was taken over) leaves the row alone but is still
--- logged, marked stale, so the history is complete. Whether attempts are exhausted is decided here,
+-- logged, marked stale, so the history is complete. The same batch sent again (its commit was made
+-- but a crash or a cut connection lost the answer) is answered as it was, applied, and is neither
+-- logged nor counted twice. Whether attempts are exhausted is decided here,
 -- from the row, the endpoint and webhooks.delivery_config. A deferral (Retry-After on 429/503) gives
 -- the attempt back, up to max_deferrals; past that it counts as an attempt, and it pauses the whole
 -- endpoint until then. An attempt refused by the worker's destination rules ('blocked') or cut off
@@ -249,7 +251,7 @@ BEGIN
         SELECT max_attempts, max_deferrals FROM webhooks.delivery_config
     ), target AS (
         -- the rows as they were, with the decision each outcome leads to
-        SELECT o.*, q.webhook_id, q.digest_id,
+        SELECT o.*, q.webhook_id, q.digest_id, q.lease_token AS held_token,
                CASE
                    WHEN o.outcome = 'delivered' THEN 'delivered'
                    WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
@@ -297,6 +299,22 @@ BEGIN
         WHERE q.delivery_id = ANY (ARRAY(SELECT t2.delivery_id FROM target t2))
           AND q.delivery_id = t.delivery_id AND q.lease_token = t.lease_token
         RETURNING q.delivery_id, q.status
+    ), written_before AS (
+        -- Outcomes this worker already wrote under the same lease: a retry of a batch whose commit
+        -- the database made but whose answer a crash or a cut connection lost. They are answered as
+        -- applied, with what was written then, and neither logged nor counted again.
+        SELECT t.delivery_id,
+               CASE l.outcome WHEN 'delivered' THEN 'delivered' WHEN 'dead_letter' THEN 'dead_letter'
+                              ELSE 'retrying' END AS status
+        FROM target t
+        JOIN LATERAL (
+            SELECT l.outcome FROM webhooks.alert_delivery_log l
+            WHERE l.delivery_id = t.delivery_id AND l.lease_token = t.lease_token
+              AND l.worker_id = p_worker_id AND NOT l.stale
+              AND l.outcome IN ('delivered', 'retry', 'deferred', 'dead_letter')
+            LIMIT 1
+        ) l ON true
+        WHERE t.held_token IS DISTINCT FROM t.lease_token
     ), logged AS (
         INSERT INTO webhooks.alert_delivery_log
             (delivery_id, webhook_id, attempt, outcome, failure_category, http_status, latency_ms,
@@ -310,6 +328,7 @@ BEGIN
                t.digest_id
         FROM target t
         LEFT JOIN applied a ON a.delivery_id = t.delivery_id
+        WHERE t.delivery_id NOT IN (SELECT w.delivery_id FROM written_before w)
         RETURNING 1
     ), per_outcome AS (
         SELECT t.*,
@@ -327,6 +346,7 @@ BEGIN
           -- a digest is one request: the one member the worker names speaks for it, whichever
           -- finish batch each member's outcome is in
           AND t.reports_request
+          AND t.delivery_id NOT IN (SELECT w.delivery_id FROM written_before w)
     ), per_endpoint AS (
         SELECT p.webhook_id,
                count(*)::integer AS attempts,
@@ -351,9 +371,10 @@ BEGIN
            (SELECT jsonb_agg(to_jsonb(p) ORDER BY p.webhook_id) FROM per_endpoint p)
     INTO v_delivery_ids, v_applied, v_statuses, v_endpoints
     FROM (SELECT array_agg(o.delivery_id ORDER BY o.ord) AS delivery_ids,
-                 array_agg(a.delivery_id IS NOT NULL ORDER BY o.ord) AS applied,
-                 array_agg(coalesce(a.status, 'stale') ORDER BY o.ord) AS statuses
-          FROM o LEFT JOIN applied a ON a.delivery_id = o.delivery_id) r;
+                 array_agg(a.delivery_id IS NOT NULL OR w.delivery_id IS NOT NULL ORDER BY o.ord) AS applied,
+                 array_agg(coalesce(a.status, w.status, 'stale') ORDER BY o.ord) AS statuses
+          FROM o LEFT JOIN applied a ON a.delivery_id = o.delivery_id
+                 LEFT JOIN written_before w ON w.delivery_id = o.delivery_id) r;
 
     FOR s IN
         SELECT * FROM jsonb_to_recordset(coalesce(v_endpoints, '[]')) AS x(

@@ -54,6 +54,9 @@ class Row:
     due_at: int = 0
     log_rows: int = 0
     old_leases: list[str] = field(default_factory=list)
+    # leases this worker finished, with the status it wrote: the same outcome sent again (its
+    # answer lost) is answered as applied with that status, and not logged again
+    finished_leases: dict[str, str] = field(default_factory=dict)
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -123,18 +126,25 @@ class QueueModel(RuleBasedStateMachine):
         now = self.tick()
         for delivery_id in chosen:
             row = self.rows[delivery_id]
-            assert results[delivery_id] == (True, self._decide(row, kind, now))
+            lease = row.lease
+            status = self._decide(row, kind, now)
+            assert results[delivery_id] == (True, status)
+            row.finished_leases[lease] = status
 
     @precondition(lambda self: any(r.old_leases for r in self.rows.values()))
     @rule(data=st.data())
     def stale_finish(self, data: st.DataObject) -> None:
-        """An outcome whose lease was taken over, released or expired: logged as stale, row untouched."""
+        """An outcome whose lease was taken over, released or expired: logged as stale, row untouched.
+        Under a lease this worker already finished it is that finish sent again: answered as then."""
         stale = sorted(i for i, r in self.rows.items() if r.old_leases)
         delivery_id = data.draw(st.sampled_from(stale))
         row = self.rows[delivery_id]
         lease = data.draw(st.sampled_from(row.old_leases))
         results = self._finish([{"delivery_id": delivery_id, "lease_token": lease, "attempt": 1,
                                  "retry_after_s": 0, **OUTCOMES["delivered"]}])
+        if lease in row.finished_leases:
+            assert results[delivery_id] == (True, row.finished_leases[lease])
+            return
         assert results[delivery_id] == (False, "stale")
         row.log_rows += 1
 

@@ -105,6 +105,27 @@ def test_a_finish_batch_answers_each_outcome_in_its_order_applied_or_stale(db):
     assert statuses == ["retrying", "pending", "delivered"]
 
 
+def test_a_finish_sent_again_after_its_answer_was_lost_is_answered_as_applied_and_written_once(db):
+    # A crash or a cut connection can lose the answer to a finish the database committed; the
+    # worker then sends the same batch again. It must not read as stale, log twice or count twice.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint, count=2)
+    delivered, retried = sorted(acquire(db, "w", batch=2))
+    batch = [outcome(delivered, **OK),
+             outcome(retried, outcome="retry", retry_after_s=60, http_status=500,
+                     failure_category="http_5xx")]
+    first = finish(db, "w", *batch)
+    assert first == [(delivered[0], True, "delivered"), (retried[0], True, "retrying")]
+
+    assert finish(db, "w", *batch) == first
+    log = query(db, "SELECT delivery_id, outcome, stale FROM webhooks.alert_delivery_log ORDER BY log_id")
+    assert log == [(delivered[0], "delivered", False), (retried[0], "retry", False)]
+    health = query(db, "SELECT total_attempts, successes FROM webhooks.webhook_health_metrics")
+    assert health == [(2, 1)]
+    # another worker's outcome under that lease is still a late one, not a repeat
+    assert finish(db, "other", outcome(delivered, **OK)) == [(delivered[0], False, "stale")]
+
+
 def test_a_lease_token_is_only_ever_held_by_a_row_in_flight(db):
     # finish() fences on the token alone: a row that is not delivering must not carry one.
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
@@ -344,6 +365,22 @@ def test_endpoints_at_their_cap_do_not_crowd_out_one_with_room(db):
     # make way, so the endpoint with room is served by the second claim at the latest.
     claimed = acquire(db, "w", batch=2) + acquire(db, "w", batch=2)
     assert [row(db, c[0], "webhook_id")[0] for c in claimed] == [roomy]
+
+
+@pytest.mark.parametrize("batch", [4, 6, 9])
+def test_a_claim_across_endpoints_takes_rows_by_priority_then_round_robin(db, batch):
+    # the claim bounds each endpoint's candidates by the endpoints whose first row comes before
+    # its second; the rows it takes must be those of the full order all the same
+    urgent, plain_b, plain_c = (add_endpoint(db, f"http://127.0.0.1:9/{n}") for n in "abc")
+    a = enqueue(db, urgent, count=5)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET priority = 9 WHERE delivery_id = ANY(%s) RETURNING 1",
+          (a[:4],))
+    b, c = enqueue(db, plain_b, count=5), enqueue(db, plain_c, count=5)
+    # priority first (the urgent endpoint's four rows, more than a fair share of any batch here),
+    # then turns, a turn's rows oldest first: a[4] is its endpoint's fifth turn
+    order = [a[0], a[1], a[2], a[3], b[0], c[0], b[1], c[1], b[2], c[2], b[3], c[3], a[4]]
+    claimed = [c[0] for c in acquire(db, "w", batch=batch)]
+    assert sorted(claimed) == sorted(order[:batch])
 
 
 def test_concurrent_partition_makers_never_wait_on_each_other(db):
