@@ -43,6 +43,16 @@ WHERE q.status IN ('pending', 'retrying')
         AND o.delivery_id < q.delivery_id
         AND o.status IN ('pending', 'retrying', 'delivering')));
 
+-- The rows a claim may take as the first of a request: claimable rows, of a digest that failed
+-- only its first waiting member (it stands for the digest, which goes again as one request).
+CREATE OR REPLACE VIEW webhooks.request_heads AS
+SELECT q.delivery_id, q.webhook_id, q.priority, q.next_retry_at, q.digest_id, q.ordering_key
+FROM webhooks.claimable q
+WHERE q.digest_id IS NULL OR NOT EXISTS (
+    SELECT 1 FROM webhooks.alert_delivery_queue m
+    WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
+      AND m.status IN ('pending', 'retrying'));
+
 -- Ends the leases of the given rows that are still in flight (the caller holds their locks): each
 -- goes back to `retrying`, due now, with its attempt still counted (the request may have been
 -- sent), or to `dead_letter` with reason `lease expired` if that was its last attempt; each gets an
@@ -380,12 +390,8 @@ BEGIN
         FROM backlog qt
         CROSS JOIN LATERAL (
             SELECT q.priority
-            FROM webhooks.claimable q
+            FROM webhooks.request_heads q
             WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
-              AND (q.digest_id IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM webhooks.alert_delivery_queue m
-                  WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
-                    AND m.status IN ('pending', 'retrying')))
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
             LIMIT 1
         ) hd
@@ -399,13 +405,8 @@ BEGIN
         JOIN heads hd ON hd.webhook_id = qt.webhook_id
         CROSS JOIN LATERAL (
             SELECT q.delivery_id, q.priority, q.next_retry_at, q.digest_id, q.ordering_key
-            FROM webhooks.claimable q
+            FROM webhooks.request_heads q
             WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
-              -- a digest that failed goes again as one request: its first member stands for it
-              AND (q.digest_id IS NULL OR NOT EXISTS (
-                  SELECT 1 FROM webhooks.alert_delivery_queue m
-                  WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
-                    AND m.status IN ('pending', 'retrying')))
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
             -- the quota counts requests: coalescing, each may carry coalesce_max rows
             LIMIT least(qt.quota, greatest(1, p_batch_size - hd.endpoints_ahead))
