@@ -546,15 +546,25 @@ def section_features(ctx: Context) -> dict[str, Any]:
     return out
 
 
+def runs_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether the runs of two figures overlap: their difference is then the machine's noise, not
+    a price that was measured."""
+    return not (min(a["values"]) > max(b["values"]) or max(a["values"]) < min(b["values"]))
+
+
 def table_lines(f: dict[str, Any]) -> list[tuple[str, str]]:
     """The section's rows in the benchmark's printed table."""
     def values(m: dict[str, Any]) -> str:
         return f"{m['median']:,.1f} µs (of {', '.join(f'{v:,.1f}' for v in m['values'])})"
 
+    def noise(a: dict[str, Any], b: dict[str, Any]) -> str:
+        return " (the runs overlap: noise)" if runs_overlap(a, b) else ""
+
     lines = [(f"11. feature prices: PG CPU µs/delivery, model ladder ({f['rows']:,} rows, batch "
               f"{f['batch_size']}, median of {f['rounds']})", "each step = the one above + one feature")]
-    for step in f["ladder"]:
-        price = "" if step["price_us"] is None else f"; price {step['price_us']:+,.1f} µs"
+    for before, step in zip([None, *f["ladder"]], f["ladder"], strict=False):
+        price = "" if before is None else f"; price {step['price_us']:+,.1f} µs" + noise(
+            step["pg_cpu_us_per_delivery"], before["pg_cpu_us_per_delivery"])
         if step["step"] == FULL:
             label, price = f"{FULL} (the product)", price + " (what the model leaves out)"
         else:
@@ -569,8 +579,11 @@ def table_lines(f: dict[str, Any]) -> list[tuple[str, str]]:
             figure = (f"pathological without it: {p['rows']:,} of {f['index_rows']:,} rows in "
                       f"{p['seconds']} s ({p['pg_cpu_us_per_delivery']:,.0f} µs/delivery); not priced")
         else:
-            without = values(entry["pg_cpu_us_per_delivery"])
-            figure = f"price {entry['price_us']:+,.1f} µs (without it {without})"
+            # negative: the drain costs more without the index (its plans are worse) than with it
+            price, without = entry["price_us"], values(entry["pg_cpu_us_per_delivery"])
+            figure = (f"costs {price:,.1f} µs" if price >= 0 else f"saves {-price:,.1f} µs") + noise(
+                entry["pg_cpu_us_per_delivery"], ix["all"]["pg_cpu_us_per_delivery"]) + (
+                f"; without it {without}")
         lines.append((f"   - {entry['index']}", figure))
     lines.append(("   load average (1, 5, 15 min) before, after",
                   f"{f['load_average_before']}, {f['load_average_after']}"))

@@ -1650,8 +1650,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--many-workers", type=int, default=4)
     p.add_argument("--many-rows-per-endpoint", type=int, default=200)
     p.add_argument("--db-rows", type=int, default=20_000, help="rows for each database-ceiling run (20,000)")
-    p.add_argument("--features-index-rows", type=int, default=10_000,
-                   help="rows for each drain of the features section's index prices (10,000)")
+    p.add_argument("--features-index-rows", type=int, default=20_000,
+                   help="rows for each drain of the features section's index prices, at most --db-rows"
+                        " (20,000)")
     p.add_argument("--endpoint-rows", type=int, default=3000, help="rows for each one-endpoint drain (3,000)")
     p.add_argument("--slow-ms", type=int, default=250, help="the slow receivers' answer time (250 ms)")
     p.add_argument("--slow-rows", type=int, default=30_000, help="rows for each slow-receiver drain (30,000)")
