@@ -1,7 +1,7 @@
 """The webhook-worker benchmark (issue 7): every figure in one run on one machine.
 
-    .venv/bin/python -m bench.run            # full run (about 15-25 minutes on 2 cores)
-    .venv/bin/python -m bench.run --quick    # small sizes: checks the harness itself in about a minute
+    .venv/bin/python -m bench.run            # full run (about 20-30 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick    # small sizes: checks the harness itself in about 2 minutes
 
 Prints a table with each target next to its figure (PASS/MISS) and writes the JSON next to the
 worker and sink logs under bench/results/<timestamp>/. See bench/README.md for what each section
