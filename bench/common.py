@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -76,6 +77,19 @@ def payload_json(n: int, extra: dict[str, Any] | None = None) -> str:
     }
     body.update(extra or {})
     return json.dumps(body)
+
+
+# --- figures ---------------------------------------------------------------------------------------
+
+
+def median_of(values: list[float]) -> dict[str, Any]:
+    """A timed figure as issue 22 prints it: the median, and the values it is the median of."""
+    return {"median": round(statistics.median(values), 4), "values": [round(v, 4) for v in values]}
+
+
+def machine_load() -> list[float]:
+    """The 1, 5 and 15 minute load averages (2 cores here: above 2, something waited for CPU)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 # --- processes and CPU -----------------------------------------------------------------------------
@@ -225,7 +239,17 @@ class Cluster:
         return int((self.local.data / "postmaster.pid").read_text().split()[0])
 
     def cpu(self) -> float:
-        return tree_cpu(self.postmaster_pid)
+        """CPU seconds of every server process since start-up, read while no server process exits: a
+        backend that exits and is reaped between the reading of the postmaster's reaped-children time
+        and of its live children counts in neither (a drain whose connection had just closed once
+        read as 10 of its 300 ms)."""
+        pid = self.postmaster_pid
+        for _ in range(100):
+            before = set(_children(pid))
+            total = tree_cpu(pid)
+            if set(_children(pid)) == before:
+                break
+        return total
 
     def cpu_by_kind(self) -> ServerCpuByKind:
         return ServerCpuByKind(self.postmaster_pid)

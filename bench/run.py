@@ -1,7 +1,7 @@
 """The webhook-worker benchmark (issue 7): every figure in one run on one machine.
 
-    .venv/bin/python -m bench.run            # full run (about 15-25 minutes on 2 cores)
-    .venv/bin/python -m bench.run --quick    # small sizes: checks the harness itself in about a minute
+    .venv/bin/python -m bench.run            # full run (about 20-30 minutes on 2 cores)
+    .venv/bin/python -m bench.run --quick    # small sizes: checks the harness itself in about 2 minutes
 
 Prints a table with each target next to its figure (PASS/MISS) and writes the JSON next to the
 worker and sink logs under bench/results/<timestamp>/. See bench/README.md for what each section
@@ -34,7 +34,6 @@ import psycopg
 
 from bench import naive
 from bench.common import (
-    BENCH_KEYRING,
     GENEROUS_LIMITS,
     LOOPBACK_POLICY,
     ROOT,
@@ -44,6 +43,8 @@ from bench.common import (
     WorkerSettings,
     deadlocks,
     machine_busy,
+    machine_load,
+    median_of,
     payload_json,
     payload_sql,
     preload,
@@ -55,14 +56,15 @@ from bench.common import (
     vacuum_held_back,
     wait_for_autovacuum,
 )
-from tests.support import query, wait_started, worker_dsn
+from bench.features import BARE_CLAIM, BARE_FINISH, acquire_finish_drain, section_features, table_lines
+from tests.support import query, wait_started
 
 # Timed ratios with a target are the median of this many alternating runs of their sides.
 MEDIAN_RUNS = 3
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
-            "sweep", "storm", "tenants")
+            "features", "sweep", "storm", "tenants")
 DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint",
-                    "slow")
+                    "slow", "features")
 
 
 def log(message: str) -> None:
@@ -169,16 +171,6 @@ def bare_ceiling(ctx: Context) -> dict[str, Any]:
     return asyncio.run(_bare_ceiling(ctx.sink.url(), ctx.settings.in_flight, ctx.args.http_seconds))
 
 
-def median_of(values: list[float]) -> dict[str, Any]:
-    """A timed figure as issue 22 prints it: the median, and the values it is the median of."""
-    return {"median": round(statistics.median(values), 4), "values": [round(v, 4) for v in values]}
-
-
-def machine_load() -> list[float]:
-    """The 1, 5 and 15 minute load averages (2 cores here: above 2, something waited for CPU)."""
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def section_http(ctx: Context) -> dict[str, Any]:
     # the same number in flight as the workers: same client, same load
     conc = ctx.settings.in_flight
@@ -219,48 +211,6 @@ def section_http(ctx: Context) -> dict[str, Any]:
 # --- 2. database ceiling -----------------------------------------------------------------------------
 
 
-async def _db_ceiling(dsn: str, rows: int, batch: int) -> dict[str, Any]:
-    from worker.model import Finished
-    from worker.queue import Queue
-
-    queue = Queue.create(worker_dsn(dsn), 1, 2, 10.0, "bench-db", BENCH_KEYRING)
-    await queue.open()
-    await queue.pool.wait()
-    done, claims, finishes = 0, 0, 0
-    started = time.monotonic()
-    while done < rows:
-        claimed = await queue.acquire("bench-db", batch, 60)
-        claims += 1
-        if not claimed:
-            break
-        await queue.finish(
-            "bench-db",
-            [
-                Finished(
-                    delivery_id=r.delivery_id,
-                    lease_token=r.lease_token,
-                    attempt=r.attempt,
-                    outcome="delivered",
-                    http_status=200,
-                    latency_ms=1,
-                    response_excerpt="ok",
-                )
-                for r in claimed
-            ],
-        )
-        finishes += 1
-        done += len(claimed)
-    elapsed = time.monotonic() - started
-    await queue.close()
-    return {
-        "rows": done,
-        "seconds": round(elapsed, 2),
-        "per_second": round(done / elapsed, 1),
-        "acquire_calls": claims,
-        "finish_calls": finishes,
-    }
-
-
 def _db_full(ctx: Context, rows: int) -> dict[str, Any]:
     """acquire() + finish() over `rows` rows on one connection, no HTTP; PostgreSQL CPU per row."""
     dsn = ctx.cluster.new_database("bench_db")
@@ -270,7 +220,7 @@ def _db_full(ctx: Context, rows: int) -> dict[str, Any]:
     batch = ctx.settings.claim_batch_size or 100
     reset_statements(dsn)
     pg0 = ctx.cluster.cpu()
-    out = asyncio.run(_db_ceiling(dsn, rows, batch))
+    out = asyncio.run(acquire_finish_drain(dsn, rows, batch))
     pg_cpu = ctx.cluster.cpu() - pg0
     statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
     nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
@@ -298,28 +248,6 @@ def _db_full(ctx: Context, rows: int) -> dict[str, Any]:
         }
     )
     return out
-
-
-# A features-free claim and finish on the same table shape (issue 22): the oldest due rows leased
-# and returned with their payload, then marked delivered with an audit row. No rate limit,
-# concurrency cap, circuit, fencing, health row, ordering or settings.
-BARE_CLAIM = (
-    "UPDATE webhooks.alert_delivery_queue SET status = 'delivering', lease_token = gen_random_uuid(),"
-    " locked_until = now() + interval '60 seconds', locked_by = 'bench-bare', attempts = attempts + 1,"
-    " updated_at = now()"
-    " WHERE delivery_id = ANY (ARRAY(SELECT delivery_id FROM webhooks.alert_delivery_queue"
-    "   WHERE status IN ('pending', 'retrying') AND next_retry_at <= now()"
-    "   ORDER BY webhook_id, priority DESC, next_retry_at, delivery_id LIMIT %s FOR UPDATE SKIP LOCKED))"
-    " RETURNING delivery_id, payload::text"
-)
-BARE_FINISH = (
-    "WITH done AS (UPDATE webhooks.alert_delivery_queue SET status = 'delivered', delivered_at = now(),"
-    "   lease_token = NULL, locked_until = NULL, locked_by = NULL, last_http_status = 200,"
-    "   updated_at = now() WHERE delivery_id = ANY (%s) RETURNING delivery_id, webhook_id, attempts)"
-    " INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, http_status,"
-    "   latency_ms, worker_id) SELECT delivery_id, webhook_id, attempts, 'delivered', 200, 1, 'bench-bare'"
-    " FROM done"
-)
 
 
 def _db_bare(ctx: Context, rows: int) -> dict[str, Any]:
@@ -1628,6 +1556,9 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
                     f"{r['lone_alert_ms']}",
                 )
             )
+    f = results.get("features")
+    if isinstance(f, dict):
+        lines.extend(table_lines(f))
     s = results.get("sweep")
     if isinstance(s, dict):
         for spec, r in s.items():
@@ -1719,6 +1650,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--many-workers", type=int, default=4)
     p.add_argument("--many-rows-per-endpoint", type=int, default=200)
     p.add_argument("--db-rows", type=int, default=20_000, help="rows for each database-ceiling run (20,000)")
+    p.add_argument("--features-index-rows", type=int, default=20_000,
+                   help="rows for each drain of the features section's index prices, at most --db-rows"
+                        " (20,000)")
     p.add_argument("--endpoint-rows", type=int, default=3000, help="rows for each one-endpoint drain (3,000)")
     p.add_argument("--slow-ms", type=int, default=250, help="the slow receivers' answer time (250 ms)")
     p.add_argument("--slow-rows", type=int, default=30_000, help="rows for each slow-receiver drain (30,000)")
@@ -1766,6 +1700,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.many_rows_per_endpoint, args.many_workers = 20, 2
         args.naive_max_seconds, args.sweep, args.sweep_rows = 30.0, "50:50:2", 1000
         args.endpoint_rows, args.slow_ms, args.slow_rows, args.slow_naive_rows = 200, 50, 2000, 40
+        args.features_index_rows = 300
         args.drain_timeout = min(args.drain_timeout, 120.0)
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
@@ -1836,6 +1771,7 @@ def main(argv: list[str] | None = None) -> int:
         "naive": section_naive,
         "endpoint": section_endpoint,
         "slow": section_slow,
+        "features": section_features,
         "sweep": section_sweep,
         "storm": section_storm,
         "tenants": section_tenants,

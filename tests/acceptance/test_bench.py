@@ -11,14 +11,18 @@ import sys
 from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
-SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow")
+SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
+            "features")
+# The feature-price ladder's steps in order, each the one before plus one feature, then the product.
+LADDER = ("features-free", "audit row", "fencing", "health row", "rate limit", "concurrency cap", "circuit",
+          "full acquire()+finish()")
 
 
 def test_quick_run_reports_every_section(tmp_path):
     out = tmp_path / "results"
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT, check=False,
+        capture_output=True, text=True, timeout=360, cwd=ROOT, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
@@ -62,6 +66,40 @@ def test_quick_run_reports_every_section(tmp_path):
         assert slow["complete"] and slow["bound_per_second"] > 0 and all(slow["worker_peak_rss_mb"].values())
     assert all(data["endpoint"][f"max_in_flight_{cap}"]["complete"] for cap in (10, 100, 1000))
     assert len(data["targets"]) >= 10
+    assert_feature_prices(data["features"])
     for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
-                 "many endpoints", "naive baseline", "JSON:"):
+                 "many endpoints", "naive baseline", "feature prices", "JSON:"):
         assert line in result.stdout, line
+
+
+def assert_feature_prices(features):
+    """Issue 22's table of what each feature and each index costs: every step drained its whole
+    backlog three times and left the state its feature writes; every secondary index was priced or
+    reported as one the claim cannot do without."""
+    rows = features["rows"]
+    assert [step["step"] for step in features["ladder"]] == list(LADDER)
+    for index, step in enumerate(features["ladder"]):
+        name = step["step"]
+        assert len(step["pg_cpu_us_per_delivery"]["values"]) == 3, name
+        assert (step["price_us"] is None) == (index == 0), name
+        for run in step["runs"]:
+            assert run["final_status"] == {"delivered": rows}, name
+            assert run["audit_rows"] == (0 if name == "features-free" else rows), name
+            writes_health = index >= LADDER.index("health row")
+            assert run["health_successes"] == (rows if writes_health else 0), name
+            assert (run["rate_buckets_debited"] == 1) == (index >= LADDER.index("rate limit")), name
+            assert (run["circuit_window_attempts"] > 0) == (index >= LADDER.index("circuit")), name
+    indexes = features["indexes"]
+    names = {entry["index"] for entry in indexes["dropped"]}
+    # the queue's and the audit log's secondary indexes, not their primary keys
+    assert {"alert_delivery_queue_claimable", "alert_delivery_queue_leased",
+            "alert_delivery_log_delivery"} <= names
+    assert not any(name.endswith("_pkey") for name in names)
+    assert all(run["complete"] and run["final_status"] == {"delivered": run["rows"]}
+               for run in indexes["all"]["runs"])
+    for entry in indexes["dropped"]:
+        if entry.get("pathological"):
+            assert not entry["pathological"]["complete"] and entry["price_us"] is None, entry["index"]
+        else:
+            assert len(entry["pg_cpu_us_per_delivery"]["values"]) == 3, entry["index"]
+            assert all(run["final_status"] == {"delivered": run["rows"]} for run in entry["runs"])
