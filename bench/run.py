@@ -1623,7 +1623,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="small sizes, to check the harness (about two minutes)")
+    p.add_argument("--quick", action="store_true", help="small sizes, to check the harness (about 2 minutes)")
     p.add_argument(
         "--only",
         default=",".join(DEFAULT_SECTIONS),
