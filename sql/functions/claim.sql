@@ -381,9 +381,11 @@ BEGIN
         -- Each endpoint's first candidate, and how many other endpoints of its tenant have a first
         -- candidate of at least its priority: each of those comes before this endpoint's second
         -- request in the tenant's order (priority, then turn), so at most batch - that many of its
-        -- requests can be picked. Bounding each endpoint's candidates by it picks exactly the same
-        -- rows, and keeps a claim over a hundred endpoints with backlogs to about a hundred
-        -- candidates rather than ten thousand, which took 80 ms a claim.
+        -- requests can be picked. Bounding the candidates of an endpoint that does not coalesce
+        -- (one row, one request) by it picks exactly the same rows, and keeps a claim over a
+        -- hundred endpoints with backlogs to about a hundred candidates rather than ten thousand,
+        -- which took 80 ms a claim. A coalescing endpoint keeps the whole quota: its rows group
+        -- into requests only further on, where a cut could split a group.
         SELECT qt.webhook_id,
                count(*) OVER (PARTITION BY qt.tenant_id ORDER BY hd.priority DESC
                               RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - 1 AS endpoints_ahead
@@ -409,8 +411,8 @@ BEGIN
             WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
             ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
             -- the quota counts requests: coalescing, each may carry coalesce_max rows
-            LIMIT least(qt.quota, greatest(1, p_batch_size - hd.endpoints_ahead))
-                  * CASE WHEN qt.coalescing THEN qt.coalesce_max ELSE 1 END
+            LIMIT CASE WHEN qt.coalescing THEN qt.quota * qt.coalesce_max
+                       ELSE least(qt.quota, greatest(1, p_batch_size - hd.endpoints_ahead)) END
         ) r
         WHERE qt.quota > 0
     ), grouped AS (
