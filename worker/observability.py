@@ -154,10 +154,10 @@ class Metrics:
         self.database_call_duration = Histogram(
             "webhook_worker_database_call_duration_seconds",
             "Duration of the worker's claims and outcome writes, by call, for those that succeeded.",
-            ["call"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            ["operation"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=r)
-        for call in ("claim", "finish"):
-            self.database_call_duration.labels(call)
+        for operation in ("claim", "finish"):  # by the names of database_errors' operations
+            self.database_call_duration.labels(operation)
         self.claim_batch = Histogram(
             "webhook_worker_claim_batch_size", "Rows per claim that returned any.",
             buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)

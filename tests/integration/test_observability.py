@@ -65,10 +65,10 @@ def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
     assert value(samples, "webhook_worker_request_duration_seconds_count") == 6
     assert value(samples, "webhook_worker_in_flight") == 0
     assert value(samples, "webhook_worker_claim_batch_size_count") >= 2
-    claims = value(samples, "webhook_worker_database_call_duration_seconds_count", call="claim")
-    writes = value(samples, "webhook_worker_database_call_duration_seconds_count", call="finish")
+    claims = value(samples, "webhook_worker_database_call_duration_seconds_count", operation="claim")
+    writes = value(samples, "webhook_worker_database_call_duration_seconds_count", operation="finish")
     assert claims >= 2 and writes >= 2
-    assert value(samples, "webhook_worker_database_call_duration_seconds_sum", call="claim") > 0
+    assert value(samples, "webhook_worker_database_call_duration_seconds_sum", operation="claim") > 0
     assert value(samples, "webhook_worker_queue_depth", status="dead_letter") == 1
     assert value(samples, "webhook_worker_queue_depth", status="pending") == 0
     circuit = "webhook_worker_endpoint_circuit_state"
