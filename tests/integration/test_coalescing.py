@@ -180,6 +180,25 @@ def test_rows_with_an_ordering_key_are_coalesced_only_with_their_key_in_order(db
     assert acquire(db) == []
 
 
+def test_a_request_of_its_own_among_a_digest_s_rows_does_not_split_the_digest(db):
+    # the claim bounds each endpoint's candidates when other endpoints come first; a coalescing
+    # endpoint's rows group into requests only later, so its bound must not cut a group
+    ahead = add_endpoint(db, "http://127.0.0.1:9/ahead")
+    [first_elsewhere] = enqueue(db, ahead)
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/a", body_format="slack", rate_limit_per_second=0.01,
+                            rate_limit_burst=2)
+    coalesce(db, endpoint, 3)
+    [a] = enqueue(db, endpoint)
+    [keyed] = enqueue(db, endpoint)  # the head of an ordering key: a request of its own
+    query(db, "UPDATE webhooks.alert_delivery_queue SET ordering_key = 'k'"
+              " WHERE delivery_id = %s RETURNING 1", (keyed,))
+    b, c = enqueue(db, endpoint, count=2)
+    claimed = {d: digest for d, _, _, digest in acquire(db, batch=2)}
+    # two requests in the batch: the other endpoint's row, then the digest of a, b and c
+    assert set(claimed) == {first_elsewhere, a, b, c}
+    assert claimed[a] is not None and claimed[a] == claimed[b] == claimed[c]
+
+
 def test_a_key_run_stops_at_a_gap_so_no_row_overtakes_an_earlier_one_of_its_key(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/a", body_format="envelope", rate_limit_per_second=0.01,
                             rate_limit_burst=1)
