@@ -628,7 +628,7 @@ def quiet_after_claim(previous: float, found_rows: bool, by_notify: bool) -> flo
     claim that found rows; after one a NOTIFY asked for that found nothing a few ms, doubling each
     time, up to a cap. A claim this process asked for itself (a finish freed capacity) and that
     found nothing leaves the window as it was: with one row at a time, that empty look follows
-    every delivery, and holding the next NOTIFY behind it added up to the whole window to the
+    every delivery, and holding the next NOTIFY behind it could add up to the whole window to the
     next row's latency."""
     if found_rows:
         return 0.0

@@ -153,7 +153,7 @@ class Metrics:
         # (docs/capacity.md; the WebhookDatabaseSlow alert).
         self.database_call_duration = Histogram(
             "webhook_worker_database_call_duration_seconds",
-            "Duration of the worker's claims and outcome writes, by call, for those that succeeded.",
+            "Duration of the worker's claims and outcome writes, by operation, for those that succeeded.",
             ["operation"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=r)
         for operation in ("claim", "finish"):  # by the names of database_errors' operations
