@@ -507,7 +507,7 @@ BEGIN
             -- (looked up row by row only when the claim made a digest: the lookup reads `picked`
             -- whole for each row)
             digest_id = coalesce(q.digest_id,
-                                 CASE WHEN (SELECT bool_or(p.new_digest_id IS NOT NULL) FROM picked p)
+                                 CASE WHEN EXISTS (SELECT 1 FROM new_digests)
                                       THEN (SELECT p.new_digest_id FROM picked p
                                             WHERE p.delivery_id = q.delivery_id) END),
             updated_at = now()
