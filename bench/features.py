@@ -390,19 +390,20 @@ FULL_ADDS = ("the product's path: what the model leaves out (lease reaping and e
 # --- one run ---------------------------------------------------------------------------------------
 
 
-def _backlog(ctx: Context, name: str, rows: int, drop_index: str | None = None) -> str:
+def one_endpoint_backlog(ctx: Context, name: str, rows: int,
+                         drop_index: str | None = None) -> tuple[str, float]:
     """A fresh database with one endpoint (limits that never bind) and `rows` due rows, analyzed;
-    without `drop_index` if given."""
+    without `drop_index` if given. Returns its DSN and the seconds the rows took to load."""
     dsn = ctx.cluster.new_database(name)
     if drop_index:
         query(dsn, f"DROP INDEX webhooks.{drop_index}")
     [endpoint] = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
-    preload(dsn, [endpoint], rows)
+    preload_seconds = preload(dsn, [endpoint], rows)
     query(dsn, "VACUUM ANALYZE webhooks.alert_delivery_queue")
-    return dsn
+    return dsn, preload_seconds
 
 
-def _end_state(dsn: str) -> dict[str, Any]:
+def end_state(dsn: str) -> dict[str, Any]:
     """What the drain left behind, to check each step wrote what it claims to."""
     [(logged,)] = query(dsn, "SELECT count(*) FROM webhooks.alert_delivery_log")
     [(successes, debited, windowed)] = query(
@@ -426,7 +427,7 @@ def _figures(rows: int, seconds: float, pg_cpu: float) -> dict[str, Any]:
 def model_run(ctx: Context, step: Step, rows: int, batch: int) -> dict[str, Any]:
     """Drain a fresh backlog with one step's statements, one connection, batches of `batch`."""
     name = "bench_features"
-    dsn = _backlog(ctx, name, rows)
+    dsn, _ = one_endpoint_backlog(ctx, name, rows)
     done = 0
     claim_named, finish_named = "%(batch)s" in step.claim, "%(ids)s" in step.finish
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -445,7 +446,7 @@ def model_run(ctx: Context, step: Step, rows: int, batch: int) -> dict[str, Any]
             conn.execute(step.finish, finish_args)
             done += len(claimed)
         elapsed, pg_cpu = time.monotonic() - started, ctx.cluster.cpu() - pg0
-    out = {**_figures(done, elapsed, pg_cpu), **_end_state(dsn)}
+    out = {**_figures(done, elapsed, pg_cpu), **end_state(dsn)}
     ctx.cluster.drop_database(name)
     return out
 
@@ -454,12 +455,12 @@ def product_run(ctx: Context, rows: int, batch: int, drop_index: str | None = No
                 seconds_limit: float | None = None) -> dict[str, Any]:
     """acquire()+finish() over a fresh backlog, measured as the `db` section measures it."""
     name = "bench_features_full"
-    dsn = _backlog(ctx, name, rows, drop_index)
+    dsn, _ = one_endpoint_backlog(ctx, name, rows, drop_index)
     pg0 = ctx.cluster.cpu()
     drained = asyncio.run(acquire_finish_drain(dsn, rows, batch, seconds_limit))
     pg_cpu = ctx.cluster.cpu() - pg0
     out = {**_figures(drained["rows"], drained["seconds"], pg_cpu), "complete": drained["complete"],
-           **_end_state(dsn)}
+           **end_state(dsn)}
     ctx.cluster.drop_database(name)
     return out
 

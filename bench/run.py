@@ -56,7 +56,15 @@ from bench.common import (
     vacuum_held_back,
     wait_for_autovacuum,
 )
-from bench.features import BARE_CLAIM, BARE_FINISH, acquire_finish_drain, section_features, table_lines
+from bench.features import (
+    BARE_CLAIM,
+    BARE_FINISH,
+    acquire_finish_drain,
+    end_state,
+    one_endpoint_backlog,
+    section_features,
+    table_lines,
+)
 from tests.support import query, wait_started
 
 # Timed ratios with a target are the median of this many alternating runs of their sides.
@@ -213,10 +221,7 @@ def section_http(ctx: Context) -> dict[str, Any]:
 
 def _db_full(ctx: Context, rows: int) -> dict[str, Any]:
     """acquire() + finish() over `rows` rows on one connection, no HTTP; PostgreSQL CPU per row."""
-    dsn = ctx.cluster.new_database("bench_db")
-    [endpoint] = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
-    preload_s = preload(dsn, [endpoint], rows)
-    query(dsn, "VACUUM ANALYZE webhooks.alert_delivery_queue")
+    dsn, preload_s = one_endpoint_backlog(ctx, "bench_db", rows)
     batch = ctx.settings.claim_batch_size or 100
     reset_statements(dsn)
     pg0 = ctx.cluster.cpu()
@@ -225,11 +230,7 @@ def _db_full(ctx: Context, rows: int) -> dict[str, Any]:
     statements = [s for s in statement_counts(dsn) if "pg_stat_statements" not in s["query"]]
     nested = statement_counts(dsn, nested=True)[:12] if ctx.args.track_nested else None
     calls = sum(s["calls"] for s in statements)
-    final = dict(query(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
-    logged = query(dsn, "SELECT count(*) FROM webhooks.alert_delivery_log")[0][0]
-    health = query(
-        dsn, "SELECT successes FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", (endpoint,)
-    )[0][0]
+    state = end_state(dsn)
     ctx.cluster.drop_database("bench_db")
     out.update(
         {
@@ -242,19 +243,14 @@ def _db_full(ctx: Context, rows: int) -> dict[str, Any]:
             "round_trips_per_row": round(calls / max(1, out["rows"]), 4),
             "statements": statements[:6],
             "nested_statements": nested,
-            "final_status": final,
-            "audit_rows": logged,
-            "health_successes": health,
+            **state,
         }
     )
     return out
 
 
 def _db_bare(ctx: Context, rows: int) -> dict[str, Any]:
-    dsn = ctx.cluster.new_database("bench_db_bare")
-    [endpoint] = register_endpoints(dsn, [ctx.sink.url()], **GENEROUS_LIMITS)
-    preload(dsn, [endpoint], rows)
-    query(dsn, "VACUUM ANALYZE webhooks.alert_delivery_queue")
+    dsn, _ = one_endpoint_backlog(ctx, "bench_db_bare", rows)
     batch = ctx.settings.claim_batch_size or 100
     done = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
