@@ -53,6 +53,17 @@ WHERE q.digest_id IS NULL OR NOT EXISTS (
     WHERE m.digest_id = q.digest_id AND m.delivery_id < q.delivery_id
       AND m.status IN ('pending', 'retrying'));
 
+-- A tenant's place among the tenants by id (1: the first), at most 10001, from which the worker makes
+-- its metrics' `tenant` label: the name for the first tenants (its http.endpoint_label_limit, at
+-- most 10000), `other` after them, as in queue_stats(). Tenants are never deleted, so a rank never
+-- changes; counting it reads at most 10000 index entries.
+CREATE OR REPLACE FUNCTION webhooks.tenant_rank(p_tenant_id bigint) RETURNS integer
+LANGUAGE sql STABLE
+AS $$
+    SELECT 1 + count(*)::integer
+    FROM (SELECT 1 FROM webhooks.tenants o WHERE o.id < p_tenant_id ORDER BY o.id LIMIT 10000) earlier;
+$$;
+
 -- Ends the leases of the given rows that are still in flight (the caller holds their locks): each
 -- goes back to `retrying`, due now, with its attempt still counted (the request may have been
 -- sent), or to `dead_letter` with reason `lease expired` if that was its last attempt; each gets an
@@ -163,6 +174,77 @@ BEGIN
 END;
 $$;
 
+-- What each of the given endpoints (their state rows locked by the caller) may still send now, in
+-- requests: the least of its free concurrency (max_in_flight minus requests in flight), its rate
+-- tokens (refilled up to p_at), its half-open probes left, and the batch. Both of acquire()'s claims
+-- read it, and each inlines it (a plain SQL function, not SECURITY DEFINER, not VOLATILE) into its
+-- own plan.
+CREATE OR REPLACE FUNCTION webhooks.endpoint_quotas(p_endpoints bigint[], p_batch_size integer,
+                                                    p_at timestamptz)
+RETURNS TABLE (
+    webhook_id      bigint,
+    tenant_id       bigint,
+    circuit_state   text,
+    rate            numeric,           -- requests per second; NULL: unlimited
+    tokens_now      double precision,  -- the rate tokens at p_at; NULL: unlimited
+    coalesce_max    integer,           -- NULL: the endpoint does not coalesce
+    coalesce_window interval,
+    quota           integer
+)
+LANGUAGE sql STABLE
+AS $$
+    SELECT t.webhook_id, t.tenant_id, t.circuit_state, t.rate, t.tokens_now, t.coalesce_max,
+           t.coalesce_window,
+           least(
+               p_batch_size,
+               t.max_in_flight - t.flying,
+               CASE WHEN t.rate IS NULL THEN p_batch_size ELSE floor(t.tokens_now)::integer END,
+               -- Half-open: probes not yet answered are the rows in flight, so a probe lost to a
+               -- crash or a release frees its place again instead of wedging the circuit.
+               CASE t.circuit_state WHEN 'open' THEN t.probes
+                                    WHEN 'half_open' THEN t.probes - t.probe_results - t.flying
+                                    ELSE p_batch_size END
+           ) AS quota
+    FROM (
+        SELECT l.*,
+               CASE WHEN l.rate IS NOT NULL THEN least(l.burst::double precision,
+                   coalesce(l.rate_tokens, l.burst) + l.rate::double precision * greatest(0,
+                       extract(epoch FROM p_at - coalesce(l.rate_refilled_at, p_at))))
+               END AS tokens_now,
+               f.flying
+        FROM (
+            SELECT h.webhook_id, e.tenant_id, h.circuit_state,
+                   h.probe_successes + h.probe_failures AS probe_results,
+                   coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
+                   coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
+                   coalesce(e.rate_limit_burst, cfg.rate_limit_burst,
+                            greatest(1, ceil(coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second))))
+                       AS burst,
+                   coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes) AS probes,
+                   h.rate_tokens, h.rate_refilled_at,
+                   -- raw and pagerduty bodies are never coalesced (a constraint keeps them unset)
+                   CASE WHEN e.body_format IN ('slack', 'mattermost', 'envelope') THEN e.coalesce_max END
+                       AS coalesce_max,
+                   e.coalesce_window
+            FROM webhooks.webhook_health_metrics h
+            JOIN webhooks.endpoints e ON e.id = h.webhook_id
+            CROSS JOIN webhooks.delivery_config cfg
+            WHERE h.webhook_id = ANY (p_endpoints)
+        ) l
+        -- a join, not a scalar subquery in the select list: the quota reads `flying` twice (the
+        -- concurrency cap, the half-open probe budget), and each read of an inlined subquery ran
+        -- the count again
+        CROSS JOIN LATERAL (
+            -- requests, not rows: a digest in flight is one request however many rows it carries
+            SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id))::integer AS flying
+            FROM webhooks.alert_delivery_queue d
+            WHERE d.webhook_id = l.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
+        ) f
+    ) t
+$$;
+-- acquire() (its owner) inlines it; nobody else needs it
+REVOKE EXECUTE ON FUNCTION webhooks.endpoint_quotas(bigint[], integer, timestamptz) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer,
                                             p_tenants text[] DEFAULT NULL, p_exclude_tenants text[] DEFAULT NULL)
 RETURNS TABLE (
@@ -206,6 +288,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_endpoints bigint[];
+    v_one_plain_endpoint boolean := false;
     v_tenants bigint[];
 BEGIN
     -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
@@ -262,6 +345,97 @@ BEGIN
     IF v_endpoints IS NULL THEN
         RETURN;
     END IF;
+
+    -- One endpoint that makes no digest, answers to no tenant limit and has no circuit to half-open
+    -- (the usual claim of a row or two, woken by their NOTIFY) takes the short claim below: the
+    -- full claim without the steps only those cases need, so the same rows. The full claim's plan,
+    -- about 170 nodes, cost more to start than a one-row claim's work (issue 22). The setting
+    -- webhooks.claim_path = 'full' sends every claim the long way (the tests compare the two).
+    IF cardinality(v_endpoints) = 1
+       AND coalesce(current_setting('webhooks.claim_path', true), '') IS DISTINCT FROM 'full' THEN
+        SELECT h.circuit_state <> 'open'
+               AND (e.coalesce_max IS NULL OR e.body_format NOT IN ('slack', 'mattermost', 'envelope'))
+               AND t.rate_limit_per_second IS NULL AND t.max_in_flight IS NULL
+        INTO v_one_plain_endpoint
+        FROM webhooks.webhook_health_metrics h
+        JOIN webhooks.endpoints e ON e.id = h.webhook_id
+        JOIN webhooks.tenants t ON t.id = e.tenant_id
+        WHERE h.webhook_id = v_endpoints[1];
+    END IF;
+    IF v_one_plain_endpoint THEN
+        RAISE DEBUG 'acquire: the short claim, endpoint %', v_endpoints[1];
+        RETURN QUERY
+        WITH cfg AS (
+            SELECT * FROM webhooks.delivery_config
+        ), clock AS (
+            SELECT clock_timestamp() AS now_exact
+        ), quota AS (
+            SELECT qt.* FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
+        ), heads AS (
+            -- one request each: a row of its own, or the first waiting member of a failed digest
+            SELECT r.delivery_id, r.digest_id
+            FROM quota qt
+            CROSS JOIN LATERAL (
+                SELECT q.delivery_id, q.digest_id
+                FROM webhooks.request_heads q
+                WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
+                ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
+                LIMIT greatest(qt.quota, 0)
+            ) r
+        ), picked AS (
+            SELECT hd.delivery_id FROM heads hd
+            UNION ALL
+            -- the other members of a failed digest, as in the full claim
+            SELECT m.delivery_id
+            FROM heads hd
+            JOIN webhooks.alert_delivery_queue m
+              ON m.digest_id = hd.digest_id AND m.delivery_id <> hd.delivery_id
+             AND m.status IN ('pending', 'retrying')
+        ), claimed AS (
+            UPDATE webhooks.alert_delivery_queue q
+            SET status = 'delivering',
+                attempts = q.attempts + 1,
+                locked_by = p_worker_id,
+                lease_token = gen_random_uuid(),
+                locked_until = now() + make_interval(secs => p_lease_seconds),
+                updated_at = now()
+            WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
+              AND q.status IN ('pending', 'retrying')
+            RETURNING q.*
+        ), debited AS (
+            UPDATE webhooks.webhook_health_metrics h
+            SET rate_tokens = CASE WHEN n.claimed = 0 THEN h.rate_tokens
+                                   WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
+                rate_refilled_at = CASE WHEN n.claimed = 0 THEN h.rate_refilled_at
+                                        WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
+                last_claimed_at = clock.now_exact,
+                updated_at = CASE WHEN n.claimed = 0 THEN h.updated_at ELSE now() END
+            FROM quota qt
+            CROSS JOIN (SELECT count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
+                        FROM claimed c) n
+            CROSS JOIN clock
+            WHERE h.webhook_id = qt.webhook_id
+            RETURNING 1
+        ), claimed_tenants AS (
+            SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
+            FROM webhooks.tenants t
+            WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
+        )
+        SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
+               q.payload::text, q.attempts,
+               coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
+               q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
+               e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
+               coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
+               cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank
+        FROM claimed q
+        JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        JOIN claimed_tenants ct ON ct.id = q.tenant_id
+        CROSS JOIN cfg
+        ORDER BY q.priority DESC, q.delivery_id;
+        RETURN;
+    END IF;
+
     -- The limited tenants of these endpoints, locked as the endpoints are (SKIP LOCKED: a claim
     -- never waits for another); a limited tenant another claim holds sends nothing in this one.
     SELECT array_agg(x.id) INTO v_tenants
@@ -278,43 +452,8 @@ BEGIN
         SELECT * FROM webhooks.delivery_config
     ), clock AS (
         SELECT clock_timestamp() AS now_exact
-    ), limits AS (
-        SELECT h.webhook_id, e.tenant_id, h.circuit_state,
-               h.probe_successes + h.probe_failures AS probe_results,
-               coalesce(e.max_in_flight, cfg.max_in_flight) AS max_in_flight,
-               coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second) AS rate,
-               coalesce(e.rate_limit_burst, cfg.rate_limit_burst,
-                        greatest(1, ceil(coalesce(e.rate_limit_per_second, cfg.rate_limit_per_second))))
-                   AS burst,
-               coalesce((e.circuit_policy ->> 'probes')::integer, cfg.circuit_probes) AS probes,
-               h.rate_tokens, h.rate_refilled_at,
-               -- raw and pagerduty bodies are never coalesced (a constraint keeps them unset)
-               CASE WHEN e.body_format IN ('slack', 'mattermost', 'envelope') THEN e.coalesce_max END
-                   AS coalesce_max,
-               e.coalesce_window
-        FROM webhooks.webhook_health_metrics h
-        JOIN webhooks.endpoints e ON e.id = h.webhook_id
-        CROSS JOIN cfg
-        WHERE h.webhook_id = ANY(v_endpoints)
-    ), tokens AS (
-        SELECT l.*,
-               CASE WHEN l.rate IS NOT NULL THEN least(l.burst::double precision,
-                   coalesce(l.rate_tokens, l.burst) + l.rate::double precision * greatest(0,
-                       extract(epoch FROM clock.now_exact - coalesce(l.rate_refilled_at, clock.now_exact))))
-               END AS tokens_now
-        FROM limits l CROSS JOIN clock
-    ), in_flight AS (
-        -- a join, not a scalar subquery in the select list: `quota` reads `flying` twice (the
-        -- concurrency cap, the half-open probe budget), and each read of an inlined subquery ran
-        -- the count again
-        SELECT t.*, f.flying
-        FROM tokens t
-        CROSS JOIN LATERAL (
-            -- requests, not rows: a digest in flight is one request however many rows it carries
-            SELECT count(DISTINCT coalesce(d.digest_id, -d.delivery_id))::integer AS flying
-            FROM webhooks.alert_delivery_queue d
-            WHERE d.webhook_id = t.webhook_id AND d.status = 'delivering' AND d.locked_until > now()
-        ) f
+    ), quota AS (
+        SELECT qt.* FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
     ), tenant_quota AS (
         -- What each tenant may still send now, across all its endpoints and the fleet: the least
         -- of its free concurrency and its rate tokens (requests, as for endpoints); unlimited,
@@ -343,20 +482,7 @@ BEGIN
             WHERE t.max_in_flight IS NOT NULL
               AND d.tenant_id = t.id AND d.status = 'delivering' AND d.locked_until > now()
         ) f
-        WHERE t.id IN (SELECT l.tenant_id FROM limits l)
-    ), quota AS (
-        SELECT t.*,
-               least(
-                   p_batch_size,
-                   t.max_in_flight - t.flying,
-                   CASE WHEN t.rate IS NULL THEN p_batch_size ELSE floor(t.tokens_now)::integer END,
-                   -- Half-open: probes not yet answered are the rows in flight, so a probe lost to
-                   -- a crash or a release frees its place again instead of wedging the circuit.
-                   CASE t.circuit_state WHEN 'open' THEN t.probes
-                                        WHEN 'half_open' THEN t.probes - t.probe_results - t.flying
-                                        ELSE p_batch_size END
-               ) AS quota
-        FROM in_flight t
+        WHERE t.id IN (SELECT qt.tenant_id FROM quota qt)
     ), backlog AS (
         -- Coalescing starts only when more rows wait than the limits let through now, or when the
         -- oldest due row has waited coalesce_window for company: a lone row goes alone. Counted up
@@ -442,7 +568,7 @@ BEGIN
                row_number() OVER (PARTITION BY l.tenant_id
                                   ORDER BY r.priority DESC, r.turn, r.next_retry_at, r.first_id) AS tenant_turn
         FROM requests r
-        JOIN limits l ON l.webhook_id = r.webhook_id
+        JOIN quota l ON l.webhook_id = r.webhook_id
         WHERE r.turn <= r.quota
     ), picked_requests AS (
         -- The batch is shared between tenants first (round-robin over their turns), then within
@@ -556,13 +682,8 @@ BEGIN
         WHERE qt.circuit_state = 'open' AND d.claimed_any
         RETURNING 1
     ), claimed_tenants AS (
-        -- The metrics' tenant label is the name for the first tenants by id (the worker's
-        -- http.endpoint_label_limit, at most 10000) and `other` after them, as in queue_stats().
-        -- Tenants are never deleted, so a rank never changes; it is counted once per tenant of the
-        -- batch, over at most 10000 index entries, and a single-tenant claim counts none.
-        SELECT t.id, t.name,
-               1 + (SELECT count(*) FROM (SELECT 1 FROM webhooks.tenants o WHERE o.id < t.id
-                                          ORDER BY o.id LIMIT 10000) earlier)::integer AS rank
+        -- (the rank is counted once per tenant of the batch)
+        SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
         FROM webhooks.tenants t
         WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
     )

@@ -531,3 +531,111 @@ def test_functions_granted_to_a_role_run_as_the_owner_with_a_fixed_search_path(d
         (True,), (False,), (False,)]
     # what acquire() calls keeps PostgreSQL's own choice (its LIMIT is a parameter)
     assert "plan_cache_mode=auto" in rows["reap_expired_leases"][1]
+
+
+# --- the short claim (one endpoint, nothing to coalesce, no tenant limit) --------------------------
+
+
+def _one_endpoint_with_rows(db, **settings):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", **settings)
+    return endpoint, enqueue(db, endpoint, count=6)
+
+
+def _priorities_and_later_rows(db):
+    endpoint, ids = _one_endpoint_with_rows(db, max_in_flight=100)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET priority = 5 WHERE delivery_id = ANY(%s) RETURNING 1",
+          (ids[3:5],))
+    enqueue(db, endpoint, deliver_after=3600)
+
+
+def _capped_with_rows_in_flight(db):
+    _one_endpoint_with_rows(db, max_in_flight=3)
+    acquire(db, "earlier", batch=1)
+
+
+def _rate_limited(db):
+    _one_endpoint_with_rows(db, rate_limit_per_second=0.5, rate_limit_burst=2)
+
+
+def _half_open_with_a_probe_answered(db):
+    endpoint, _ = _one_endpoint_with_rows(db, circuit_policy={"probes": 3})
+    query(db, "UPDATE webhooks.webhook_health_metrics SET circuit_state = 'half_open', probe_successes = 1"
+              " WHERE webhook_id = %s RETURNING 1", (endpoint,))
+
+
+def _a_failed_digest_waiting(db):
+    # a digest made while the endpoint coalesced, failed, waiting to go again as one request
+    _, ids = _one_endpoint_with_rows(db)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET digest_id = nextval('webhooks.digest_id_seq'),"
+              " status = 'retrying', attempts = 1 WHERE delivery_id = ANY(%s) RETURNING 1", (ids[1:4],))
+    query(db, "UPDATE webhooks.alert_delivery_queue SET digest_id = (SELECT digest_id FROM"
+              " webhooks.alert_delivery_queue WHERE delivery_id = %s) WHERE delivery_id = ANY(%s)"
+              " RETURNING 1", (ids[1], ids[1:4]))
+
+
+def _ordering_keys_with_a_head_in_flight(db):
+    _, ids = _one_endpoint_with_rows(db)
+    set_ordering_key(db, ids[:3], "key-1")
+    set_ordering_key(db, ids[3:5], "key-2")
+    claimed = acquire(db, "earlier", batch=1)
+    assert [c[0] for c in claimed] == [ids[0]]
+
+
+def _rows_of_a_tenant_the_endpoint_has_left(db):
+    endpoint, _ = _one_endpoint_with_rows(db)
+    query(db, "SELECT webhooks.register_tenant('acme')")
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = webhooks.tenant_id('acme') WHERE id = %s"
+              " RETURNING 1", (endpoint,))
+    enqueue(db, endpoint, count=2)
+
+
+def _claim_both_ways(db, batch):
+    """What one claim takes and writes, by the short claim and by the full one, each rolled back."""
+    seen = {}
+    for path in ("auto", "full"):
+        notices: list[str | None] = []
+        with psycopg.connect(db) as conn:
+            conn.add_notice_handler(lambda diag, said=notices: said.append(diag.message_primary))
+            conn.execute("SET client_min_messages = debug1")
+            conn.execute("SELECT set_config('webhooks.claim_path', %s, true)", (path,))
+            rows = conn.execute(
+                "SELECT delivery_id, webhook_id, attempt, max_attempts, digest_id, tenant, tenant_rank,"
+                " payload, endpoint_url, retry_policy"
+                " FROM webhooks.acquire('w', %s, 30)", (batch,)).fetchall()
+            state = conn.execute(
+                "SELECT webhook_id, round(rate_tokens::numeric, 1), circuit_state, probe_successes,"
+                " probe_failures, last_claimed_at IS NOT NULL"
+                " FROM webhooks.webhook_health_metrics ORDER BY webhook_id").fetchall()
+            queue = conn.execute("SELECT delivery_id, status, attempts, digest_id, locked_by"
+                                 " FROM webhooks.alert_delivery_queue ORDER BY delivery_id").fetchall()
+            events = conn.execute("SELECT count(*) FROM webhooks.endpoint_events").fetchone()
+            conn.rollback()
+        short = any((n or "").startswith("acquire: the short claim") for n in notices)
+        seen[path] = (short, rows, state, queue, events)
+    return seen
+
+
+@pytest.mark.parametrize("batch", [1, 2, 10])
+@pytest.mark.parametrize("scenario", [
+    _priorities_and_later_rows, _capped_with_rows_in_flight, _rate_limited, _half_open_with_a_probe_answered,
+    _a_failed_digest_waiting, _ordering_keys_with_a_head_in_flight, _rows_of_a_tenant_the_endpoint_has_left,
+])
+def test_the_short_claim_of_one_endpoint_takes_and_writes_what_the_full_claim_does(db, scenario, batch):
+    scenario(db)
+    seen = _claim_both_ways(db, batch)
+    (short, *by_short), (long_way, *by_full) = seen["auto"], seen["full"]
+    assert short and not long_way
+    assert by_short == by_full
+    assert by_short[0], "the scenario leaves something to claim"
+
+
+def test_one_endpoint_that_coalesces_or_answers_to_tenant_limits_takes_the_full_claim(db):
+    coalescing = add_endpoint(db, "http://127.0.0.1:9/c", body_format="slack")
+    query(db, "UPDATE webhooks.endpoints SET coalesce_max = 5 WHERE id = %s RETURNING 1", (coalescing,))
+    enqueue(db, coalescing, count=2)
+    assert _claim_both_ways(db, 10)["auto"][0] is False
+    query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE webhook_id = %s RETURNING 1", (coalescing,))
+    query(db, "SELECT webhooks.register_tenant('limited', '{\"max_in_flight\": 5}')")
+    limited = add_endpoint(db, "http://127.0.0.1:9/t", tenant="limited")
+    enqueue(db, limited, count=2)
+    assert _claim_both_ways(db, 10)["auto"][0] is False
