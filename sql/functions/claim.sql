@@ -282,8 +282,11 @@ SET jit = off
 -- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
 -- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
 -- statement here reaches rows through an index whatever the estimates (see `claimed`); the two
--- clean-ups it calls keep their own plan choice (below).
+-- clean-ups it calls keep their own plan choice (below). A plan is kept until a table it reads is
+-- next analyzed, so it must also hold for a queue far larger than the one it was made for: a seq
+-- scan never does.
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -328,8 +331,13 @@ BEGIN
               AND (p_exclude_tenants IS NULL
                    OR e.tenant_id NOT IN (SELECT t.id FROM webhooks.tenants t
                                           WHERE t.name = ANY (p_exclude_tenants)))
-              AND EXISTS (SELECT 1 FROM webhooks.claimable q
-                          WHERE q.webhook_id = h2.webhook_id AND q.next_retry_at <= now())
+              -- Asked endpoint by endpoint, its first due row (a subquery, not EXISTS): as a join, a
+              -- plan made while the queue was small listed the endpoints of every due row, the whole
+              -- backlog that came later, per claim; without the order, one read all the endpoint's
+              -- rows, delivered ones too.
+              AND (SELECT true FROM webhooks.claimable q
+                   WHERE q.webhook_id = h2.webhook_id AND q.next_retry_at <= now()
+                   ORDER BY q.next_retry_at LIMIT 1)
         ) r ON r.webhook_id = h.webhook_id
         -- Again on the locked row itself: when a finish updates it while this claim waits to lock
         -- it, PostgreSQL re-checks only the locked row's own conditions against its new version,
@@ -390,7 +398,9 @@ BEGIN
             FROM heads hd
             JOIN webhooks.alert_delivery_queue m
               ON m.digest_id = hd.digest_id AND m.delivery_id <> hd.delivery_id
-             AND m.status IN ('pending', 'retrying')
+             -- (waiting, written to match the digest index and no index of every waiting row: see
+             -- `claimed`)
+             AND m.status IN ('pending', 'retrying', 'delivering') AND m.status <> 'delivering'
         ), claimed AS (
             UPDATE webhooks.alert_delivery_queue q
             SET status = 'delivering',
@@ -399,8 +409,9 @@ BEGIN
                 lease_token = gen_random_uuid(),
                 locked_until = now() + make_interval(secs => p_lease_seconds),
                 updated_at = now()
+            -- (by primary key, as in the full claim)
             WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
-              AND q.status IN ('pending', 'retrying')
+              AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
             RETURNING q.*
         ), debited AS (
             UPDATE webhooks.webhook_health_metrics h
@@ -622,7 +633,9 @@ BEGIN
         JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
         JOIN webhooks.alert_delivery_queue m
           ON m.digest_id = g.digest_id AND m.delivery_id <> g.delivery_id
-         AND m.status IN ('pending', 'retrying')
+         -- (waiting, written to match the digest index and no index of every waiting row: see
+         -- `claimed`)
+         AND m.status IN ('pending', 'retrying', 'delivering') AND m.status <> 'delivering'
     ), claimed AS (
         UPDATE webhooks.alert_delivery_queue q
         SET status = 'delivering',
@@ -637,10 +650,14 @@ BEGIN
                                       THEN (SELECT p.new_digest_id FROM picked p
                                             WHERE p.delivery_id = q.delivery_id) END),
             updated_at = now()
-        -- by primary key whatever the row estimates: joined to `picked`, a plan made without the
-        -- batch size (a generic plan) hashed the picked rows and scanned the whole queue
+        -- By primary key whatever the row estimates. Joined to `picked`, a plan made without the
+        -- batch size (a generic plan) hashed the picked rows and scanned the whole queue. And a
+        -- plan made while the queue was nearly empty read the rows through an index of every
+        -- waiting row, the whole backlog that came later, on every claim until the table was next
+        -- analyzed: the status is written as those a claimable row cannot have, which no partial
+        -- index matches, and seq scans are off in this function.
         WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
-          AND q.status IN ('pending', 'retrying')
+          AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
         RETURNING q.*
     ), debited AS (
         -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its

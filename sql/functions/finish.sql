@@ -230,6 +230,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
+-- Its plans are kept until a table they read is next analyzed, so they must hold for a queue far
+-- larger than the one they were made for: made while it was nearly empty, they read the whole
+-- queue for every batch once a backlog came (a seq scan looks cheapest on a small table).
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -267,6 +271,9 @@ BEGIN
         JOIN webhooks.alert_delivery_queue q ON q.delivery_id = o.delivery_id
         JOIN webhooks.endpoints e ON e.id = q.webhook_id
         CROSS JOIN cfg
+        -- (by primary key whatever the estimates, as in `applied`: a plan made on a small queue
+        -- hashed it whole)
+        WHERE q.delivery_id = ANY (ARRAY(SELECT o2.delivery_id FROM o o2))
     ), applied AS (
         UPDATE webhooks.alert_delivery_queue q
         SET status = CASE t.decision

@@ -639,3 +639,36 @@ def test_one_endpoint_that_coalesces_or_answers_to_tenant_limits_takes_the_full_
     limited = add_endpoint(db, "http://127.0.0.1:9/t", tenant="limited")
     enqueue(db, limited, count=2)
     assert _claim_both_ways(db, 10)["auto"][0] is False
+
+
+def _queue_tuples_read(conn):
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute(
+        "SELECT coalesce(t.seq_tup_read, 0) + (SELECT coalesce(sum(i.idx_tup_read), 0)"
+        " FROM pg_stat_user_indexes i WHERE i.relid = t.relid) FROM pg_stat_user_tables t"
+        " WHERE t.relid = 'webhooks.alert_delivery_queue'::regclass").fetchone()[0]
+
+
+def test_a_claim_and_a_finish_planned_on_an_empty_queue_read_only_their_rows_once_a_backlog_arrives(db):
+    # A session keeps its plans of acquire() and finish() until the queue is next analyzed. Plans
+    # made while it was nearly empty once read the whole backlog that came later, on every call.
+    with psycopg.connect(db, autocommit=True) as owner:  # no analyze, so no new plans, meanwhile
+        owner.execute("ALTER TABLE webhooks.alert_delivery_queue SET (autovacuum_enabled = false)")
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=1000)
+    with psycopg.connect(db, autocommit=True) as conn:
+        def claim_and_finish(batch):
+            rows = conn.execute("SELECT delivery_id, lease_token, attempt FROM webhooks.acquire('w', %s, 30)",
+                                (batch,)).fetchall()
+            conn.execute("SELECT * FROM webhooks.finish('w', %s)",
+                         (json.dumps([outcome(r, **OK) for r in rows]),)).fetchall()
+            return len(rows)
+        for _ in range(8):  # past the five custom plans finish() starts with: its generic plan
+            enqueue(db, endpoint)
+            assert claim_and_finish(1) == 1
+        enqueue(db, endpoint, count=10_000)
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        before = _queue_tuples_read(conn)
+        assert claim_and_finish(100) == 100
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        read = _queue_tuples_read(conn) - before
+    assert read < 2_000, f"one claim and one finish of 100 rows read {read} rows of a 10,000-row queue"
