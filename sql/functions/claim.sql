@@ -427,7 +427,7 @@ BEGIN
             CROSS JOIN clock
             WHERE h.webhook_id = qt.webhook_id
             RETURNING 1
-        ), claimed_tenants AS (
+        ), claimed_tenants AS MATERIALIZED (  -- (as in the full claim)
             SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
             FROM webhooks.tenants t
             WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
@@ -698,8 +698,9 @@ BEGIN
         FROM debited d JOIN quota qt ON qt.webhook_id = d.webhook_id
         WHERE qt.circuit_state = 'open' AND d.claimed_any
         RETURNING 1
-    ), claimed_tenants AS (
-        -- (the rank is counted once per tenant of the batch)
+    ), claimed_tenants AS MATERIALIZED (
+        -- The rank is counted once per tenant of the batch: inlined into the join below, it was
+        -- counted once per row, over up to 10000 index entries each for a tenant of a high id.
         SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
         FROM webhooks.tenants t
         WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
