@@ -15,7 +15,8 @@
 --    tokens, its remaining half-open probes, and the batch size. Each endpoint's claimable rows are
 --    taken in priority, then due-time order, up to its quota. The batch is filled by priority, then
 --    round-robin across endpoints, so a large backlog on one endpoint never starves the others.
---    Rows of a limited endpoint are not touched: they wait in the table.
+--    Rows of a limited endpoint are not touched: they wait in the table. One endpoint that makes no
+--    digest and answers to no tenant limit takes a short statement that does the same.
 -- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
 --    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
 --    rate tokens are debited, and every endpoint looked at goes to the back of the line, in the
@@ -57,11 +58,16 @@ WHERE q.digest_id IS NULL OR NOT EXISTS (
 -- its metrics' `tenant` label: the name for the first tenants (its http.endpoint_label_limit, at
 -- most 10000), `other` after them, as in queue_stats(). Tenants are never deleted, so a rank never
 -- changes; counting it reads at most 10000 index entries.
+-- (PL/pgSQL, so its plan is kept for the session: a SQL function that cannot be inlined, as a count
+-- cannot, is planned again in every statement that calls it.)
 CREATE OR REPLACE FUNCTION webhooks.tenant_rank(p_tenant_id bigint) RETURNS integer
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT 1 + count(*)::integer
-    FROM (SELECT 1 FROM webhooks.tenants o WHERE o.id < p_tenant_id ORDER BY o.id LIMIT 10000) earlier;
+BEGIN
+    RETURN 1 + (SELECT count(*)::integer
+                FROM (SELECT 1 FROM webhooks.tenants o WHERE o.id < p_tenant_id
+                      ORDER BY o.id LIMIT 10000) earlier);
+END;
 $$;
 
 -- Ends the leases of the given rows that are still in flight (the caller holds their locks): each
@@ -120,7 +126,8 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.reap_expired_leases(p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
--- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+-- PostgreSQL's own choice of generic or custom plan, whatever its caller (acquire) forces: its
+-- LIMIT is a parameter (acquire's enable_seqscan = off holds here too; its indexes serve it)
 SET plan_cache_mode = auto
 AS $$
 BEGIN
@@ -140,7 +147,8 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.expire_deliveries(p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
--- PostgreSQL's own plan choice, whatever its caller (acquire) forces: its LIMIT is a parameter
+-- PostgreSQL's own choice of generic or custom plan, whatever its caller (acquire) forces: its
+-- LIMIT is a parameter (acquire's enable_seqscan = off holds here too; its indexes serve it)
 SET plan_cache_mode = auto
 AS $$
 DECLARE
@@ -282,9 +290,10 @@ SET jit = off
 -- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
 -- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
 -- statement here reaches rows through an index whatever the estimates (see `claimed`); the two
--- clean-ups it calls keep their own plan choice (below). A plan is kept until a table it reads is
--- next analyzed, so it must also hold for a queue far larger than the one it was made for: a seq
--- scan never does.
+-- clean-ups it calls keep their own plan_cache_mode (below). A plan is kept until a table it reads
+-- is next analyzed, so it must also hold for a queue far larger than the one it was made for: a
+-- seq scan never does. (Seq scans are off in what it calls too, triggers included: each of their
+-- statements has its index.)
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 AS $$
@@ -398,8 +407,8 @@ BEGIN
             FROM heads hd
             JOIN webhooks.alert_delivery_queue m
               ON m.digest_id = hd.digest_id AND m.delivery_id <> hd.delivery_id
-             -- (waiting, written to match the digest index and no index of every waiting row: see
-             -- `claimed`)
+             -- (waiting; written to match the digest index and not the indexes of waiting rows the
+             -- claim reads, `claimable` and `due`: see `claimed`)
              AND m.status IN ('pending', 'retrying', 'delivering') AND m.status <> 'delivering'
         ), claimed AS (
             UPDATE webhooks.alert_delivery_queue q
@@ -633,8 +642,8 @@ BEGIN
         JOIN picked_requests r ON r.webhook_id = g.webhook_id AND r.request = g.request
         JOIN webhooks.alert_delivery_queue m
           ON m.digest_id = g.digest_id AND m.delivery_id <> g.delivery_id
-         -- (waiting, written to match the digest index and no index of every waiting row: see
-         -- `claimed`)
+         -- (waiting; written to match the digest index and not the indexes of waiting rows the
+         -- claim reads, `claimable` and `due`: see `claimed`)
          AND m.status IN ('pending', 'retrying', 'delivering') AND m.status <> 'delivering'
     ), claimed AS (
         UPDATE webhooks.alert_delivery_queue q
@@ -655,7 +664,8 @@ BEGIN
         -- plan made while the queue was nearly empty read the rows through an index of every
         -- waiting row, the whole backlog that came later, on every claim until the table was next
         -- analyzed: the status is written as those a claimable row cannot have, which no partial
-        -- index matches, and seq scans are off in this function.
+        -- index matches, and seq scans are off in this function. (The CHECK on status in
+        -- 001_baseline.sql allows five; a new status must be named here.)
         WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
           AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
         RETURNING q.*

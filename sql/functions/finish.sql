@@ -232,7 +232,8 @@ SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
 -- Its plans are kept until a table they read is next analyzed, so they must hold for a queue far
 -- larger than the one they were made for: made while it was nearly empty, they read the whole
--- queue for every batch once a backlog came (a seq scan looks cheapest on a small table).
+-- queue for every batch once a backlog came (a seq scan looks cheapest on a small table). (Seq
+-- scans are off in what it calls too: record_endpoint_outcomes reads its rows by primary key.)
 SET enable_seqscan = off
 AS $$
 #variable_conflict use_column

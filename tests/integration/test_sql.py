@@ -553,6 +553,11 @@ def _capped_with_rows_in_flight(db):
     acquire(db, "earlier", batch=1)
 
 
+def _at_its_cap(db):
+    _one_endpoint_with_rows(db, max_in_flight=2)
+    acquire(db, "earlier", batch=2)
+
+
 def _rate_limited(db):
     _one_endpoint_with_rows(db, rate_limit_per_second=0.5, rate_limit_burst=2)
 
@@ -598,13 +603,16 @@ def _claim_both_ways(db, batch):
             conn.add_notice_handler(lambda diag, said=notices: said.append(diag.message_primary))
             conn.execute("SET client_min_messages = debug1")
             conn.execute("SELECT set_config('webhooks.claim_path', %s, true)", (path,))
-            rows = conn.execute(
-                "SELECT delivery_id, webhook_id, attempt, max_attempts, digest_id, tenant, tenant_rank,"
-                " payload, endpoint_url, retry_policy"
-                " FROM webhooks.acquire('w', %s, 30)", (batch,)).fetchall()
+            cur = conn.execute("SELECT * FROM webhooks.acquire('w', %s, 30)", (batch,))
+            # every column but the new lease's token and expiry, which differ by nature
+            names = [c.name for c in cur.description or ()]
+            rows = [tuple(v for n, v in zip(names, r, strict=True)
+                          if n not in ("lease_token", "locked_until"))
+                    for r in cur.fetchall()]
             state = conn.execute(
-                "SELECT webhook_id, round(rate_tokens::numeric, 1), circuit_state, probe_successes,"
-                " probe_failures, last_claimed_at IS NOT NULL"
+                "SELECT webhook_id, round(rate_tokens::numeric, 1), rate_refilled_at IS NOT NULL,"
+                " circuit_state, probe_successes, probe_failures, last_claimed_at IS NOT NULL,"
+                " updated_at = now()"
                 " FROM webhooks.webhook_health_metrics ORDER BY webhook_id").fetchall()
             queue = conn.execute("SELECT delivery_id, status, attempts, digest_id, locked_by"
                                  " FROM webhooks.alert_delivery_queue ORDER BY delivery_id").fetchall()
@@ -617,8 +625,9 @@ def _claim_both_ways(db, batch):
 
 @pytest.mark.parametrize("batch", [1, 2, 10])
 @pytest.mark.parametrize("scenario", [
-    _priorities_and_later_rows, _capped_with_rows_in_flight, _rate_limited, _half_open_with_a_probe_answered,
-    _a_failed_digest_waiting, _ordering_keys_with_a_head_in_flight, _rows_of_a_tenant_the_endpoint_has_left,
+    _priorities_and_later_rows, _capped_with_rows_in_flight, _at_its_cap, _rate_limited,
+    _half_open_with_a_probe_answered, _a_failed_digest_waiting, _ordering_keys_with_a_head_in_flight,
+    _rows_of_a_tenant_the_endpoint_has_left,
 ])
 def test_the_short_claim_of_one_endpoint_takes_and_writes_what_the_full_claim_does(db, scenario, batch):
     scenario(db)
@@ -626,19 +635,21 @@ def test_the_short_claim_of_one_endpoint_takes_and_writes_what_the_full_claim_do
     (short, *by_short), (long_way, *by_full) = seen["auto"], seen["full"]
     assert short and not long_way
     assert by_short == by_full
-    assert by_short[0], "the scenario leaves something to claim"
+    assert bool(by_short[0]) is (scenario is not _at_its_cap), "what the scenario leaves to claim"
 
 
 def test_one_endpoint_that_coalesces_or_answers_to_tenant_limits_takes_the_full_claim(db):
     coalescing = add_endpoint(db, "http://127.0.0.1:9/c", body_format="slack")
     query(db, "UPDATE webhooks.endpoints SET coalesce_max = 5 WHERE id = %s RETURNING 1", (coalescing,))
     enqueue(db, coalescing, count=2)
-    assert _claim_both_ways(db, 10)["auto"][0] is False
+    short, rows, *_ = _claim_both_ways(db, 10)["auto"]
+    assert rows and not short
     query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE webhook_id = %s RETURNING 1", (coalescing,))
     query(db, "SELECT webhooks.register_tenant('limited', '{\"max_in_flight\": 5}')")
     limited = add_endpoint(db, "http://127.0.0.1:9/t", tenant="limited")
     enqueue(db, limited, count=2)
-    assert _claim_both_ways(db, 10)["auto"][0] is False
+    short, rows, *_ = _claim_both_ways(db, 10)["auto"]
+    assert rows and not short
 
 
 def _queue_tuples_read(conn):
@@ -649,13 +660,17 @@ def _queue_tuples_read(conn):
         " WHERE t.relid = 'webhooks.alert_delivery_queue'::regclass").fetchone()[0]
 
 
-def test_a_claim_and_a_finish_planned_on_an_empty_queue_read_only_their_rows_once_a_backlog_arrives(db):
+@pytest.mark.parametrize("claim_path", ["auto", "full"])
+def test_a_claim_and_a_finish_planned_on_an_empty_queue_read_only_their_rows_once_a_backlog_arrives(
+        db, claim_path):
     # A session keeps its plans of acquire() and finish() until the queue is next analyzed. Plans
     # made while it was nearly empty once read the whole backlog that came later, on every call.
+    # (One plain endpoint takes the short claim; `full` makes it take the full one.)
     with psycopg.connect(db, autocommit=True) as owner:  # no analyze, so no new plans, meanwhile
         owner.execute("ALTER TABLE webhooks.alert_delivery_queue SET (autovacuum_enabled = false)")
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=1000)
     with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.claim_path', %s, false)", (claim_path,))
         def claim_and_finish(batch):
             rows = conn.execute("SELECT delivery_id, lease_token, attempt FROM webhooks.acquire('w', %s, 30)",
                                 (batch,)).fetchall()
