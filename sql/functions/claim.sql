@@ -369,9 +369,9 @@ BEGIN
     -- about 170 nodes, cost more to start than a one-row claim's work (issue 22). The setting
     -- webhooks.claim_path = 'full' sends every claim the long way (the tests compare the two).
     IF cardinality(v_endpoints) = 1
-       AND coalesce(current_setting('webhooks.claim_path', true), '') IS DISTINCT FROM 'full' THEN
-        SELECT h.circuit_state <> 'open'
-               AND (e.coalesce_max IS NULL OR e.body_format NOT IN ('slack', 'mattermost', 'envelope'))
+       AND current_setting('webhooks.claim_path', true) IS DISTINCT FROM 'full' THEN
+        -- (coalesce_max is set only for bodies that can coalesce: endpoints_coalesce_format)
+        SELECT h.circuit_state <> 'open' AND e.coalesce_max IS NULL
                AND t.rate_limit_per_second IS NULL AND t.max_in_flight IS NULL
         INTO v_one_plain_endpoint
         FROM webhooks.webhook_health_metrics h
@@ -387,7 +387,8 @@ BEGIN
         ), clock AS (
             SELECT clock_timestamp() AS now_exact
         ), quota AS (
-            SELECT qt.* FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
+            SELECT qt.*
+            FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
         ), heads AS (
             -- one request each: a row of its own, or the first waiting member of a failed digest
             SELECT r.delivery_id, r.digest_id
@@ -473,7 +474,8 @@ BEGIN
     ), clock AS (
         SELECT clock_timestamp() AS now_exact
     ), quota AS (
-        SELECT qt.* FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
+        SELECT qt.*
+        FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
     ), tenant_quota AS (
         -- What each tenant may still send now, across all its endpoints and the fleet: the least
         -- of its free concurrency and its rate tokens (requests, as for endpoints); unlimited,
