@@ -6,8 +6,9 @@ from typing import Any
 
 import psycopg
 
-# Each query yields (key, description) rows of one kind of object. Daily log partitions are left out:
-# they are made for the dates a database happens to be migrated on.
+# Each query yields (key, description) rows of one kind of object. Daily log partitions are left out
+# of every kind (their columns, indexes and the triggers cloned from the parent's): they are made for
+# the dates a database happens to be built or migrated on. `partitions_missing_triggers()` checks those apart.
 _QUERIES = {
     "relations": """
         SELECT c.relname, jsonb_build_object(
@@ -54,7 +55,8 @@ _QUERIES = {
         SELECT c.relname || '.' || t.tgname, jsonb_build_object(
                    'definition', pg_get_triggerdef(t.oid), 'enabled', t.tgenabled)
         FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-        WHERE c.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal""",
+        WHERE c.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal
+          AND c.relname !~ '_\\d{8}(_.*)?$'""",
     "types": """
         SELECT t.typname, jsonb_build_object('kind', t.typtype, 'owner', pg_get_userbyid(t.typowner),
                    'attributes', (SELECT jsonb_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
@@ -69,6 +71,21 @@ _QUERIES = {
                    'acl', coalesce(n.nspacl, acldefault('n', n.nspowner))::text[])
         FROM pg_namespace n WHERE n.nspname = 'webhooks'""",
 }
+
+
+def partitions_missing_triggers(dsn: str) -> list[str]:
+    """Each daily partition of a partitioned table that lacks one of its parent's row triggers, as
+    `partition.trigger`: PostgreSQL clones them onto every partition, old or new."""
+    with psycopg.connect(dsn) as conn:
+        return [row[0] for row in conn.execute("""
+            SELECT part.relname || '.' || t.tgname
+            FROM pg_trigger t
+            JOIN pg_class parent ON parent.oid = t.tgrelid AND parent.relkind = 'p'
+            JOIN pg_inherits i ON i.inhparent = parent.oid
+            JOIN pg_class part ON part.oid = i.inhrelid
+            WHERE parent.relnamespace = 'webhooks'::regnamespace AND NOT t.tgisinternal
+              AND NOT EXISTS (SELECT 1 FROM pg_trigger c WHERE c.tgrelid = part.oid AND c.tgparentid = t.oid)
+            ORDER BY 1""").fetchall()]
 
 
 def snapshot(dsn: str) -> dict[str, dict[str, Any]]:

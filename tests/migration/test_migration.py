@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.migration.catalog import differences, snapshot
+from tests.migration.catalog import differences, partitions_missing_triggers, snapshot
 from tests.migration.make_fixture import FIXTURE_KEYS
 from tests.support import eventually, query, statuses
 from worker import encryption, schema
@@ -64,6 +64,11 @@ def old_db(template_db: str, fresh_db: Callable[[bool], str]) -> str:
 def test_the_old_layout_migrated_has_the_catalogs_of_a_fresh_build(db, old_db):
     schema.migrate(old_db)
     assert differences(snapshot(db), snapshot(old_db)) == []
+    # the partitions the old layout made (of its own day) carry the triggers a fresh build's carry
+    assert query(old_db, "SELECT count(*) FROM pg_inherits"
+                         " WHERE inhparent = 'webhooks.alert_delivery_log'::regclass") != [(0,)]
+    assert partitions_missing_triggers(old_db) == []
+    assert partitions_missing_triggers(db) == []
     # adopted as the baseline, then every later migration applied as on a fresh database
     assert query(old_db, "SELECT version, name FROM webhooks.schema_migrations ORDER BY version") == [
         (m.version, m.name) for m in schema.load_migrations()]
