@@ -36,7 +36,7 @@ from worker.operations import (
     set_endpoint_active,
 )
 from worker.policy import RetrySchedule
-from worker.registration import header_problem, headers_problem
+from worker.registration import endpoint_name_problem, header_problem, headers_problem
 from worker.tables import cell, print_table
 
 # One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = _config(args)
-    applied = schema.migrate(config.database.url)
+    applied = schema.migrate(config.database.url, on_notice=lambda message: print(f"note: {message}"))
     for name in applied:
         print(f"applied {name}")
     print(f"schema at version {schema.latest_version()} ({len(applied)} applied)")
@@ -252,8 +252,8 @@ def allow_networks_hint(problem: str, address: Address | None) -> str:
 def _check_endpoint_options(args: argparse.Namespace, require_name: bool = True) -> None:
     """Refuse bad values here, before SQL sees them: a constraint violation would make the server
     log the whole row, URL and secret included."""
-    if require_name and not args.name.strip():
-        raise UsageError("--name: must not be empty")
+    if require_name and (problem := endpoint_name_problem(args.name)) is not None:
+        raise UsageError(f"--name: {problem}")
     if args.max_attempts is not None and not 1 <= args.max_attempts <= 100:
         raise UsageError("--max-attempts: expected 1 to 100")
     if args.timeout_seconds is not None and not 0.1 <= args.timeout_seconds <= 300:
@@ -963,14 +963,14 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--json", action="store_true", help="print JSON")
     enable = command(endpoint_commands, "enable", cmd_endpoints_enable,
                      "enable an endpoint (and reset its circuit); its waiting rows are sent")
-    enable.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    enable.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     disable = command(endpoint_commands, "disable", cmd_endpoints_disable,
                       "disable an endpoint: no new deliveries, queued rows wait")
-    disable.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    disable.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     disable.add_argument("--reason", default="disabled by an operator", help="recorded with the change")
     circuit = command(endpoint_commands, "circuit", cmd_endpoints_circuit,
                       "control the circuit breaker: reset, open (until a time) or close")
-    circuit.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    circuit.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     circuit.add_argument("action", choices=["reset", "open", "close"],
                          help="reset: closed and counters cleared; open: nothing sent (until --until, "
                               "or until reset); close: never opens by itself until reset")
@@ -979,10 +979,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print JSON")
     show = command(endpoint_commands, "show", cmd_endpoints_show,
                    "one endpoint: settings, health, circuit, queued rows, recent state changes")
-    show.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    show.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     show.add_argument("--json", action="store_true", help="print JSON")
     update = command(endpoint_commands, "update", cmd_endpoints_update, "change an endpoint's settings")
-    update.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    update.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     new_url = update.add_mutually_exclusive_group()
     new_url.add_argument("--url", help="new URL (kept out of logs; prefer --url-file)")
     new_url.add_argument("--url-file", metavar="FILE", help=FROM_FILE.format("the new URL"))
@@ -1001,7 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_coalescing_options(update)
     rotate = command(endpoint_commands, "rotate-secret", cmd_endpoints_rotate_secret,
                      "add a new signing secret; the old ones stay active until --expire-old-after")
-    rotate.add_argument("endpoint", metavar="ENDPOINT", help="name or id")
+    rotate.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     new_secret = rotate.add_mutually_exclusive_group()
     new_secret.add_argument("--secret", help="the new secret, whsec_<base64> (default: generated)")
     new_secret.add_argument("--secret-file", metavar="FILE", help=FROM_FILE.format("the new secret"))
@@ -1010,7 +1010,7 @@ def build_parser() -> argparse.ArgumentParser:
     rotate.add_argument("--json", action="store_true", help="print JSON")
 
     enqueue = command(commands, "enqueue", cmd_enqueue, "queue one delivery by hand, to test an endpoint")
-    enqueue.add_argument("--endpoint", required=True, help="name or id")
+    enqueue.add_argument("--endpoint", required=True, help="id (all digits) or name")
     enqueue.add_argument("--event-type", default="webhook.test", help="default: webhook.test")
     enqueue.add_argument("--payload", default='{"test": true}', help="JSON body")
     enqueue.add_argument("--key", help="idempotency key (default: a new event id)")
@@ -1029,7 +1029,7 @@ def build_parser() -> argparse.ArgumentParser:
     show_delivery.add_argument("--json", action="store_true", help="print JSON")
 
     def add_filters(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--endpoint", help="name or id")
+        sub.add_argument("--endpoint", help="id (all digits) or name")
         sub.add_argument("--event-type")
         sub.add_argument("--category", help="failure category, e.g. http_5xx, timeout")
         sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")

@@ -139,11 +139,9 @@ def stored_credentials(conn: psycopg.Connection, endpoint_id: int) -> StoredCred
 
 
 def find_endpoint(conn: psycopg.Connection, name_or_id: str) -> int | None:
-    row = conn.execute(
-        "SELECT id FROM webhooks.endpoints WHERE name = %s OR id::text = %s ORDER BY name = %s DESC",
-        (name_or_id, name_or_id, name_or_id),
-    ).fetchone()
-    return None if row is None else int(row[0])
+    """The endpoint an ENDPOINT argument names: all digits is an id, anything else a name."""
+    row = conn.execute("SELECT webhooks.endpoint_ref(%s)", (name_or_id,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def set_endpoint_active(conn: psycopg.Connection, endpoint_id: int, active: bool, reason: str) -> str | None:

@@ -1,4 +1,4 @@
-"""What an endpoint's registration may hold: the rules for its custom headers, as pure functions."""
+"""What an endpoint's registration may hold: the rules for its name and custom headers, as pure functions."""
 
 from __future__ import annotations
 
@@ -32,6 +32,23 @@ MAX_VALUE_CHARS = 8192
 TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
 # RFC 9110 5.5: visible ASCII, space and tab (obs-text is refused: receivers read it inconsistently).
 VALUE_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | {"\t"}
+
+
+MAX_ENDPOINT_NAME_CHARS = 200
+
+
+def endpoint_name_problem(name: str) -> str | None:
+    """What is wrong with an endpoint's name, or None. All digits is refused because an ENDPOINT
+    argument of all digits always means an id (sql: endpoints_name_not_numeric, endpoint_ref())."""
+    if not name.strip():
+        return "must not be empty"
+    if len(name) > MAX_ENDPOINT_NAME_CHARS:
+        return f"at most {MAX_ENDPOINT_NAME_CHARS} characters"
+    if not name.isprintable():
+        return "must be printable"
+    if name.isascii() and name.isdigit():
+        return "must not be all digits (an all-digit ENDPOINT always means an id)"
+    return None
 
 
 def is_reserved(name: str) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -99,9 +101,10 @@ def latest_version() -> int:
     return max(m.version for m in load_migrations())
 
 
-def migrate(conninfo: str) -> list[str]:
+def migrate(conninfo: str, on_notice: Callable[[str], None] | None = None) -> list[str]:
     """Apply every migration not yet recorded, then the definition files if any changed; returns the
-    files applied. Safe to run concurrently."""
+    files applied. Safe to run concurrently. `on_notice` hears what a migration says to the operator
+    (its RAISE NOTICE lines: a renamed endpoint, say)."""
     migrations = load_migrations()
     definitions = load_definitions()
     applied: list[str] = []
@@ -117,7 +120,7 @@ def migrate(conninfo: str) -> list[str]:
             for migration in migrations:
                 if migration.version in done:
                     continue
-                with conn.transaction():
+                with conn.transaction(), _notices_to(conn, on_notice):
                     conn.execute(migration.sql.encode())
                     conn.execute(
                         "INSERT INTO webhooks.schema_migrations (version, name, checksum)"
@@ -139,6 +142,26 @@ def migrate(conninfo: str) -> list[str]:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied
+
+
+@contextmanager
+def _notices_to(conn: psycopg.Connection, on_notice: Callable[[str], None] | None) -> Iterator[None]:
+    """While a migration runs: its RAISE NOTICE lines go to `on_notice` (the bookkeeping's own
+    'already exists, skipping' notices do not)."""
+    if on_notice is None:
+        yield
+        return
+    tell = on_notice
+
+    def handler(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized == "NOTICE" and diag.message_primary:
+            tell(diag.message_primary)
+
+    conn.add_notice_handler(handler)
+    try:
+        yield
+    finally:
+        conn.remove_notice_handler(handler)
 
 
 def _create_bookkeeping(conn: psycopg.Connection) -> None:

@@ -79,7 +79,7 @@ $$;
 
 -- publishing ----------------------------------------------------------------------------------------
 
--- One event to one endpoint (p_endpoint: its name or id; refused with SQLSTATE P0002 when there is
+-- One event to one endpoint (p_endpoint: its id, or its name: endpoint_ref(); refused with SQLSTATE P0002 when there is
 -- none) or, when it is NULL, to every active endpoint subscribed to the event type, as publish()
 -- fans out. A named endpoint gets the delivery even while disabled: its rows wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
 -- delivery's key and event id, so publishing the same key again queues nothing and answers with
@@ -112,9 +112,8 @@ DECLARE
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
-        WHERE (e.name = p_endpoint OR e.id::text = p_endpoint)
-          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)
-        ORDER BY e.name = p_endpoint DESC LIMIT 1;
+        WHERE e.id = webhooks.endpoint_ref(p_endpoint)
+          AND (v_tenant IS NULL OR e.tenant_id = v_tenant);
         IF v_webhook_id IS NULL THEN
             RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
         END IF;

@@ -25,6 +25,27 @@ CREATE OR REPLACE TRIGGER create_health_row
     AFTER INSERT ON webhooks.endpoints
     FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();
 
+-- The endpoint an operator's or a caller's ENDPOINT argument names: all digits is always an id
+-- (names cannot be all digits: endpoints_name_not_numeric), anything else a name. One rule for the
+-- CLI, the API and api_publish(), so a name can never capture the id it spells. It runs as its caller:
+-- row-level security keeps a scoped reader to its tenant's endpoints.
+CREATE OR REPLACE FUNCTION webhooks.endpoint_ref(p_ref text) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF p_ref ~ '^[0-9]+$' THEN
+        -- beyond bigint no id exists: not found, rather than an error for a well-formed argument
+        IF length(ltrim(p_ref, '0')) > 18 THEN
+            RETURN NULL;
+        END IF;
+        RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.id = p_ref::bigint);
+    END IF;
+    RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.name = p_ref);
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader;
+
 -- Operational events: an endpoint's state changes, published (webhooks.publish) to the endpoints
 -- that subscribe to their type explicitly ('*' does not include them), never to the endpoint the
 -- event is about, so an event cannot loop back to its cause.

@@ -37,6 +37,7 @@ PROGRAM = "webhook-worker"
 NOT_RUN = {
     "bash scripts/demo.sh": "installs into .venv; test_cli.py runs the demo itself (`webhook-worker demo`)",
     "bash scripts/test.sh": "the whole test suite, which this test is part of",
+    "bash scripts/test-at.sh": "the whole test suite again, under a moved clock",
     "bash scripts/bench.sh": "the benchmark takes about 20 minutes",
     "docker ": "needs a Docker engine, and none runs here (test_deploy.py checks the Compose file offline)",
     "kubectl ": "needs a Kubernetes cluster (test_deploy.py checks the manifests offline)",

@@ -17,7 +17,12 @@ from worker.delivery import display_url
 from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
 from worker.operations import EndpointSpec
 from worker.policy import RetrySchedule
-from worker.registration import header_problem, headers_problem
+from worker.registration import (
+    MAX_ENDPOINT_NAME_CHARS,
+    endpoint_name_problem,
+    header_problem,
+    headers_problem,
+)
 
 BodyFormat = Literal["raw", "envelope", "slack", "mattermost", "pagerduty"]
 MAX_TTL_SECONDS = 365 * 86400
@@ -66,7 +71,7 @@ class EndpointFields(Body):
 
 
 class EndpointCreate(EndpointFields):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS)
     url: str = Field(min_length=1, repr=False)
     secret: str | None = Field(default=None, repr=False)
     verify: Literal[False] = False  # the challenge is the CLI's (`endpoints add --verify`)
@@ -74,10 +79,9 @@ class EndpointCreate(EndpointFields):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        if not value.isprintable():
-            raise ValueError("must be printable")
+        problem = endpoint_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

@@ -246,7 +246,8 @@ SCHEMAS: dict[str, Any] = {
     "EndpointPage": obj({"items": {"type": "array", "items": ref("Endpoint")}, "next_cursor": NULLABLE_TEXT}),
     "EndpointCreate": obj(
         {
-            "name": {"type": "string", "minLength": 1, "maxLength": 200},
+            "name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "\\D",
+                     "description": "not all digits: an all-digit {id} always means an id"},
             "secret": {"type": "string", "description": "whsec_<base64>; default: generated"},
             **ENDPOINT_FIELDS,
         },
@@ -318,7 +319,8 @@ PROBLEM = {
     "description": "a problem document (RFC 9457)",
     "content": {"application/problem+json": {"schema": ref("Problem")}},
 }
-ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": TEXT}
+ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": TEXT,
+            "description": "all digits: the id; anything else: the name"}
 
 
 def _query(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:

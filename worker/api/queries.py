@@ -28,10 +28,8 @@ ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms,
 
 
 async def endpoint_id(conn: Conn, name_or_id: str) -> int | None:
-    row = await fetch_one(
-        conn, "SELECT id FROM webhooks.endpoints WHERE name = %s OR id::text = %s ORDER BY name = %s DESC"
-              " LIMIT 1", (name_or_id, name_or_id, name_or_id))
-    return None if row is None else int(row["id"])
+    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (name_or_id,))
+    return None if row is None or row["id"] is None else int(row["id"])
 
 
 async def publish(conn: Conn, event_type: str, payload: str, endpoint: str | None,
