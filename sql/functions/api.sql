@@ -109,6 +109,7 @@ DECLARE
     -- whom row-level security does not bind, so it keeps to the tenant itself
     v_tenant bigint := nullif(current_setting('webhooks.tenant', true), '')::bigint;
     v_full record;
+    v_inserted bigint[];
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
@@ -140,9 +141,8 @@ BEGIN
         RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
             USING ERRCODE = 'configuration_limit_exceeded';
     END IF;
-    RETURN QUERY
     WITH targets AS (
-        SELECT e.id, e.name FROM webhooks.endpoints e
+        SELECT e.id FROM webhooks.endpoints e
         WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
            OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
                AND (v_tenant IS NULL OR e.tenant_id = v_tenant))
@@ -154,15 +154,20 @@ BEGIN
                p_expires_at
         FROM targets t ORDER BY t.id
         ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
-        RETURNING q.delivery_id, q.webhook_id
+        RETURNING q.delivery_id
     )
-    SELECT coalesce(i.delivery_id, q.delivery_id), t.id, t.name, i.delivery_id IS NOT NULL, v_key
-    FROM targets t
-    LEFT JOIN inserted i ON i.webhook_id = t.id
-    LEFT JOIN webhooks.alert_delivery_queue q
-           ON i.delivery_id IS NULL AND q.webhook_id = t.id AND q.idempotency_key = v_key
-    WHERE coalesce(i.delivery_id, q.delivery_id) IS NOT NULL
-    ORDER BY t.id;
+    SELECT coalesce(array_agg(i.delivery_id), '{}') INTO v_inserted FROM inserted i;
+    -- A statement of its own, so a snapshot of its own: a concurrent publish of the same key that
+    -- won the insert (ON CONFLICT waited for it to commit) is visible here, and this one answers
+    -- with its deliveries. In the insert's statement it was not, and the loser answered none.
+    RETURN QUERY
+    SELECT q.delivery_id, e.id, e.name, q.delivery_id = ANY (v_inserted), v_key
+    FROM webhooks.endpoints e
+    JOIN webhooks.alert_delivery_queue q ON q.webhook_id = e.id AND q.idempotency_key = v_key
+    WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
+       OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
+           AND (v_tenant IS NULL OR e.tenant_id = v_tenant))
+    ORDER BY e.id;
 END;
 $$;
 

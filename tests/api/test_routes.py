@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import psycopg
 import pytest
 from openapi_spec_validator import validate
 
-from tests.support import add_endpoint, enqueue, query
+from tests.support import add_endpoint, enqueue, eventually, query
 from worker.api.openapi import document
 from worker.api.routes import ROUTES
 
@@ -125,6 +126,30 @@ def test_publish_then_the_same_key_again(api, role_tokens, db, receiver):
         db, "SELECT idempotency_key, ordering_key, priority, traceparent FROM webhooks.alert_delivery_queue"
     )
     assert rows == [("order-7", "customer-1", 5, trace)] * 2
+
+
+def test_of_two_publishes_of_one_key_at_once_the_second_answers_with_the_first_s_deliveries(db, receiver):
+    # The race made deterministic: the first publish holds its transaction open while the second,
+    # in another session, waits on the key's conflict; once the first commits, the second must
+    # answer with the deliveries the first made, not with none (as its insert's snapshot saw them).
+    add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
+    add_endpoint(db, receiver.url("/b"), name="b", event_types=("order.*",))
+    publish = ("SELECT delivery_id, webhook_id, created FROM webhooks.api_publish(%s, %s::jsonb, NULL, %s)"
+               " ORDER BY webhook_id")
+    answers: list[list[tuple[int, int, bool]]] = []
+    with psycopg.connect(db) as first, psycopg.connect(db, autocommit=True) as second:
+        won = first.execute(publish, ("order.paid", "{}", "order-8")).fetchall()
+        waiting = second.execute("SELECT pg_backend_pid()").fetchone()[0]
+        thread = threading.Thread(target=lambda: answers.append(
+            second.execute(publish, ("order.paid", "{}", "order-8")).fetchall()))
+        thread.start()
+        eventually(lambda: query(db, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                 (waiting,)) == [("Lock",)], message="the second publish waiting on the key")
+        first.commit()
+        thread.join(30)
+    assert [created for *_, created in won] == [True, True]
+    assert answers == [[(delivery, endpoint, False) for delivery, endpoint, _ in won]]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(2,)]
 
 
 def test_publish_to_one_endpoint_by_name_or_id(api, role_tokens, db, receiver):
