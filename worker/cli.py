@@ -650,8 +650,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not args.all:
             raise UsageError("give a delivery id, or --all with filters to replay every matching dead letter")
         # Batches of the oldest matching dead letters: replayed rows leave the dead-letter state, so
-        # an interrupted run simply continues where it stopped when run again.
+        # an interrupted run simply continues where it stopped when run again. Only those that were
+        # dead letters when it started: one that fails again is not replayed a second time, so the
+        # run ends even while the receiver keeps refusing.
         filters, total = _filters(conn, args), 0
+        filters["until"] = operations.started_before(conn, filters["until"])
         pause = args.batch / args.rate if args.rate else 0.0
         while True:
             step = min(args.batch, args.max - total) if args.max else args.batch
@@ -778,6 +781,25 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
     # the token alone on standard output, so `TOKEN=$(webhook-worker tokens create …)` captures it
     print(f"token {args.name} created (role {args.role}{until}); shown once, store it now:", file=sys.stderr)
     print(token)
+    return 0
+
+
+def cmd_operations_list(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        rows = operations.bulk_operations(conn, args.limit)
+    _emit(args, rows, ["id", "kind", "status", "processed", "max_rows", "rate", "requested_by",
+                       "cancelled_by", "created_at", "finished_at"])
+    return 0
+
+
+def cmd_operations_cancel(args: argparse.Namespace) -> int:
+    with _connect(args) as conn:
+        status = operations.cancel_operation(conn, args.id, "cli")
+    if status is None:
+        raise CommandFailed(f"ID {args.id}: no operation with this id")
+    if status != "cancelled":
+        raise CommandFailed(f"operation {args.id} is {status} already: nothing to cancel")
+    print(f"operation {args.id} cancelled")
     return 0
 
 
@@ -1051,6 +1073,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--rate", type=float, help="at most this many rows per second")
     replay.add_argument("--max", type=int, help="stop after this many")
     replay.add_argument("--json", action="store_true", help="print JSON")
+
+    operation_commands = group("operations", "bulk replays started over the HTTP API",
+                               "Bulk replays started over the HTTP API (POST /v1/dead-letters/replay).")
+    operations_list = command(operation_commands, "list", cmd_operations_list,
+                              "list operations, newest first")
+    operations_list.add_argument("--limit", type=int, default=50, help="default 50")
+    operations_list.add_argument("--json", action="store_true", help="print JSON")
+    operations_cancel = command(operation_commands, "cancel", cmd_operations_cancel,
+                                "stop a running operation after the step it is in")
+    operations_cancel.add_argument("id", metavar="ID", type=int, help="operation id")
 
     config_commands = group("config", "the fleet-wide defaults in webhooks.delivery_config",
                             "The fleet-wide defaults in webhooks.delivery_config.")

@@ -436,6 +436,26 @@ def replay_one(conn: psycopg.Connection, delivery_id: int) -> bool:
     return bool(row and row[0])
 
 
+def started_before(conn: psycopg.Connection, until: datetime | None) -> datetime:
+    """The bound of a bulk replay starting now: the given `until`, or now (database time) if sooner."""
+    row = conn.execute("SELECT least(%s::timestamptz, statement_timestamp())", (until,)).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def bulk_operations(conn: psycopg.Connection, limit: int) -> list[dict[str, Any]]:
+    return fetch_dicts(
+        conn, "SELECT id, kind, status, processed, max_rows, rate, requested_by, cancelled_by, created_at,"
+              " finished_at FROM webhooks.api_operations ORDER BY id DESC LIMIT %s", (limit,))
+
+
+def cancel_operation(conn: psycopg.Connection, operation_id: int, cancelled_by: str) -> str | None:
+    """Stop a running operation; its status after ('cancelled' once stopped), None if there is none."""
+    row = conn.execute("SELECT webhooks.api_cancel_operation(%s, %s)",
+                       (operation_id, cancelled_by)).fetchone()
+    return None if row is None else row[0]
+
+
 def replay_batch(conn: psycopg.Connection, filters: dict[str, Any], limit: int) -> int:
     row = conn.execute(
         "SELECT webhooks.replay_dead_letters(%(webhook_id)s, %(event_type)s, %(category)s, %(since)s,"

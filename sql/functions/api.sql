@@ -215,6 +215,9 @@ $$;
 
 -- One step of a running replay operation: at most p_limit more dead letters (and no more than its
 -- max_rows in all). No row when the operation is not running or another session is stepping it.
+-- Only rows that were dead letters when the operation started are taken: a replayed row that fails
+-- again is a dead letter of a later time, so each row is replayed at most once and the operation
+-- ends even while its rows keep failing.
 CREATE FUNCTION webhooks.api_replay_step(p_operation_id bigint, p_limit integer)
 RETURNS TABLE (status text, processed bigint)
 LANGUAGE plpgsql
@@ -241,7 +244,8 @@ BEGIN
                    ELSE least(p_limit, v_op.max_rows - v_op.processed)::integer END;
     v_done := CASE WHEN v_step <= 0 THEN 0 ELSE webhooks.replay_dead_letters(
         (v_op.filter ->> 'webhook_id')::bigint, v_op.filter ->> 'event_type', v_op.filter ->> 'category',
-        (v_op.filter ->> 'since')::timestamptz, (v_op.filter ->> 'until')::timestamptz, v_step) END;
+        (v_op.filter ->> 'since')::timestamptz,
+        least((v_op.filter ->> 'until')::timestamptz, v_op.created_at), v_step) END;
     UPDATE webhooks.api_operations o
     SET processed = o.processed + v_done, updated_at = now(),
         status = CASE WHEN v_done < v_step OR v_step <= 0
@@ -253,6 +257,27 @@ BEGIN
     WHERE o.id = p_operation_id
     RETURNING o.status, o.processed INTO status, processed;
     RETURN NEXT;
+END;
+$$;
+
+-- A running operation stops: once the step it may be in has committed (the row lock waits for it),
+-- it is 'cancelled' and no process steps it again. The status it has after; NULL when there is none.
+CREATE FUNCTION webhooks.api_cancel_operation(p_operation_id bigint, p_cancelled_by text) RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_status text;
+BEGIN
+    UPDATE webhooks.api_operations o
+    SET status = 'cancelled', cancelled_by = p_cancelled_by, updated_at = now(), finished_at = now()
+    WHERE o.id = p_operation_id AND o.status = 'running'
+    RETURNING o.status INTO v_status;
+    IF v_status IS NULL THEN
+        SELECT o.status INTO v_status FROM webhooks.api_operations o WHERE o.id = p_operation_id;
+    END IF;
+    RETURN v_status;
 END;
 $$;
 

@@ -19,7 +19,7 @@ COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["end
             ["status"], ["deliveries", "show"], ["dlq", "list"], ["replay"], ["config", "show"],
             ["config", "set"], ["purge"], ["keys"], ["keys", "generate"], ["keys", "status"],
             ["keys", "rotate"], ["demo"], ["api"], ["tokens"], ["tokens", "create"], ["tokens", "list"],
-            ["tokens", "revoke"]]
+            ["tokens", "revoke"], ["operations"], ["operations", "list"], ["operations", "cancel"]]
 
 
 def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker"), stdin=None):
@@ -44,7 +44,8 @@ def test_help_from_the_installed_command():
     assert "usage: webhook-worker" in result.stdout and "endpoints" in result.stdout
 
 
-@pytest.mark.parametrize("group", ["endpoints", "deliveries", "dlq", "config", "keys", "tokens"])
+@pytest.mark.parametrize("group", ["endpoints", "deliveries", "dlq", "config", "keys", "tokens",
+                                   "operations"])
 def test_a_command_group_given_alone_prints_its_help_and_runs_nothing(group):
     result = cli(group, env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
     assert result.returncode == 2

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+from tests.acceptance.test_cli import cli
 from tests.api.test_routes import dead_letter
 from tests.support import add_endpoint, eventually, query
 
@@ -106,3 +109,88 @@ def test_an_operation_that_cannot_go_on_fails_with_why_and_the_others_go_on(api,
     )
     failed = api.get(f"/v1/operations/{broken}", role_tokens["reader"]).json
     assert failed["status"] == "failed" and "not a time" in failed["error"]
+
+
+def fail_again(db, delivery_ids):
+    """As a receiver that refuses again would leave them: dead letters once more, of a later time."""
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter',"
+              " failure_category = 'http_4xx', dead_lettered_at = clock_timestamp()"
+              " WHERE delivery_id = ANY(%s) AND status = 'pending'",
+          (delivery_ids,))
+
+
+def test_a_bulk_replay_whose_rows_keep_failing_replays_each_once_and_ends(db):
+    endpoint = add_endpoint(db, "https://example.com/refuses", name="refuses")
+    rows = [dead_letter(db, endpoint) for _ in range(5)]
+    [(operation,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'test')")
+    steps = []
+    for _ in range(10):  # bounded: five rows two at a time need three steps
+        [(status, processed)] = query(db, "SELECT * FROM webhooks.api_replay_step(%s, 2)", (operation,))
+        steps.append((status, processed))
+        fail_again(db, rows)
+        if status != "running":
+            break
+    assert steps == [("running", 2), ("running", 4), ("done", 5)]
+    assert query(db, "SELECT delivery_id, replays FROM webhooks.alert_delivery_queue ORDER BY 1") == [
+        (row, 1) for row in rows]
+
+
+def test_the_cli_s_replay_all_ends_while_its_rows_keep_failing(db):
+    endpoint = add_endpoint(db, "https://example.com/refuses", name="refuses")
+    rows = [dead_letter(db, endpoint) for _ in range(3)]
+    # a trigger stands in for the receiver that refuses at once: each replayed row is a dead letter again
+    query(db, """
+        CREATE FUNCTION public.refuse_again() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            NEW.status := 'dead_letter'; NEW.dead_lettered_at := clock_timestamp(); RETURN NEW;
+        END $$""")
+    query(db, "CREATE TRIGGER refuse_again BEFORE UPDATE OF status ON webhooks.alert_delivery_queue"
+              " FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION public.refuse_again()")
+    result = cli("replay", "--all", "--endpoint", "refuses", "--batch", "1", "--json",
+                 env={"DATABASE_URL": db}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"replayed": 3}
+    assert query(db, "SELECT delivery_id, replays FROM webhooks.alert_delivery_queue ORDER BY 1") == [
+        (row, 1) for row in rows]
+
+
+def test_a_running_bulk_replay_is_cancelled_over_the_api(api, role_tokens, db):
+    endpoint = add_endpoint(db, "https://example.com/a", name="slow")
+    for _ in range(30):
+        dead_letter(db, endpoint)
+    admin = role_tokens["admin"]
+    # one row a second: it is still running when cancelled, however busy the machine
+    started = api.post("/v1/dead-letters/replay", admin, {"filter": {"endpoint": "slow"}, "rate": 1})
+    operation = started.json["id"]
+    assert api.post(f"/v1/operations/{operation}/cancel", role_tokens["reader"]).status == 403
+    cancelled = api.post(f"/v1/operations/{operation}/cancel", admin)
+    assert cancelled.status == 200, cancelled.body
+    assert cancelled.json["status"] == "cancelled" and cancelled.json["cancelled_by"].startswith("api:admin-")
+    processed = cancelled.json["processed"]
+    assert processed < 30
+    assert api.post(f"/v1/operations/{operation}/cancel", admin).status == 200  # again: no change
+    assert api.post("/v1/operations/999999/cancel", admin).status == 404
+    # the API process's runner never steps it again: a later operation is done, this one unchanged
+    [(other,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'test')")
+    eventually(lambda: query(db, "SELECT status FROM webhooks.api_operations WHERE id = %s", (other,))
+               == [("done",)], message="a later operation done")
+    assert query(db, "SELECT status, processed FROM webhooks.api_operations WHERE id = %s", (operation,)) == [
+        ("cancelled", processed)]
+    assert api.post(f"/v1/operations/{other}/cancel", admin).status == 409
+
+
+def test_the_cli_lists_and_cancels_operations(db):
+    [(running,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'test')")
+    [(done,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'test')")
+    query(db, "SELECT webhooks.api_replay_step(%s, 10)", (done,))  # nothing to replay: done
+    result = cli("operations", "cancel", str(running), env={"DATABASE_URL": db})
+    assert result.returncode == 0 and f"operation {running} cancelled" in result.stdout, result.stderr
+    again = cli("operations", "cancel", str(running), env={"DATABASE_URL": db})  # as the API: no change
+    assert again.returncode == 0, again.stderr
+    refused = cli("operations", "cancel", str(done), env={"DATABASE_URL": db})
+    assert refused.returncode == 1 and f"operation {done} is done already" in refused.stderr
+    missing = cli("operations", "cancel", "999999", env={"DATABASE_URL": db})
+    assert missing.returncode == 1 and "no operation with this id" in missing.stderr
+    listed = cli("operations", "list", "--json", env={"DATABASE_URL": db})
+    assert [(o["id"], o["status"], o["cancelled_by"]) for o in json.loads(listed.stdout)] == [
+        (done, "done", None), (running, "cancelled", "cli")]

@@ -231,9 +231,10 @@ SCHEMAS: dict[str, Any] = {
             "filter": {"type": "object"},
             "rate": NULLABLE_NUMBER,
             "max": NULLABLE_INT,
-            "status": {"type": "string", "enum": ["running", "done", "failed"]},
+            "status": {"type": "string", "enum": ["running", "done", "failed", "cancelled"]},
             "processed": INT,
             "requested_by": TEXT,
+            "cancelled_by": NULLABLE_TEXT,
             "error": NULLABLE_TEXT,
             "created_at": TIME,
             "updated_at": TIME,
@@ -468,6 +469,11 @@ def document() -> dict[str, Any]:
         },
         "/v1/operations/{id}": {
             "get": _not_found(_op("A bulk operation's progress", READ, {200: "Operation"}, params=endpoint))
+        },
+        "/v1/operations/{id}/cancel": {
+            "post": _conflict(_not_found(_op(
+                "Stop a running operation after the step it is in (again: 200; already done or failed: 409)",
+                ADMIN, {200: "Operation"}, params=endpoint)))
         },
         "/v1/endpoints": {
             "get": _op("Endpoints by id. " + PAGE_NOTE, READ, {200: "EndpointPage"}, params=PAGE_PARAMS),

@@ -103,10 +103,16 @@ async def start_replay(conn: Conn, filters: dict[str, Any], rate: float | None, 
     return int(row["id"])
 
 
+async def cancel_operation(conn: Conn, operation_id: int, cancelled_by: str) -> str | None:
+    row = await fetch_one(conn, "SELECT webhooks.api_cancel_operation(%s, %s) AS status",
+                          (operation_id, cancelled_by))
+    return None if row is None else row["status"]
+
+
 async def operation(conn: Conn, operation_id: int) -> dict[str, Any] | None:
     return await fetch_one(
-        conn, "SELECT id, kind, filter, rate, max_rows AS max, status, processed, requested_by, error,"
-              " created_at, updated_at, finished_at FROM webhooks.api_operations WHERE id = %s",
+        conn, "SELECT id, kind, filter, rate, max_rows AS max, status, processed, requested_by, cancelled_by,"
+              " error, created_at, updated_at, finished_at FROM webhooks.api_operations WHERE id = %s",
         (operation_id,))
 
 

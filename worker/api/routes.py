@@ -22,6 +22,7 @@ from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_
 from worker.api.inputs import (
     MAX_ID,
     Body,
+    EmptyBody,
     decode_cursor,
     encode_cursor,
     limit_param,
@@ -269,6 +270,22 @@ async def get_operation(request: web.Request) -> web.Response:
         operation = await queries.operation(conn, operation_id)
     if operation is None:
         raise not_found(f"operation {operation_id}")
+    return json_response(operation)
+
+
+@allow(*ADMIN)
+async def cancel_operation(request: web.Request) -> web.Response:
+    operation_id = path_id(request)
+    await read_optional_body(request, EmptyBody)
+    caller = caller_of(request)
+    async with _state(request).db.transaction(caller) as conn:
+        status = await queries.cancel_operation(conn, operation_id, _decided_by(caller))
+        operation = await queries.operation(conn, operation_id)
+    if status is None or operation is None:
+        raise not_found(f"operation {operation_id}")
+    if status != "cancelled":
+        raise conflict(f"operation {operation_id} is {status}: only a running operation is cancelled")
+    get_logger().info("api operation cancelled", operation_id=operation_id, by=caller.name)
     return json_response(operation)
 
 
@@ -657,6 +674,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
     ("GET", "/v1/dead-letters", list_dead_letters),
     ("POST", "/v1/dead-letters/replay", replay_dead_letters),
     ("GET", "/v1/operations/{id}", get_operation),
+    ("POST", "/v1/operations/{id}/cancel", cancel_operation),
     ("GET", "/v1/endpoints", list_endpoints),
     ("POST", "/v1/endpoints", create_endpoint),
     ("GET", "/v1/endpoints/{id}", get_endpoint),

@@ -1,0 +1,9 @@
+-- 011_operation_cancel: a bulk operation can be cancelled (POST /v1/operations/{id}/cancel,
+-- `webhook-worker operations cancel`): it stops at the end of the step it is in, and says who
+-- stopped it.
+
+ALTER TABLE webhooks.api_operations
+    DROP CONSTRAINT api_operations_status_check,
+    ADD CONSTRAINT api_operations_status_check
+        CHECK (status IN ('running', 'done', 'failed', 'cancelled')),
+    ADD COLUMN cancelled_by text;
