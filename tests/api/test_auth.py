@@ -97,6 +97,32 @@ def test_failed_authentications_are_limited_per_address_and_counted(db):
         server.stop()
 
 
+def test_every_answer_is_kept_out_of_caches_and_is_not_sniffed(db):
+    server = ApiServer(api_config(db, failed_auth_per_minute=1)).start()
+    try:
+        reader, producer = make_token(db, "reader"), make_token(db, "producer")
+        answers = {
+            "200": server.get("/v1/token", reader),
+            "200 document": server.get("/v1/openapi.json"),
+            "403": server.get("/v1/stats", producer),
+            "404": server.get("/v1/no-such-route", reader),
+            "405": server.request("DELETE", "/v1/token", reader),
+            "422": server.post("/v1/messages", producer, {"payload": {}}),
+            "health": server.get("/health"),
+            "ready": server.get("/ready"),
+            "401": server.get("/v1/token", "whk_" + "x" * 43),
+            "429": server.get("/v1/token", "whk_" + "x" * 43),
+        }
+        assert [a.status for a in answers.values()] == [200, 200, 403, 404, 405, 422, 200, 200, 401, 429]
+        for what, answer in answers.items():
+            assert answer.headers["content-type"].startswith(("application/json", "application/problem+json"))
+            assert answer.headers.get("cache-control") == "no-store", what
+            assert answer.headers.get("x-content-type-options") == "nosniff", what
+        assert server.contract_problems() == []
+    finally:
+        server.stop()
+
+
 def test_the_limiter_forgets_failures_older_than_its_window():
     now = [0.0]
     limiter = FailedAuthLimiter(2, window=60, clock=lambda: now[0])

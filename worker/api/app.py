@@ -39,6 +39,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API_PREFIX = "/v1/"
 CONSOLE_PREFIX = "/console"
 PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})
+# On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
+# no cache keeps it, and a browser must not read a JSON document as HTML or script.
+ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
 class ApiMetrics:
@@ -134,11 +137,29 @@ def _route_label(request: web.Request) -> str:
 
 @web.middleware
 async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Authentication and role checks for /v1, problem documents for every error, metrics."""
+    """Authentication and role checks for /v1, problem documents for every error, metrics, and
+    headers that keep answers out of caches and from being sniffed as something else."""
     state = request.app[STATE]
     started = time.monotonic()
     route = _route_label(request)
     status = 500
+    try:
+        response = await _answer(request, handler, route)
+        status = response.status
+        if not response.prepared:
+            for name, value in ANSWER_HEADERS.items():
+                response.headers.setdefault(name, value)
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        state.metrics.requests.labels(route, request.method, str(status)).inc()
+        state.metrics.duration.labels(route).observe(time.monotonic() - started)
+
+
+async def _answer(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
+    state = request.app[STATE]
     try:
         if request.path.startswith(API_PREFIX) and request.path not in PUBLIC_API_PATHS \
                 and request.match_info.http_exception is None:
@@ -147,34 +168,25 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             if caller.role not in allowed:
                 raise forbidden(caller.role, allowed or ("no role",))
             request[CALLER] = caller
-        response = await handler(request)
-        status = response.status
-        return response
+        return await handler(request)
     except Problem as problem:
-        status = problem.status
         return problem.response(request.path)
     except web.HTTPException as exc:
-        status = exc.status
         if exc.status < 400 or not request.path.startswith(API_PREFIX):
             raise
         answer = Problem(exc.status, _kind(exc.status), exc.reason, _detail(exc, request))
         return answer.response(request.path)
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
-        status = 503
         get_logger().warning("api database unreachable", route=route)
         return Problem(503, "database-unavailable", "The database is unreachable",
                        "try again shortly", headers={"Retry-After": "5"}).response(request.path)
     except Exception as exc:  # noqa: BLE001 - one request's failure must not end the process
-        status = 500
         # the type and the server's primary message only: a DETAIL may quote a row, credentials included
         message = exc.diag.message_primary if isinstance(exc, psycopg.Error) else None
         get_logger().error("api request failed", route=route, method=request.method,
                            error=type(exc).__name__, message=message)
         return Problem(500, "internal", "Internal error", "the request failed; the API's log says why"
                        ).response(request.path)
-    finally:
-        state.metrics.requests.labels(route, request.method, str(status)).inc()
-        state.metrics.duration.labels(route).observe(time.monotonic() - started)
 
 
 def _kind(status: int) -> str:
