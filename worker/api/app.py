@@ -10,7 +10,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from worker import schema
 from worker.api import tokens
 from worker.api.data import Database
-from worker.api.limits import FailedAuthLimiter
+from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
 from worker.config import Config
@@ -42,6 +42,7 @@ PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})
 # On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
 # no cache keeps it, and a browser must not read a JSON document as HTML or script.
 ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+T = TypeVar("T")
 
 
 class ApiMetrics:
@@ -76,35 +77,48 @@ class ApiState:
     # set when the process stops: the operations loop ends by itself, whatever a cancellation met
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
+    async def check_credential(self, address: str, key: bytes | None,
+                               lookup: Callable[[], Awaitable[T | None]],
+                               reason: str = "invalid") -> Verdict[T]:
+        """The limiter's verdict on a credential (worker.api.limits: a valid one always passes),
+        failures counted in the metrics by `reason`, or as rate_limited past the limit."""
+        verdict = await self.limiter.check(address, key, lookup)
+        if verdict.found is None:
+            limited = verdict.retry_after is not None
+            self.metrics.failed_authentications.labels("rate_limited" if limited else reason).inc()
+        return verdict
+
     async def verify_token(self, token: str, address: str) -> Caller:
-        """The caller a token stands for; raises a Problem (429 while this address is locked out
-        for failing too often, 401 for a token that is unknown, revoked or expired). Every failure
-        counts against the address. For the console's login too."""
-        retry_after = self.limiter.retry_after(address)
-        if retry_after is not None:
-            self.metrics.failed_authentications.labels("rate_limited").inc()
-            raise too_many_failed_authentications(retry_after)
-        async with self.db.connection() as conn:
-            caller = await tokens.verify(conn, token)
-        if caller is None:
-            self.limiter.failed(address)
-            self.metrics.failed_authentications.labels("invalid").inc()
-            raise unauthorized("the token is not valid (unknown, revoked or expired)")
-        return caller
+        """The caller a token stands for; raises a Problem (401 for a token that is malformed,
+        unknown, revoked or expired; 429 for one of those from an address locked out for failing
+        too often). A valid token is served whatever the address did. For the console's login too."""
+
+        async def lookup() -> Caller | None:
+            async with self.db.connection() as conn:
+                return await tokens.verify(conn, token)
+
+        key = tokens.token_hash(token) if tokens.well_formed(token) else None
+        verdict = await self.check_credential(address, key, lookup)
+        if verdict.found is not None:
+            return verdict.found
+        if verdict.retry_after is not None:
+            raise too_many_failed_authentications(verdict.retry_after)
+        raise unauthorized("the token is not valid (unknown, revoked or expired)")
 
     async def authenticate(self, request: web.Request) -> Caller:
         """The caller of an API request, from its `Authorization: Bearer` header."""
         address = client_address(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            retry_after = self.limiter.retry_after(address)
-            if retry_after is not None:
-                self.metrics.failed_authentications.labels("rate_limited").inc()
-                raise too_many_failed_authentications(retry_after)
-            self.limiter.failed(address)
-            self.metrics.failed_authentications.labels("missing").inc()
+            verdict: Verdict[None] = await self.check_credential(address, None, _nothing, reason="missing")
+            if verdict.retry_after is not None:
+                raise too_many_failed_authentications(verdict.retry_after)
             raise unauthorized("an `Authorization: Bearer <token>` header is required")
         return await self.verify_token(token.strip(), address)
+
+
+async def _nothing() -> None:
+    return None
 
 
 STATE = web.AppKey("webhook_api_state", ApiState)
