@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from tests.api.server import ApiServer, api_config, make_token
+from tests.api.server import ApiProcess, ApiServer, api_config, make_token
 from tests.support import query
 from worker.api import tokens
 from worker.api.limits import FailedAuthLimiter
@@ -111,6 +111,45 @@ def test_a_valid_admin_token_is_served_after_25_failures_from_its_address(api, d
         assert api.get("/v1/tenants", "whk_" + "z" * 43).status == 429
     metrics = api.get("/metrics").body.decode()
     assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 7.0' in metrics
+
+
+def test_a_forged_forwarded_header_from_an_untrusted_peer_moves_no_failure(db):
+    # 127.0.0.1 (the test's own address) is not a trusted proxy here: whatever it claims to forward
+    # for, its failures are its own
+    server = ApiServer(api_config(db, failed_auth_per_minute=2, trusted_proxies=["10.0.0.0/8"])).start()
+    try:
+        bad = "whk_" + "x" * 43
+        assert server.get("/v1/token", bad, headers={"X-Forwarded-For": "203.0.113.1"}).status == 401
+        assert server.get("/v1/token", bad, headers={"Forwarded": "for=203.0.113.2"}).status == 401
+        for claimed in ({"X-Forwarded-For": "203.0.113.3"}, {"Forwarded": "for=203.0.113.4"}, {}):
+            assert server.get("/v1/token", bad, headers=claimed).status == 429
+    finally:
+        server.stop()
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_is_limited_apart(db, tmp_path):
+    # the real process, configured from its file as an operator would
+    process = ApiProcess(db, tmp_path, failed_auth_per_minute=2, trusted_proxies=["127.0.0.1"])
+    try:
+        client, bad = process.client, "whk_" + "x" * 43
+
+        def failing(**headers: str) -> int:
+            return client.get("/v1/token", bad, headers=headers).status
+
+        assert [failing(**{"X-Forwarded-For": "203.0.113.7"}) for _ in range(3)] == [401, 401, 429]
+        # another client behind the same proxy has failures of its own to spend
+        assert failing(**{"X-Forwarded-For": "198.51.100.9"}) == 401
+        assert failing(Forwarded='for="[2001:db8::1]:4711"') == 401
+        # the client cannot step out of its lockout by prepending an address: the proxy appends its own
+        assert failing(**{"X-Forwarded-For": "198.51.100.77, 203.0.113.7"}) == 429
+        assert failing(**{"X-Forwarded-For": "198.51.100.9"}) == 401
+        assert failing(**{"X-Forwarded-For": "198.51.100.9"}) == 429
+        # nor was the proxy's own address locked out by its clients' failures
+        assert failing() == 401
+        reader = make_token(db, "reader")
+        assert client.get("/v1/token", reader, headers={"X-Forwarded-For": "203.0.113.7"}).status == 200
+    finally:
+        assert process.stop() == 0
 
 
 def test_every_answer_is_kept_out_of_caches_and_is_not_sniffed(db):

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from worker import schema
-from worker.api import tokens
+from worker.api import forwarded, tokens
 from worker.api.data import Database
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
@@ -76,6 +76,11 @@ class ApiState:
     operations_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     # set when the process stops: the operations loop ends by itself, whatever a cancellation met
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # peers whose X-Forwarded-For / Forwarded headers name the client (api.trusted_proxies)
+    trusted_proxies: tuple[forwarded.Network, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trusted_proxies = forwarded.networks(self.config.api.trusted_proxies)
 
     async def check_credential(self, address: str, key: bytes | None,
                                lookup: Callable[[], Awaitable[T | None]],
@@ -126,8 +131,11 @@ CALLER = web.RequestKey("webhook_api_caller", Caller)
 
 
 def client_address(request: web.Request) -> str:
-    # The peer address: a forwarded header is not trusted (anyone can send one and dodge the limit).
-    return request.remote or "unknown"
+    """The address a request's failures count against: the peer, or behind a proxy listed in
+    api.trusted_proxies the client its X-Forwarded-For or Forwarded header names."""
+    headers, trusted = request.headers, request.config_dict[STATE].trusted_proxies
+    return forwarded.client_address(request.remote, headers.getall("X-Forwarded-For", []),
+                                    headers.getall("Forwarded", []), trusted)
 
 
 def caller_of(request: web.Request) -> Caller:
