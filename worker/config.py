@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from worker.api.forwarded import network_problem
 from worker.errors import ConfigError
 
 ENV_PREFIX = "WEBHOOK_WORKER_"
@@ -156,11 +157,23 @@ class ApiConfig(_Section):
     # Failed authentications one client address may make per minute; beyond it, 429 until the
     # minute has passed, so tokens cannot be guessed at speed.
     failed_auth_per_minute: int = Field(default=20, ge=1, le=100_000)
+    # Proxies (addresses or CIDRs) whose X-Forwarded-For / Forwarded headers name the client whose
+    # failures are counted; from any other peer those headers are ignored (anyone can send them).
+    trusted_proxies: list[str] = Field(default_factory=list)
     # Request bodies above this are refused (413) before they are read; the payload limit itself
     # (webhooks.delivery_config.max_payload_bytes) is checked by the database.
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=128 * 1024 * 1024)
     # Rows a bulk replay puts back per step; with a rate, steps are spaced to keep to it.
     replay_step_rows: int = Field(default=100, ge=1, le=10_000)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_parse(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            problem = network_problem(entry)
+            if problem is not None:
+                raise ValueError(problem)
+        return entries
 
 
 class LoggingConfig(_Section):

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from tests.api.server import ApiServer, api_config, make_token
+from tests.api.server import ApiProcess, ApiServer, api_config, make_token
 from tests.support import query
 from worker.api import tokens
 from worker.api.limits import FailedAuthLimiter
@@ -87,12 +87,93 @@ def test_failed_authentications_are_limited_per_address_and_counted(db):
         limited = server.get("/v1/token", "whk_" + "y" * 43)
         assert limited.status == 429 and int(limited.headers["retry-after"]) >= 1
         assert limited.json["type"].endswith("/too-many-failed-authentications")
-        # a good token from the same address waits too: the lockout is the address's, not the token's
-        assert server.get("/v1/token", good).status == 429
+        assert server.get("/v1/token").status == 429  # no token at all: refused as fast
         metrics = server.get("/metrics").body.decode()
         assert 'webhook_api_failed_authentications_total{reason="invalid"} 3.0' in metrics
         assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 2.0' in metrics
         assert good not in metrics and "whk_" not in metrics
+    finally:
+        server.stop()
+
+
+def test_a_valid_admin_token_is_served_after_25_failures_from_its_address(api, db):
+    # the default limit (20): anyone sharing the address (a NAT, a proxy) failing does not shut
+    # out a client whose token is good
+    admin = make_token(db, "admin")
+    failures = [api.get("/v1/tenants", "whk_" + "x" * 43) for _ in range(10)]
+    failures += [api.get("/v1/tenants", "nonsense") for _ in range(10)]
+    failures += [api.get("/v1/tenants") for _ in range(5)]
+    assert [a.status for a in failures] == [401] * 20 + [429] * 5
+    for _ in range(2):
+        served = api.get("/v1/tenants", admin)
+        assert served.status == 200, served.body
+        # ... and the failures go on being limited
+        assert api.get("/v1/tenants", "whk_" + "z" * 43).status == 429
+    metrics = api.get("/metrics").body.decode()
+    assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 7.0' in metrics
+
+
+def test_a_forged_forwarded_header_from_an_untrusted_peer_moves_no_failure(db):
+    # 127.0.0.1 (the test's own address) is not a trusted proxy here: whatever it claims to forward
+    # for, its failures are its own
+    server = ApiServer(api_config(db, failed_auth_per_minute=2, trusted_proxies=["10.0.0.0/8"])).start()
+    try:
+        bad = "whk_" + "x" * 43
+        assert server.get("/v1/token", bad, headers={"X-Forwarded-For": "203.0.113.1"}).status == 401
+        assert server.get("/v1/token", bad, headers={"Forwarded": "for=203.0.113.2"}).status == 401
+        for claimed in ({"X-Forwarded-For": "203.0.113.3"}, {"Forwarded": "for=203.0.113.4"}, {}):
+            assert server.get("/v1/token", bad, headers=claimed).status == 429
+    finally:
+        server.stop()
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_is_limited_apart(db, tmp_path):
+    # the real process, configured from its file as an operator would
+    process = ApiProcess(db, tmp_path, failed_auth_per_minute=2, trusted_proxies=["127.0.0.1"])
+    try:
+        client, bad = process.client, "whk_" + "x" * 43
+
+        def failing(**headers: str) -> int:
+            return client.get("/v1/token", bad, headers=headers).status
+
+        assert [failing(**{"X-Forwarded-For": "203.0.113.7"}) for _ in range(3)] == [401, 401, 429]
+        # another client behind the same proxy has failures of its own to spend
+        assert failing(**{"X-Forwarded-For": "198.51.100.9"}) == 401
+        assert failing(Forwarded='for="[2001:db8::1]:4711"') == 401
+        # the client cannot step out of its lockout by prepending an address: the proxy appends its own
+        assert failing(**{"X-Forwarded-For": "198.51.100.77, 203.0.113.7"}) == 429
+        assert failing(**{"X-Forwarded-For": "198.51.100.9"}) == 401
+        assert failing(**{"X-Forwarded-For": "198.51.100.9"}) == 429
+        # nor was the proxy's own address locked out by its clients' failures
+        assert failing() == 401
+        reader = make_token(db, "reader")
+        assert client.get("/v1/token", reader, headers={"X-Forwarded-For": "203.0.113.7"}).status == 200
+    finally:
+        assert process.stop() == 0
+
+
+def test_every_answer_is_kept_out_of_caches_and_is_not_sniffed(db):
+    server = ApiServer(api_config(db, failed_auth_per_minute=1)).start()
+    try:
+        reader, producer = make_token(db, "reader"), make_token(db, "producer")
+        answers = {
+            "200": server.get("/v1/token", reader),
+            "200 document": server.get("/v1/openapi.json"),
+            "403": server.get("/v1/stats", producer),
+            "404": server.get("/v1/no-such-route", reader),
+            "405": server.request("DELETE", "/v1/token", reader),
+            "422": server.post("/v1/messages", producer, {"payload": {}}),
+            "health": server.get("/health"),
+            "ready": server.get("/ready"),
+            "401": server.get("/v1/token", "whk_" + "x" * 43),
+            "429": server.get("/v1/token", "whk_" + "x" * 43),
+        }
+        assert [a.status for a in answers.values()] == [200, 200, 403, 404, 405, 422, 200, 200, 401, 429]
+        for what, answer in answers.items():
+            assert answer.headers["content-type"].startswith(("application/json", "application/problem+json"))
+            assert answer.headers.get("cache-control") == "no-store", what
+            assert answer.headers.get("x-content-type-options") == "nosniff", what
+        assert server.contract_problems() == []
     finally:
         server.stop()
 
@@ -107,6 +188,75 @@ def test_the_limiter_forgets_failures_older_than_its_window():
     assert limiter.retry_after("a") == 31
     now[0] = 60.5
     assert limiter.retry_after("a") is None
+
+
+class Lookups:
+    """Stand-ins for the database's answer to a credential, counting how many run and how many at
+    once; those made with `held` wait until it is set."""
+
+    def __init__(self, held: asyncio.Event | None = None) -> None:
+        self.held = held
+        self.calls = self.running = self.most = 0
+
+    def answering(self, answer):
+        async def lookup():
+            self.calls += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+            if self.held is not None:
+                await self.held.wait()
+            self.running -= 1
+            return answer
+
+        return lookup
+
+
+def test_a_locked_out_address_is_refused_only_for_failures():
+    async def scenario():
+        limiter, lookups = FailedAuthLimiter(2), Lookups()
+        for _ in range(2):
+            assert (await limiter.check("a", b"bad", lookups.answering(None))).retry_after is None
+        assert limiter.retry_after("a") is not None
+        good = await limiter.check("a", b"good", lookups.answering("caller"))
+        assert good.found == "caller" and good.retry_after is None
+        bad = await limiter.check("a", b"bad", lookups.answering(None))
+        assert bad.found is None and bad.retry_after is not None and bad.retry_after >= 1
+        # a credential refused by its shape is not looked up, locked out or not
+        calls = lookups.calls
+        shapeless = await limiter.check("a", None, lookups.answering("caller"))
+        assert shapeless.found is None and shapeless.retry_after is not None
+        assert (await limiter.check("b", None, lookups.answering("caller"))).retry_after is None
+        assert lookups.calls == calls
+
+    asyncio.run(scenario())
+
+
+def test_a_locked_out_address_guesses_one_lookup_at_a_time():
+    async def scenario():
+        limiter = FailedAuthLimiter(1)
+        await limiter.check("a", b"bad", Lookups().answering(None))
+        await limiter.check("b", b"known", Lookups().answering("caller"))
+        release = asyncio.Event()
+        guesses, elsewhere = Lookups(release), Lookups(release)
+        queued = [asyncio.create_task(limiter.check("a", b"guess%d" % i, guesses.answering(None)))
+                  for i in range(5)]
+        await asyncio.sleep(0)
+        assert guesses.running == 1
+        # a credential that passed lately does not queue behind the guesser (which waits for ever)
+        known = limiter.check("a", b"known", Lookups().answering("caller"))
+        assert (await asyncio.wait_for(known, timeout=10)).found == "caller"
+        # and an address that is not locked out is not held up at all
+        free = [asyncio.create_task(limiter.check("c", b"x%d" % i, elsewhere.answering(None)))
+                for i in range(3)]
+        await asyncio.sleep(0)
+        assert guesses.running == 1 and elsewhere.running == 3
+        release.set()
+        verdicts = await asyncio.gather(*queued, *free)
+        assert (guesses.calls, guesses.most) == (5, 1)
+        assert all(v.found is None and v.retry_after is not None for v in verdicts[:5])
+        assert limiter._turns == {}  # nothing is kept for an address once its queue is empty
+
+    asyncio.run(scenario())
 
 
 def test_the_limiter_remembers_a_bounded_number_of_addresses():

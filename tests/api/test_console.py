@@ -9,12 +9,15 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.api.test_endpoints_api import delivered_in_a_digest
 from tests.support import add_endpoint, enqueue, query
 from worker.api import tokens
+from worker.config import Config
+from worker.console import sessions
 from worker.console.pages import CONTENT_SECURITY_POLICY
 
 
@@ -88,15 +91,60 @@ def test_a_wrong_or_producer_token_opens_no_session(console, db):
     assert query(db, "SELECT count(*) FROM webhooks.console_sessions") == [(0,)]
 
 
-def test_failed_logins_lock_the_address_out_as_the_api_does(db):
+def test_failed_logins_lock_the_address_out_as_the_api_does_but_a_good_token_still_logs_in(db):
     server = ConsoleServer(api_config(db, failed_auth_per_minute=2)).start()
     try:
         person = Browserless(server)
         assert [person.login("whk_" + "x" * 43).status for _ in range(2)] == [401, 401]
-        locked = person.login(make_token(db, "admin"))  # even a good token waits
+        locked = person.login("whk_" + "y" * 43)
         assert locked.status == 429 and int(locked.headers["retry-after"]) >= 1
         assert "failed to authenticate too often" in locked.body.decode()
         assert "webhook_console" not in person.cookies
+        # the lockout limits failures, never a person with a good token behind the same address
+        answer = person.login(make_token(db, "admin", name="alice"))
+        assert answer.status == 303 and answer.headers["location"] == "/console/", answer.body
+        page = person.get("/console/")
+        assert page.status == 200 and "alice" in page.body.decode()
+    finally:
+        server.stop()
+
+
+def test_session_cookie_misses_count_as_failed_logins(db):
+    server = ConsoleServer(api_config(db, failed_auth_per_minute=2)).start()
+    try:
+        person = Browserless(server)
+        # one malformed cookie and one of a session's shape that no session has
+        for cookie in ("forged", sessions.new_secret()):
+            person.cookies[sessions.COOKIE] = cookie
+            answer = person.get("/console/")
+            assert answer.status == 303 and answer.headers["location"] == "/console/login"
+            assert sessions.COOKIE not in person.cookies  # the redirect drops it
+        locked = person.login("whk_" + "x" * 43)
+        assert locked.status == 429, locked.body
+        metrics = server.get("/metrics").body.decode()
+        assert 'webhook_api_failed_authentications_total{reason="invalid"} 2.0' in metrics
+        assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 1.0' in metrics
+        assert person.login(make_token(db, "reader")).status == 303
+    finally:
+        server.stop()
+
+
+def test_a_malformed_session_cookie_is_refused_without_asking_the_database(db):
+    # the API's database does not exist: anything that asks it answers 503
+    unreachable = make_conninfo(db, dbname="no_such_database")
+    server = ConsoleServer(Config.model_validate({
+        "database": {"url": unreachable, "pool_max_size": 1, "connect_timeout_seconds": 1},
+        "api": {"host": "127.0.0.1", "port": 0},
+    })).start()
+    try:
+        person = Browserless(server)
+        for malformed in ("x", "a" * 42, "a" * 44, "a" * 42 + "!", "a" * 4000):
+            person.cookies[sessions.COOKIE] = malformed
+            answer = person.get("/console/")
+            assert answer.status == 303 and answer.headers["location"] == "/console/login", malformed
+        # the check that does ask it: a cookie of a session's shape
+        person.cookies[sessions.COOKIE] = sessions.new_secret()
+        assert person.get("/console/").status == 503
     finally:
         server.stop()
 

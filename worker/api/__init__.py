@@ -11,9 +11,11 @@ How the pieces fit, and how the console plugs in:
 - The API's middleware authenticates only paths under /v1/ (Bearer tokens); /console/ does its own
   login. To turn a token a person typed into a caller, await `state.verify_token(token,
   client_address(request))`: it returns a `Caller(name, role)` or raises a `Problem` (401 for an
-  unknown, revoked or expired token, 429 while the address is locked out). Failures count against
-  the address, shared with the API. Re-check the token on each request (sessions should store the
-  token's hash or the token itself server-side, not the role): a revoked token must stop at once.
+  unknown, revoked or expired token, 429 for one from an address locked out for failing too
+  often; a valid token always passes). Failures count against the address, shared with the API;
+  any other credential (a console session) goes through the same rule, `state.check_credential`.
+  Re-check the token on each request (sessions should store the token's hash or the token itself
+  server-side, not the role): a revoked token must stop at once.
 - Database work for a caller: `async with state.db.transaction(caller) as conn:` runs one
   transaction under the caller's database role (webhooks_reader for reader, webhooks_producer for
   producer, the API's own login for admin). Call the SQL functions by name inside it; the helpers

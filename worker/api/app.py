@@ -10,7 +10,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -19,9 +19,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from worker import schema
-from worker.api import tokens
+from worker.api import forwarded, tokens
 from worker.api.data import Database
-from worker.api.limits import FailedAuthLimiter
+from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
 from worker.config import Config
@@ -39,6 +39,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API_PREFIX = "/v1/"
 CONSOLE_PREFIX = "/console"
 PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})
+# On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
+# no cache keeps it, and a browser must not read a JSON document as HTML or script.
+ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+T = TypeVar("T")
 
 
 class ApiMetrics:
@@ -72,36 +76,54 @@ class ApiState:
     operations_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     # set when the process stops: the operations loop ends by itself, whatever a cancellation met
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # peers whose X-Forwarded-For / Forwarded headers name the client (api.trusted_proxies)
+    trusted_proxies: tuple[forwarded.Network, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trusted_proxies = forwarded.networks(self.config.api.trusted_proxies)
+
+    async def check_credential(self, address: str, key: bytes | None,
+                               lookup: Callable[[], Awaitable[T | None]],
+                               reason: str = "invalid") -> Verdict[T]:
+        """The limiter's verdict on a credential (worker.api.limits: a valid one always passes),
+        failures counted in the metrics by `reason`, or as rate_limited past the limit."""
+        verdict = await self.limiter.check(address, key, lookup)
+        if verdict.found is None:
+            limited = verdict.retry_after is not None
+            self.metrics.failed_authentications.labels("rate_limited" if limited else reason).inc()
+        return verdict
 
     async def verify_token(self, token: str, address: str) -> Caller:
-        """The caller a token stands for; raises a Problem (429 while this address is locked out
-        for failing too often, 401 for a token that is unknown, revoked or expired). Every failure
-        counts against the address. For the console's login too."""
-        retry_after = self.limiter.retry_after(address)
-        if retry_after is not None:
-            self.metrics.failed_authentications.labels("rate_limited").inc()
-            raise too_many_failed_authentications(retry_after)
-        async with self.db.connection() as conn:
-            caller = await tokens.verify(conn, token)
-        if caller is None:
-            self.limiter.failed(address)
-            self.metrics.failed_authentications.labels("invalid").inc()
-            raise unauthorized("the token is not valid (unknown, revoked or expired)")
-        return caller
+        """The caller a token stands for; raises a Problem (401 for a token that is malformed,
+        unknown, revoked or expired; 429 for one of those from an address locked out for failing
+        too often). A valid token is served whatever the address did. For the console's login too."""
+
+        async def lookup() -> Caller | None:
+            async with self.db.connection() as conn:
+                return await tokens.verify(conn, token)
+
+        key = tokens.token_hash(token) if tokens.well_formed(token) else None
+        verdict = await self.check_credential(address, key, lookup)
+        if verdict.found is not None:
+            return verdict.found
+        if verdict.retry_after is not None:
+            raise too_many_failed_authentications(verdict.retry_after)
+        raise unauthorized("the token is not valid (unknown, revoked or expired)")
 
     async def authenticate(self, request: web.Request) -> Caller:
         """The caller of an API request, from its `Authorization: Bearer` header."""
         address = client_address(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            retry_after = self.limiter.retry_after(address)
-            if retry_after is not None:
-                self.metrics.failed_authentications.labels("rate_limited").inc()
-                raise too_many_failed_authentications(retry_after)
-            self.limiter.failed(address)
-            self.metrics.failed_authentications.labels("missing").inc()
+            verdict: Verdict[None] = await self.check_credential(address, None, _nothing, reason="missing")
+            if verdict.retry_after is not None:
+                raise too_many_failed_authentications(verdict.retry_after)
             raise unauthorized("an `Authorization: Bearer <token>` header is required")
         return await self.verify_token(token.strip(), address)
+
+
+async def _nothing() -> None:
+    return None
 
 
 STATE = web.AppKey("webhook_api_state", ApiState)
@@ -109,8 +131,11 @@ CALLER = web.RequestKey("webhook_api_caller", Caller)
 
 
 def client_address(request: web.Request) -> str:
-    # The peer address: a forwarded header is not trusted (anyone can send one and dodge the limit).
-    return request.remote or "unknown"
+    """The address a request's failures count against: the peer, or behind a proxy listed in
+    api.trusted_proxies the client its X-Forwarded-For or Forwarded header names."""
+    headers, trusted = request.headers, request.config_dict[STATE].trusted_proxies
+    return forwarded.client_address(request.remote, headers.getall("X-Forwarded-For", []),
+                                    headers.getall("Forwarded", []), trusted)
 
 
 def caller_of(request: web.Request) -> Caller:
@@ -134,11 +159,29 @@ def _route_label(request: web.Request) -> str:
 
 @web.middleware
 async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Authentication and role checks for /v1, problem documents for every error, metrics."""
+    """Authentication and role checks for /v1, problem documents for every error, metrics, and
+    headers that keep answers out of caches and from being sniffed as something else."""
     state = request.app[STATE]
     started = time.monotonic()
     route = _route_label(request)
     status = 500
+    try:
+        response = await _answer(request, handler, route)
+        status = response.status
+        if not response.prepared:
+            for name, value in ANSWER_HEADERS.items():
+                response.headers.setdefault(name, value)
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        state.metrics.requests.labels(route, request.method, str(status)).inc()
+        state.metrics.duration.labels(route).observe(time.monotonic() - started)
+
+
+async def _answer(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
+    state = request.app[STATE]
     try:
         if request.path.startswith(API_PREFIX) and request.path not in PUBLIC_API_PATHS \
                 and request.match_info.http_exception is None:
@@ -147,34 +190,25 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             if caller.role not in allowed:
                 raise forbidden(caller.role, allowed or ("no role",))
             request[CALLER] = caller
-        response = await handler(request)
-        status = response.status
-        return response
+        return await handler(request)
     except Problem as problem:
-        status = problem.status
         return problem.response(request.path)
     except web.HTTPException as exc:
-        status = exc.status
         if exc.status < 400 or not request.path.startswith(API_PREFIX):
             raise
         answer = Problem(exc.status, _kind(exc.status), exc.reason, _detail(exc, request))
         return answer.response(request.path)
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
-        status = 503
         get_logger().warning("api database unreachable", route=route)
         return Problem(503, "database-unavailable", "The database is unreachable",
                        "try again shortly", headers={"Retry-After": "5"}).response(request.path)
     except Exception as exc:  # noqa: BLE001 - one request's failure must not end the process
-        status = 500
         # the type and the server's primary message only: a DETAIL may quote a row, credentials included
         message = exc.diag.message_primary if isinstance(exc, psycopg.Error) else None
         get_logger().error("api request failed", route=route, method=request.method,
                            error=type(exc).__name__, message=message)
         return Problem(500, "internal", "Internal error", "the request failed; the API's log says why"
                        ).response(request.path)
-    finally:
-        state.metrics.requests.labels(route, request.method, str(status)).inc()
-        state.metrics.duration.labels(route).observe(time.monotonic() - started)
 
 
 def _kind(status: int) -> str:

@@ -13,7 +13,7 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker.api.app import STATE, client_address
+from worker.api.app import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
 from worker.console import data, forms, sessions
@@ -136,8 +136,13 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     session_id = request.cookies.get(sessions.COOKIE, "")
     caller = None
     if session_id:
-        async with state.db.connection() as conn:
-            caller = await sessions.caller(conn, session_id)
+        # A miss (a malformed, unknown or ended session) counts against the address as a failed
+        # login does, so session ids are guessed no faster than tokens; a malformed one is refused
+        # without asking the database.
+        key = sessions.session_hash(session_id) if sessions.well_formed(session_id) else None
+        verdict = await state.check_credential(client_address(request), key,
+                                               lambda: _session_caller(state, session_id))
+        caller = verdict.found
     if caller is None:
         # A revoked or expired token lands here on its very next request.
         response = see_other("/login")
@@ -156,6 +161,11 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
                               f"role {caller.role} may look but not change anything; it needs admin.")
         request[FORM] = form
     return await handler(request)
+
+
+async def _session_caller(state: ApiState, session_id: str) -> Caller | None:
+    async with state.db.connection() as conn:
+        return await sessions.caller(conn, session_id)
 
 
 def _text(value: Any) -> str:

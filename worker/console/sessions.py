@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -21,10 +22,17 @@ COOKIE_PATH = "/console"
 # A session ends this long after login whatever happens; its token's revocation ends it sooner.
 LIFETIME = timedelta(hours=12)
 SESSION_BYTES = 32
+# What new_secret() makes: the bytes in URL-safe base64 without padding.
+_SESSION_SHAPE = re.compile(rf"^[A-Za-z0-9_-]{{{-(-SESSION_BYTES * 4 // 3)}}}$")
 
 
 def new_secret() -> str:
     return secrets.token_urlsafe(SESSION_BYTES)
+
+
+def well_formed(session_id: str) -> bool:
+    """Whether a cookie has a session id's shape; anything else is refused without a database call."""
+    return _SESSION_SHAPE.fullmatch(session_id) is not None
 
 
 def session_hash(session_id: str) -> bytes:
