@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 from worker import schema
 from worker.api import forwarded, tokens
-from worker.api.data import Database
+from worker.api.data import READY_TIMEOUT_SECONDS, Database
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
@@ -233,10 +233,10 @@ async def _health(_request: web.Request) -> web.Response:
 async def _ready(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
-        async with state.db.connection() as conn:
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS), state.db.connection(READY_TIMEOUT_SECONDS) as conn:
             cur = await conn.execute("SELECT webhooks.schema_version()")
             row = await cur.fetchone()
-    except (psycopg.Error, TimeoutError) as exc:
+    except (psycopg.Error, psycopg_pool.PoolTimeout, TimeoutError) as exc:
         return web.json_response({"ready": False, "database": f"unreachable: {type(exc).__name__}"},
                                  status=503)
     version = None if row is None else row[0]
