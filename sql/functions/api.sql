@@ -109,6 +109,7 @@ DECLARE
     -- whom row-level security does not bind, so it keeps to the tenant itself
     v_tenant bigint := nullif(current_setting('webhooks.tenant', true), '')::bigint;
     v_full record;
+    v_targets bigint[];
     v_inserted bigint[];
 BEGIN
     IF p_endpoint IS NOT NULL THEN
@@ -141,32 +142,41 @@ BEGIN
         RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
             USING ERRCODE = 'configuration_limit_exceeded';
     END IF;
-    WITH targets AS (
-        SELECT e.id FROM webhooks.endpoints e
-        WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
-           OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
-               AND (v_tenant IS NULL OR e.tenant_id = v_tenant))
-    ), inserted AS (
+    SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_targets
+    FROM webhooks.endpoints e
+    WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
+       OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
+           AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
+    WITH inserted AS (
         INSERT INTO webhooks.alert_delivery_queue AS q
             (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,
              traceparent, expires_at)
         SELECT t.id, v_key, v_key, p_event_type, p_payload, p_priority, p_ordering_key, p_traceparent,
                p_expires_at
-        FROM targets t ORDER BY t.id
+        FROM unnest(v_targets) AS t(id) ORDER BY t.id
         ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
         RETURNING q.delivery_id
     )
     SELECT coalesce(array_agg(i.delivery_id), '{}') INTO v_inserted FROM inserted i;
-    -- A statement of its own, so a snapshot of its own: a concurrent publish of the same key that
-    -- won the insert (ON CONFLICT waited for it to commit) is visible here, and this one answers
+    -- The statements below have snapshots of their own: a concurrent publish of the same key that
+    -- won the insert (ON CONFLICT waited for it to commit) is visible to them, and this one answers
     -- with its deliveries. In the insert's statement it was not, and the loser answered none.
+    -- The same key for another message (another event type or payload) is refused, as an
+    -- idempotency key reused with other parameters is elsewhere: answered with the old deliveries,
+    -- the new message would be lost without a word. Nothing this call inserted is kept.
+    IF EXISTS (SELECT 1 FROM unnest(v_targets) AS t(id)
+               JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
+               WHERE NOT q.delivery_id = ANY (v_inserted)
+                 AND (q.event_type IS DISTINCT FROM p_event_type OR q.payload IS DISTINCT FROM p_payload)) THEN
+        RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
+                        v_key
+            USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
+    END IF;
     RETURN QUERY
     SELECT q.delivery_id, e.id, e.name, q.delivery_id = ANY (v_inserted), v_key
-    FROM webhooks.endpoints e
-    JOIN webhooks.alert_delivery_queue q ON q.webhook_id = e.id AND q.idempotency_key = v_key
-    WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
-       OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
-           AND (v_tenant IS NULL OR e.tenant_id = v_tenant))
+    FROM unnest(v_targets) AS t(id)
+    JOIN webhooks.endpoints e ON e.id = t.id
+    JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
     ORDER BY e.id;
 END;
 $$;

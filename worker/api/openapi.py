@@ -412,14 +412,15 @@ def document() -> dict[str, Any]:
             "get": _op("The caller: the token's name and role", ("producer", *READ), {200: "Caller"})
         },
         "/v1/messages": {
-            "post": _op(
+            "post": _conflict(_op(
                 "Publish an event: 202 with the deliveries queued; the same idempotency key again: 200 with "
-                "the existing ones. A `traceparent` header is carried to the receiver.",
+                "the existing ones, or 409 when it was used for another event type or payload. "
+                "A `traceparent` header is carried to the receiver.",
                 ("producer", "admin"),
                 {200: "PublishResponse", 202: "PublishResponse"},
                 "PublishRequest",
                 [{"name": "traceparent", "in": "header", "required": False, "schema": TEXT}],
-            )
+            ))
         },
         "/v1/deliveries": {
             "get": _op(

@@ -108,6 +108,10 @@ async def publish(request: web.Request) -> web.Response:
                       f"payload: {exc.diag.message_primary}", field="payload") from None
     except psycopg.errors.InsufficientPrivilege as exc:
         raise invalid("event_type", str(exc.diag.message_primary)) from None
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "idempotency_key_reused":
+            raise
+        raise conflict(str(exc.diag.message_primary), field="idempotency_key") from None
     except psycopg.errors.ConfigurationLimitExceeded as exc:
         # the tenant's max_queued: the producer waits for the queue to drain, nothing is lost
         raise Problem(429, "tenant-quota", "The tenant's queue is full", str(exc.diag.message_primary),
