@@ -35,7 +35,7 @@ from worker.operations import (
     set_circuit,
     set_endpoint_active,
 )
-from worker.policy import RetrySchedule
+from worker.policy import CATEGORIES, RetrySchedule
 from worker.registration import endpoint_name_problem, header_problem, headers_problem
 from worker.tables import cell, print_table
 
@@ -1053,7 +1053,8 @@ def build_parser() -> argparse.ArgumentParser:
     def add_filters(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--endpoint", help="id (all digits) or name")
         sub.add_argument("--event-type")
-        sub.add_argument("--category", help="failure category, e.g. http_5xx, timeout")
+        sub.add_argument("--category", choices=CATEGORIES, metavar="CATEGORY",
+                         help=f"failure category: {', '.join(CATEGORIES)}")
         sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")
         sub.add_argument("--until", metavar="TIMESTAMP", help="dead-lettered before")
         sub.add_argument("--tenant", metavar="NAME", help="only this tenant's dead letters")

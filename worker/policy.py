@@ -34,6 +34,16 @@ class Category(enum.StrEnum):
     EXPIRED = "expired"  # set in SQL when a row's expires_at passes before delivery
 
 
+CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
+
+
+def category_problem(value: str) -> str | None:
+    """What is wrong with a failure category given as a filter, or None."""
+    if value in CATEGORIES:
+        return None
+    return f"expected one of {', '.join(CATEGORIES)}"
+
+
 class Outcome(enum.StrEnum):
     DELIVERED = "delivered"
     RETRY = "retry"

@@ -57,6 +57,7 @@ def test_bulk_replay_refuses_bad_input(api, role_tokens, db):
     for body, field in (
         ({"filter": {"endpoint": "nowhere"}}, "filter.endpoint"),
         ({"filter": {"since": "last week"}}, "filter.since"),
+        ({"filter": {"category": "http_418"}}, "filter.category"),
         ({"rate": 0}, "rate"),
         ({"max": "all"}, "max"),
         ({"filters": {}}, "filters"),
@@ -194,3 +195,8 @@ def test_the_cli_lists_and_cancels_operations(db):
     listed = cli("operations", "list", "--json", env={"DATABASE_URL": db})
     assert [(o["id"], o["status"], o["cancelled_by"]) for o in json.loads(listed.stdout)] == [
         (done, "done", None), (running, "cancelled", "cli")]
+
+
+def test_the_cli_refuses_an_unknown_category_naming_the_allowed_ones(db):
+    result = cli("dlq", "list", "--category", "http_418", env={"DATABASE_URL": db})
+    assert result.returncode == 2 and "--category" in result.stderr and "http_5xx" in result.stderr

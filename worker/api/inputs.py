@@ -26,10 +26,6 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class EmptyBody(Body):
-    """The body of an action that takes no fields: none at all, or `{}`."""
-
-
 async def read_json(request: web.Request) -> Any:
     # aiohttp refuses a body above api.max_body_bytes (413) before reading it all
     raw = await request.read()

@@ -6,10 +6,12 @@ import functools
 from typing import Any
 
 from worker import __version__
+from worker.policy import CATEGORIES
 
 TIME = {"type": "string", "format": "date-time"}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 TEXT = {"type": "string"}
+CATEGORY = {"type": "string", "enum": list(CATEGORIES)}
 NULLABLE_TEXT = {"type": ["string", "null"]}
 INT = {"type": "integer"}
 NULLABLE_INT = {"type": ["integer", "null"]}
@@ -213,7 +215,7 @@ SCHEMAS: dict[str, Any] = {
                 {
                     "endpoint": {"type": ["string", "integer"]},
                     "event_type": TEXT,
-                    "category": TEXT,
+                    "category": CATEGORY,
                     "since": TIME,
                     "until": TIME,
                 },
@@ -343,7 +345,7 @@ PAGE_PARAMS = [
 FILTERS = [
     _query("endpoint", "endpoint name or id"),
     _query("event_type", "exact event type"),
-    _query("category", "failure category, e.g. http_5xx"),
+    _query("category", "failure category", CATEGORY),
     _query("since", "RFC 3339 timestamp, inclusive", TIME),
     _query("until", "RFC 3339 timestamp, exclusive", TIME),
 ]

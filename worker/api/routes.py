@@ -22,7 +22,6 @@ from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_
 from worker.api.inputs import (
     MAX_ID,
     Body,
-    EmptyBody,
     decode_cursor,
     encode_cursor,
     limit_param,
@@ -37,7 +36,7 @@ from worker.api.inputs import (
 from worker.api.problems import Problem, conflict, invalid, not_found
 from worker.api.tokens import Caller
 from worker.observability import get_logger
-from worker.policy import RetrySchedule
+from worker.policy import RetrySchedule, category_problem
 
 T = TypeVar("T")
 # A full tenant queue drains at the tenant's delivery rate; a few seconds is a fair first wait.
@@ -141,6 +140,13 @@ async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], value: str | None
     return found
 
 
+def _check_category(value: str | None, field: str) -> None:
+    # an unknown category matches nothing: a filter (or a bulk replay) that silently finds nothing
+    problem = None if value is None else category_problem(value)
+    if problem is not None:
+        raise invalid(field, problem)
+
+
 DELIVERY_FILTERS = {"status", "endpoint", "event_type", "category", "since", "until", "idempotency_key",
                     "cursor", "limit"}
 
@@ -152,6 +158,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
     status = params.get("status")
     if status is not None and status not in STATUSES:
         raise invalid("status", f"expected one of {', '.join(STATUSES)}")
+    _check_category(params.get("category"), "category")
     before = decode_cursor(params["cursor"], (int,))[0] if "cursor" in params else None
     filters: dict[str, Any] = {
         "status": status, "event_type": params.get("event_type"), "category": params.get("category"),
@@ -215,6 +222,7 @@ DEAD_LETTER_FILTERS = {"endpoint", "event_type", "category", "since", "until", "
 async def list_dead_letters(request: web.Request) -> web.Response:
     params = query_params(request, DEAD_LETTER_FILTERS)
     limit = limit_param(params)
+    _check_category(params.get("category"), "category")
     after = None
     if "cursor" in params:
         at, after_id = decode_cursor(params["cursor"], (datetime, int))
@@ -239,6 +247,14 @@ class ReplayFilter(Body):
     category: str | None = Field(default=None, min_length=1)
     since: str | None = None
     until: str | None = None
+
+    @field_validator("category")
+    @classmethod
+    def _category(cls, value: str | None) -> str | None:
+        problem = None if value is None else category_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class BulkReplayBody(Body):
@@ -280,7 +296,7 @@ async def get_operation(request: web.Request) -> web.Response:
 @allow(*ADMIN)
 async def cancel_operation(request: web.Request) -> web.Response:
     operation_id = path_id(request)
-    await read_optional_body(request, EmptyBody)
+    await _no_body(request)
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
         status = await queries.cancel_operation(conn, operation_id, _decided_by(caller))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker.console.data import ENDPOINT_ACTIONS, PAGE_ROWS
+from worker.policy import category_problem
 
 MAX_REASON_LENGTH = 500
 MAX_FILTER_LENGTH = 200
@@ -35,6 +36,9 @@ def dead_letter_filters(query: Mapping[str, str]) -> dict[str, Any]:
         if len(value) > MAX_FILTER_LENGTH or not value.isprintable():
             raise FieldError(field, f"at most {MAX_FILTER_LENGTH} printable characters")
         filters[key] = value or None
+    problem = None if filters["category"] is None else category_problem(filters["category"])
+    if problem is not None:
+        raise FieldError("category", problem)
     return filters
 
 

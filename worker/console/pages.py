@@ -18,6 +18,7 @@ from worker.api.problems import Problem
 from worker.api.tokens import Caller
 from worker.console import data, forms, sessions
 from worker.observability import get_logger
+from worker.policy import CATEGORIES
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PREFIX = "/console"
@@ -55,6 +56,7 @@ def templates() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["when"] = _when
     environment.filters["age"] = _age
+    environment.globals["categories"] = CATEGORIES  # the one list (worker.policy), as the API checks it
     return environment
 
 
