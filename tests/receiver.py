@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -20,6 +21,10 @@ class Reply:
     body: bytes = b"ok"
     hold: bool = False  # wait until Receiver.release() before answering
     echo: bool = False  # answer with the request's own body
+    # Answer with this text, `{url}` replaced by the request's path and query as received (as
+    # Express quotes them: "Cannot POST {url}"), `{decoded}` by the same percent-decoded and
+    # `{authorization}` by the request's Authorization header: a receiver that echoes its URL.
+    echo_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,4 +136,8 @@ class Receiver:
             with self._lock:
                 self._open[request.path] -= 1
         answer = body if reply.echo else reply.body
+        if reply.echo_url is not None:
+            answer = (reply.echo_url.replace("{url}", request.raw_path)
+                      .replace("{decoded}", unquote(request.raw_path))
+                      .replace("{authorization}", request.headers.get("Authorization", ""))).encode()
         return web.Response(status=reply.status, body=answer, headers=reply.headers)

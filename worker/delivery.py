@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextvars
 import functools
 import os
@@ -22,16 +23,19 @@ from worker.config import tls_context
 from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
 from worker.model import Claimed, Sent
 from worker.policy import AttemptResult, Category
+from worker.redaction import redact
 
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
 MAX_RESPONSE_HEADERS = 100
 # Endpoint URLs whose check is remembered at once (Sender.url_problem); beyond, it starts afresh.
 MAX_CHECKED_URLS = 4096
+_UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
 def display_url(url: str) -> str:
-    """Scheme, host and port only: what may appear in logs (paths and queries can be secrets)."""
+    """Scheme, host and port only: what may appear in logs (paths and queries can be secrets; what
+    a stored text may keep of the rest is worker.redaction's)."""
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -329,7 +333,7 @@ class Sender:
                     response = await self._fresh_session.post(
                         url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout)
                 async with response:
-                    excerpt = await _read_excerpt(response, self._max_response_bytes)
+                    excerpt = await _read_excerpt(response, self._max_response_bytes, url)
             result = AttemptResult(status=response.status, retry_after=response.headers.get("Retry-After"))
         except Exception as exc:  # noqa: BLE001 - every transport failure becomes a category
             category, message = transport_failure(exc)
@@ -346,21 +350,27 @@ def _client_timeout(connect_timeout: float | None) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
 
 
-async def _read_excerpt(response: aiohttp.ClientResponse, limit: int) -> str:
+async def _read_excerpt(response: aiohttp.ClientResponse, limit: int, url: str) -> str:
     head = await response.content.read(EXCERPT_BYTES)
-    drained = len(head)
+    drained, cut = len(head), False
     while drained < limit:
         chunk = await response.content.read(limit - drained)
         if not chunk:
             break
-        drained += len(chunk)
+        drained, cut = drained + len(chunk), True
     else:
         response.close()
-    return excerpt_text(head)
+        cut = True  # at the limit: more may have followed
+    return excerpt_text(head, url, cut)
 
 
-def excerpt_text(raw: bytes) -> str:
+def excerpt_text(raw: bytes, url: str, cut: bool = False) -> str:
     """At most EXCERPT_BYTES of UTF-8, cut at a character boundary, without NULs (PostgreSQL
-    text cannot hold them): a receiver's error page of any encoding can always be stored."""
-    text = raw.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+    text cannot hold them): a receiver's error page of any encoding can always be stored. The
+    URL's secret parts are redacted (an error page may quote the URL); `cut`: the body went on
+    after `raw`, which may then end inside a quoted secret."""
+    # an incomplete character at the end of a cut body is left out, so a secret cut off there
+    # still ends the text and is found
+    text = _UTF8("replace").decode(raw, final=False) if cut else raw.decode("utf-8", errors="replace")
+    text = redact(text.replace("\x00", "\ufffd"), url, cut)
     return text.encode()[:EXCERPT_BYTES].decode("utf-8", errors="ignore")

@@ -1,9 +1,14 @@
-"""Every way an attempt becomes a Finished: answered, cut off by shutdown, unrenderable, or failed inside."""
+"""Every way an attempt becomes a Finished: answered, cut off by shutdown, unrenderable, or failed inside.
+
+Error and reason texts leave here without the secret parts of the row's URL (worker/redaction.py);
+the response excerpt already came without them from the HTTP side, which knows where it was cut.
+"""
 
 from __future__ import annotations
 
 from worker.model import Claimed, Finished, Sent
 from worker.policy import Category, Outcome, classify, retry_delay
+from worker.redaction import redact
 
 # The failure category of a request still open when the shutdown grace ran out: a retry, its
 # attempt counted; finish() keeps it out of the endpoint's health and circuit, since the worker,
@@ -34,10 +39,10 @@ def from_attempt(row: Claimed, sent: Sent) -> Finished:
         retry_after_s=delay,
         http_status=status,
         failure_category=decision.category.value if decision.category else None,
-        error=error,
+        error=None if error is None else redact(error, row.url),
         response_excerpt=sent.excerpt,
         latency_ms=sent.latency_ms,
-        reason=decision.reason,
+        reason=None if decision.reason is None else redact(decision.reason, row.url),
         disable_endpoint=decision.disable_endpoint,
     )
 
@@ -60,7 +65,7 @@ def interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finished
 
 def cannot_render(row: Claimed, reason: str) -> Finished:
     """A payload the endpoint's body format cannot take: retrying would not change that."""
-    text = f"cannot render as {row.body_format}: {reason}"[:MAX_TEXT]
+    text = stored_text(f"cannot render as {row.body_format}: {reason}", row)
     return Finished(
         delivery_id=row.delivery_id,
         lease_token=row.lease_token,
@@ -85,5 +90,12 @@ def internal_failure(row: Claimed, error: str) -> Finished:
         outcome=Outcome.RETRY,
         retry_after_s=row.schedule.delay(row.attempt),
         failure_category=Category.INTERNAL.value,
-        error=error[:MAX_TEXT],
+        error=stored_text(error, row),
     )
+
+
+def stored_text(text: str, row: Claimed) -> str:
+    """An error or reason as the error and reason columns keep it: at most MAX_TEXT characters,
+    without the row's URL's secret parts (a text may quote them; the URL is in hand only here)."""
+    cut = len(text) > MAX_TEXT
+    return redact(text[:MAX_TEXT], row.url, cut)[:MAX_TEXT]

@@ -44,10 +44,27 @@ def test_display_url_keeps_only_scheme_host_and_port(url, shown):
 
 
 def test_excerpt_is_at_most_1024_bytes_of_text_without_nul():
-    text = excerpt_text(b"\xff\x00" * 1000)
+    text = excerpt_text(b"\xff\x00" * 1000, "https://x.test/hook")
     assert len(text.encode()) <= 1024 and "\x00" not in text
-    cut = excerpt_text("é".encode() * 600)  # 1200 bytes: cut on a character boundary
+    cut = excerpt_text("é".encode() * 600, "https://x.test/hook")  # 1200 bytes: cut on a character boundary
     assert len(cut.encode()) <= 1024 and cut == "é" * 512
+
+
+def test_the_excerpt_quotes_no_secret_of_the_url_not_even_one_cut_off_at_its_end():
+    url = "https://hooks.example.test/in/T0/B0/SECRETPATHTOKENé?token=SECRETQUERYVALUE"
+    page = b"<pre>Cannot POST /in/T0/B0/SECRETPATHTOKEN%C3%A9?token=SECRETQUERYVALUE</pre>"
+    assert excerpt_text(page, url) == "<pre>Cannot POST [redacted]</pre>"
+    # the body went on: what was read ends inside the path, even inside its é (the first of its
+    # two bytes), and that start of a secret goes too
+    padding = b"x" * 990
+    head = padding + "/in/T0/B0/SECRETPATHTOKENé".encode()[:-1]
+    assert head.endswith(b"SECRETPATHTOKEN\xc3")
+    assert excerpt_text(head, url, cut=True) == padding.decode() + "[redacted]"
+    # cut inside its percent-encoded form
+    cut = page[:page.index(b"%C3") + 1]
+    assert cut.endswith(b"/SECRETPATHTOKEN%") and "SECRET" not in excerpt_text(cut, url, cut=True)
+    # a whole body (not cut) ending in a piece that is no secret keeps it
+    assert excerpt_text(padding + b"/in/T0/B0/", url) == padding.decode() + "/in/T0/B0/"
 
 
 def key() -> ConnectionKey:

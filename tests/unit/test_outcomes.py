@@ -74,3 +74,31 @@ def test_the_worker_s_own_failure_is_an_internal_retry_on_the_schedule_within_bo
     finished = outcomes.internal_failure(claimed(), "internal error: " + "y" * 1000)
     assert finished.outcome is Outcome.RETRY and finished.failure_category == "internal"
     assert finished.retry_after_s == 10.0 and len(finished.error or "") == outcomes.MAX_TEXT
+
+
+URL = "https://hooks.example.test/services/T0/B0/SECRETPATHTOKEN?token=SECRETQUERYVALUE"
+
+
+def test_an_error_or_reason_quoting_the_url_is_stored_without_its_secret_parts():
+    row = claimed(url=URL)
+    quoting = f"Can not write request body for {URL}"
+    failed = AttemptResult(failure=Category.CONNECT, error=quoting)
+    finished = outcomes.from_attempt(row, Sent(failed, 5, None))
+    assert finished.error == "Can not write request body for https://hooks.example.test[redacted]"
+    refused = AttemptResult(failure=Category.BLOCKED, error=quoting)
+    blocked = outcomes.from_attempt(row, Sent(refused, 0, None))
+    assert blocked.outcome is Outcome.DEAD_LETTER and "SECRET" not in (blocked.reason or "")
+    assert "SECRET" not in (blocked.error or "")
+
+
+def test_the_worker_s_own_texts_lose_the_url_s_secret_parts_even_where_cut_to_their_bounds():
+    row = claimed(url=URL)
+    failed = outcomes.internal_failure(row, f"internal error: ValueError: bad {URL}")
+    assert failed.error == "internal error: ValueError: bad https://hooks.example.test[redacted]"
+    # cut at MAX_TEXT inside the path: the start of the secret goes too
+    cut = "z" * (outcomes.MAX_TEXT - 25) + "/services/T0/B0/SECRETPATHTOKEN?token=SECRETQUERYVALUE"
+    failed = outcomes.internal_failure(row, cut)
+    assert "SECRET" not in (failed.error or "") and len(failed.error or "") <= outcomes.MAX_TEXT
+    unrendered = outcomes.cannot_render(row, "payload.title: SECRETQUERYVALUE is not a title")
+    assert unrendered.reason == unrendered.error == (
+        "cannot render as raw: payload.title: [redacted] is not a title")
