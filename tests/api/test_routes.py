@@ -413,3 +413,21 @@ def test_publish_without_a_key_answers_the_generated_event_id_to_look_it_up_by(
     assert published.status == 202 and key.startswith("evt_")
     found = api.get(f"/v1/deliveries?idempotency_key={key}", role_tokens["reader"])
     assert [d["delivery_id"] for d in found.json["items"]] == [published.json["deliveries"][0]["delivery_id"]]
+
+
+def test_a_body_not_sent_as_json_is_refused_with_415_and_405_says_what_is_allowed(api, role_tokens, db,
+                                                                                  receiver):
+    add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
+    producer = role_tokens["producer"]
+    body = {"event_type": "order.paid", "payload": {}}
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/jsonx"):
+        refused = api.post("/v1/messages", producer, body, headers={"Content-Type": content_type})
+        assert refused.status == 415, (content_type, refused.body)
+        assert refused.json["type"].endswith("/unsupported-media-type")
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
+    for n, content_type in enumerate(("application/json; charset=utf-8", "application/cloudevents+json")):
+        accepted = api.post("/v1/messages", producer, {**body, "idempotency_key": f"k{n}"},
+                            headers={"Content-Type": content_type})
+        assert accepted.status == 202, (content_type, accepted.body)
+    wrong_method = api.request("DELETE", "/v1/messages", producer)
+    assert wrong_method.status == 405 and wrong_method.headers["allow"] == "POST"

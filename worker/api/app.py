@@ -196,7 +196,10 @@ async def _answer(request: web.Request, handler: Handler, route: str) -> web.Str
     except web.HTTPException as exc:
         if exc.status < 400 or not request.path.startswith(API_PREFIX):
             raise
-        answer = Problem(exc.status, _kind(exc.status), exc.reason, _detail(exc, request))
+        # RFC 9110 15.5.6: a 405 says which methods the resource has
+        headers = {"Allow": ", ".join(sorted(exc.allowed_methods))} \
+            if isinstance(exc, web.HTTPMethodNotAllowed) else None
+        answer = Problem(exc.status, _kind(exc.status), exc.reason, _detail(exc, request), headers=headers)
         return answer.response(request.path)
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
         get_logger().warning("api database unreachable", route=route)

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from worker.api.problems import Problem, bad_request, invalid
+from worker.api.problems import Problem, bad_request, invalid, unsupported_media_type
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
@@ -26,11 +26,22 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def is_json(content_type: str) -> bool:
+    """application/json, or a JSON-based type (RFC 6839: `+json`), parameters aside."""
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def read_json(request: web.Request) -> Any:
     # aiohttp refuses a body above api.max_body_bytes (413) before reading it all
     raw = await request.read()
     if not raw.strip():
         raise bad_request("the body is empty; a JSON object was expected", "invalid-json")
+    # a body sent as text or a form is refused rather than read as JSON: it was not meant as JSON,
+    # and a browser can send those cross-origin without a preflight
+    given = request.headers.get("Content-Type", "")
+    if not is_json(given):
+        raise unsupported_media_type(given)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -375,6 +375,7 @@ def _op(
     if body:
         responses["400"] = PROBLEM
         responses["413"] = PROBLEM
+        responses["415"] = PROBLEM
     operation: dict[str, Any] = {
         "summary": summary,
         "description": f"Roles: {', '.join(roles)}.",
@@ -594,7 +595,8 @@ def document() -> dict[str, Any]:
     for item in paths.values():
         for method in ("post", "patch"):
             if method in item:
-                item[method]["responses"].update({"400": PROBLEM, "413": PROBLEM, "422": PROBLEM})
+                item[method]["responses"].update({"400": PROBLEM, "413": PROBLEM, "415": PROBLEM,
+                                                  "422": PROBLEM})
     paths["/v1/openapi.json"] = {
         "get": {
             "summary": "This document (no token needed)",

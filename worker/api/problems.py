@@ -48,6 +48,11 @@ def invalid(field: str, detail: str) -> Problem:
     return Problem(422, "invalid-field", "A field is invalid", f"{field}: {detail}", field=field)
 
 
+def unsupported_media_type(given: str) -> Problem:
+    return Problem(415, "unsupported-media-type", "The body is not JSON",
+                   f"Content-Type {given or '(none)'}: expected application/json")
+
+
 def bad_request(detail: str, kind: str = "bad-request") -> Problem:
     return Problem(400, kind, "The request cannot be read", detail)
 
