@@ -431,3 +431,47 @@ def test_a_body_not_sent_as_json_is_refused_with_415_and_405_says_what_is_allowe
         assert accepted.status == 202, (content_type, accepted.body)
     wrong_method = api.request("DELETE", "/v1/messages", producer)
     assert wrong_method.status == 405 and wrong_method.headers["allow"] == "POST"
+
+
+def _deep(levels):
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("POST", "/v1/messages", {"event_type": "a.b", "payload": {}, "priority": 40000}, "priority"),
+        ("POST", "/v1/messages", {"event_type": "a.b", "payload": {"x": "a\u0000b"}}, "payload"),
+        ("POST", "/v1/messages", {"event_type": "a.b", "payload": _deep(255)}, "payload"),
+        ("POST", "/v1/dead-letters/replay", {"max": 3000000000}, "max"),
+        ("POST", "/v1/tenants", {"name": "big", "max_endpoints": 3000000000}, "max_endpoints"),
+        ("POST", "/v1/tenants", {"name": "big", "max_in_flight": 3000000000}, "max_in_flight"),
+        ("POST", "/v1/endpoints", {"name": "big", "url": "https://example.com/", "max_in_flight": 3000000000},
+         "max_in_flight"),
+        ("GET", "/v1/deliveries?event_type=a%00b", None, "event_type"),
+        ("GET", "/v1/tenants/%00", None, "id"),
+        ("GET", "/v1/endpoints/a%00b", None, "id"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_values_the_database_cannot_take_are_422_naming_the_field(api, role_tokens, db, method, path, body,
+                                                                 field):
+    admin = role_tokens["admin"]
+    before = written(db)
+    answer = api.request(method, path, admin, body)
+    assert answer.status == 422 and answer.json["field"] == field, answer.body
+    assert written(db) == before
+
+
+def test_an_integer_beyond_64_bits_is_refused_not_rounded(api, role_tokens, db):
+    producer = role_tokens["producer"]
+    for number in (b"18446744073709551617", b"-9223372036854775809"):
+        raw = b'{"event_type": "a.b", "payload": {"n": ' + number + b"}}"
+        answer = api.request("POST", "/v1/messages", producer, raw=raw)
+        assert answer.status == 422 and number.decode() in answer.json["detail"], answer.body
+    # within 64 bits, and long digit runs inside strings, are taken as they are
+    raw = b'{"event_type": "a.b", "payload": {"n": 18446744073709551615, "s": "12345678901234567890123"}}'
+    assert api.request("POST", "/v1/messages", producer, raw=raw).status == 202

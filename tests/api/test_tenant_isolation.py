@@ -85,6 +85,8 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
         ("GET", "/v1/dead-letters"): [("GET", "/v1/dead-letters", None, 200)],
         ("POST", "/v1/dead-letters/replay"): [("POST", "/v1/dead-letters/replay", {}, 403)],
         ("GET", "/v1/operations/{id}"): [("GET", f"/v1/operations/{ids['operation']}", None, 404)],
+        ("POST", "/v1/operations/{id}/cancel"): [
+            ("POST", f"/v1/operations/{ids['operation']}/cancel", None, 403)],
         ("GET", "/v1/endpoints"): [("GET", "/v1/endpoints", None, 200)],
         ("POST", "/v1/endpoints"): [
             ("POST", "/v1/endpoints", {"name": "x", "url": "https://example.com"}, 403)],

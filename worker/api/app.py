@@ -201,6 +201,14 @@ async def _answer(request: web.Request, handler: Handler, route: str) -> web.Str
             if isinstance(exc, web.HTTPMethodNotAllowed) else None
         answer = Problem(exc.status, _kind(exc.status), exc.reason, _detail(exc, request), headers=headers)
         return answer.response(request.path)
+    except psycopg.errors.DataError as exc:
+        # class 22: a value the database cannot take (out of range, a character it cannot store).
+        # Each field's bounds are checked before SQL; this keeps anything they miss a 422, not a 500.
+        # The primary message only: a DETAIL may quote the row.
+        get_logger().warning("api request refused by the database", route=route, sqlstate=exc.sqlstate)
+        return Problem(422, "invalid-field", "A field is invalid",
+                       f"(body): {exc.diag.message_primary or 'a value the database cannot store'}",
+                       field="(body)").response(request.path)
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
         get_logger().warning("api database unreachable", route=route)
         return Problem(503, "database-unavailable", "The database is unreachable",

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 
 from worker import coalescing, signing
-from worker.api.inputs import Body
+from worker.api.inputs import INTEGER_MAX, Body
 from worker.api.problems import invalid
 from worker.config import Config
 from worker.delivery import display_url
@@ -38,8 +38,8 @@ class EndpointFields(Body):
     timeout_seconds: float | None = Field(default=None, ge=0.1, le=300)
     retry_delays: list[float] | None = Field(default=None, min_length=1, max_length=100)
     rate_limit: float | None = Field(default=None, gt=0)
-    burst: int | None = Field(default=None, ge=1)
-    max_in_flight: int | None = Field(default=None, ge=1)
+    burst: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
+    max_in_flight: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
     format: BodyFormat | None = None
     routing_key: str | None = Field(default=None, min_length=1, repr=False)
     ttl_seconds: float | None = Field(default=None, gt=0, le=MAX_TTL_SECONDS)

@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from worker import __version__
+from worker.api.inputs import BIGINT_MAX, INTEGER_MAX, SMALLINT
 from worker.policy import CATEGORIES
 
 TIME = {"type": "string", "format": "date-time"}
@@ -112,8 +113,8 @@ ENDPOINT_FIELDS = {
         "maxItems": 100,
     },
     "rate_limit": {"type": "number", "exclusiveMinimum": 0},
-    "burst": {"type": "integer", "minimum": 1},
-    "max_in_flight": {"type": "integer", "minimum": 1},
+    "burst": {"type": "integer", "minimum": 1, "maximum": INTEGER_MAX},
+    "max_in_flight": {"type": "integer", "minimum": 1, "maximum": INTEGER_MAX},
     "format": {"type": "string", "enum": ["raw", "envelope", "slack", "mattermost", "pagerduty"]},
     "routing_key": {"type": "string", "minLength": 1},
     "ttl_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 31536000},
@@ -145,10 +146,10 @@ ENDPOINT_DETAIL = {
 }
 TENANT_LIMITS = {
     "rate_limit_per_second": {"type": ["number", "null"], "exclusiveMinimum": 0},
-    "rate_limit_burst": {"type": ["integer", "null"], "minimum": 1},
-    "max_in_flight": {"type": ["integer", "null"], "minimum": 1},
-    "max_endpoints": {"type": ["integer", "null"], "minimum": 0},
-    "max_queued": {"type": ["integer", "null"], "minimum": 0},
+    "rate_limit_burst": {"type": ["integer", "null"], "minimum": 1, "maximum": INTEGER_MAX},
+    "max_in_flight": {"type": ["integer", "null"], "minimum": 1, "maximum": INTEGER_MAX},
+    "max_endpoints": {"type": ["integer", "null"], "minimum": 0, "maximum": INTEGER_MAX},
+    "max_queued": {"type": ["integer", "null"], "minimum": 0, "maximum": BIGINT_MAX},
 }
 TENANT = {
     "id": INT,
@@ -182,7 +183,7 @@ SCHEMAS: dict[str, Any] = {
             },
             "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 512},
             "ordering_key": {"type": "string", "minLength": 1, "maxLength": 512},
-            "priority": INT,
+            "priority": {"type": "integer", "minimum": SMALLINT[0], "maximum": SMALLINT[1]},
             "expires_at": TIME,
         },
         ["event_type", "payload"],
@@ -222,7 +223,7 @@ SCHEMAS: dict[str, Any] = {
                 [],
             ),
             "rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 100000},
-            "max": {"type": "integer", "minimum": 1},
+            "max": {"type": "integer", "minimum": 1, "maximum": INTEGER_MAX},
         },
         [],
     ),

@@ -20,12 +20,15 @@ from worker.api import endpoints as endpoint_rules
 from worker.api import queries
 from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
 from worker.api.inputs import (
-    MAX_ID,
+    BIGINT_MAX,
+    INTEGER_MAX,
+    SMALLINT,
     Body,
     decode_cursor,
     encode_cursor,
     limit_param,
     path_id,
+    printable_text,
     query_params,
     read_body,
     read_json,
@@ -70,7 +73,7 @@ class MessageBody(Body):
     endpoint: str | int | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=512)
     ordering_key: str | None = Field(default=None, min_length=1, max_length=512)
-    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
+    priority: int = Field(default=0, ge=SMALLINT[0], le=SMALLINT[1])
     expires_at: datetime | None = None
 
     @field_validator("event_type", "idempotency_key", "ordering_key")
@@ -88,6 +91,10 @@ class MessageBody(Body):
         return value
 
 
+# \u0000 in JSON text, not an escaped backslash followed by "u0000"
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 @allow(*PUBLISH)
 async def publish(request: web.Request) -> web.Response:
     body = await read_body(request, MessageBody)
@@ -95,7 +102,12 @@ async def publish(request: web.Request) -> web.Response:
     if traceparent is not None and not _valid_traceparent(traceparent):
         raise invalid("traceparent", "not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)")
     endpoint = None if body.endpoint is None else str(body.endpoint)
-    payload = orjson.dumps(body.payload).decode()
+    try:
+        payload = orjson.dumps(body.payload).decode()
+    except TypeError:  # orjson's own limit: nested deeper than 254
+        raise invalid("payload", "nested too deep (at most 254 levels)") from None
+    if "\\u0000" in payload and NUL_ESCAPE.search(payload):
+        raise invalid("payload", "holds \\u0000, which PostgreSQL's jsonb cannot store")
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
             rows = await queries.publish(conn, body.event_type, payload, endpoint, body.idempotency_key,
@@ -260,7 +272,7 @@ class ReplayFilter(Body):
 class BulkReplayBody(Body):
     filter: ReplayFilter = Field(default_factory=ReplayFilter)
     rate: float | None = Field(default=None, gt=0, le=100_000)
-    max: int | None = Field(default=None, ge=1, le=MAX_ID)
+    max: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
 
 
 @allow(*ADMIN)
@@ -314,7 +326,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
 
 async def _endpoint_path(conn: psycopg.AsyncConnection[Any], request: web.Request) -> int:
     """The endpoint a path names, by id or by name (as the CLI's ENDPOINT arguments)."""
-    value = request.match_info["id"]
+    value = printable_text("id", request.match_info["id"])
     found = await queries.endpoint_id(conn, value)
     if found is None:
         raise not_found(f"endpoint {value}")
@@ -534,10 +546,10 @@ class TenantLimits(Body):
     """A tenant's limits; a field given as null clears that limit."""
 
     rate_limit_per_second: float | None = Field(default=None, gt=0)
-    rate_limit_burst: int | None = Field(default=None, ge=1)
-    max_in_flight: int | None = Field(default=None, ge=1)
-    max_endpoints: int | None = Field(default=None, ge=0)
-    max_queued: int | None = Field(default=None, ge=0)
+    rate_limit_burst: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
+    max_in_flight: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
+    max_endpoints: int | None = Field(default=None, ge=0, le=INTEGER_MAX)
+    max_queued: int | None = Field(default=None, ge=0, le=BIGINT_MAX)
 
     def given(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
@@ -578,7 +590,7 @@ async def create_tenant(request: web.Request) -> web.Response:
 @allow(*ADMIN)
 async def get_tenant(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.tenant(conn, request.match_info["id"])
+        row = await queries.tenant(conn, printable_text("id", request.match_info["id"]))
     if row is None:
         raise not_found(f"tenant {request.match_info['id']}")
     return json_response(row)
@@ -591,7 +603,7 @@ async def update_tenant(request: web.Request) -> web.Response:
     if not limits:
         raise invalid("(body)", "nothing to change: give at least one limit")
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.tenant(conn, request.match_info["id"])
+        row = await queries.tenant(conn, printable_text("id", request.match_info["id"]))
         if row is None:
             raise not_found(f"tenant {request.match_info['id']}")
         await queries.update_tenant(conn, row["name"], limits)
