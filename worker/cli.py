@@ -335,6 +335,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         secret_settings={"routing_key": routing_key} if routing_key else {},
         active=not args.verify,
         tenant=args.tenant,
+        operational_all_tenants=args.operational_all_tenants,
     )
     with operations.connect(config) as conn:
         try:
@@ -487,6 +488,8 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
         changes["delivery_ttl"] = f"{args.ttl_seconds} seconds"
     if args.format is not None:
         changes["body_format"] = args.format
+    if args.operational_all_tenants is not None:
+        changes["operational_all_tenants"] = args.operational_all_tenants
     routing_key = inputs.value(args, "routing_key")
     coalesce_options = args.coalesce_max is not None or args.coalesce_window is not None
     if not changes and routing_key is None and not coalesce_options:
@@ -885,6 +888,10 @@ BODY_FORMATS = ["raw", "envelope", "slack", "mattermost", "pagerduty"]
 FROM_FILE = "read {} from FILE ('-': standard input), keeping it out of the process list and shell history"
 
 
+OPERATIONAL_ALL_TENANTS_HELP = ("receive the operational events (webhook.*) of every tenant's endpoints, "
+                                "not only of its own tenant's: the operator's channel")
+
+
 def add_header_options(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--header", action="append", metavar="'NAME: VALUE'", help=text)
     parser.add_argument("--header-file", metavar="FILE",
@@ -958,6 +965,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add_coalescing_options(add)
     add.add_argument("--tenant", metavar="NAME", help="the tenant it belongs to (default: default)")
+    add.add_argument("--operational-all-tenants", action="store_true",
+                     help=OPERATIONAL_ALL_TENANTS_HELP)
     add.add_argument("--verify", action="store_true",
                      help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
     add.add_argument("--json", action="store_true", help="print JSON")
@@ -999,6 +1008,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_routing_key_options(update)
     update.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add_coalescing_options(update)
+    update.add_argument("--operational-all-tenants", action=argparse.BooleanOptionalAction,
+                        help=OPERATIONAL_ALL_TENANTS_HELP + "; --no-operational-all-tenants: its own "
+                             "tenant's only")
     rotate = command(endpoint_commands, "rotate-secret", cmd_endpoints_rotate_secret,
                      "add a new signing secret; the old ones stay active until --expire-old-after")
     rotate.add_argument("endpoint", metavar="ENDPOINT", help="name or id")

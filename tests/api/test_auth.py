@@ -46,12 +46,12 @@ def test_without_a_valid_token_a_request_gets_401_as_a_problem_document(api, hea
     assert problem["status"] == 401 and problem["type"].endswith("/unauthorized") and problem["detail"]
 
 
-def test_the_api_is_not_ready_on_a_schema_older_than_the_tenants_it_reads(api, db):
-    # as on a database not yet migrated to 005: the worker would still run there, the API not
-    query(db, "DELETE FROM webhooks.schema_migrations WHERE version >= 5 RETURNING 1")
+def test_the_api_is_not_ready_on_a_schema_older_than_the_columns_it_reads(api, db):
+    # as on a database not yet migrated to 006: the worker would still run there, the API not
+    query(db, "DELETE FROM webhooks.schema_migrations WHERE version >= 6 RETURNING 1")
     ready = api.get("/ready")
     assert ready.status == 503
-    assert ready.json["schema_version"] == 4 and ready.json["supported"][0] == 5
+    assert ready.json["schema_version"] == 5 and ready.json["supported"][0] == 6
 
 
 def test_a_valid_token_names_its_caller(api, role_tokens):

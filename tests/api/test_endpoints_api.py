@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tests.api.test_tenant_isolation import scoped_token
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, query
 from worker import encryption
 
@@ -219,3 +220,38 @@ def test_a_deliverys_attempts_name_the_digest_that_carried_them(api, role_tokens
     history = api.get(f"/v1/deliveries/{alone}", role_tokens["reader"]).json["attempts_history"]
     assert history and all((a["digest_id"], a["digest"], a["digest_rows"]) == (None, None, None)
                            for a in history)
+
+
+# --- every tenant's operational events: the operator's setting (issue 30) --------------------------
+
+
+def test_only_an_unscoped_admin_marks_an_endpoint_for_every_tenants_operational_events(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    created = api.post("/v1/endpoints", admin, {
+        "name": "operator-ops", "url": "https://example.com/ops", "event_types": ["webhook.*"],
+        "operational_all_tenants": True})
+    assert created.status == 201, created.body
+    assert created.json["operational_all_tenants"] is True
+    endpoint = created.json["id"]
+    assert api.get(f"/v1/endpoints/{endpoint}", role_tokens["reader"]).json["operational_all_tenants"] is True
+    plain = api.post("/v1/endpoints", admin, {"name": "acme-ops", "url": "https://example.com/acme"})
+    assert plain.json["operational_all_tenants"] is False
+    patched = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"operational_all_tenants": False})
+    assert patched.status == 200 and patched.json["operational_all_tenants"] is False
+    wrong = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"operational_all_tenants": "yes"})
+    assert wrong.status == 422 and wrong.json["field"] == "operational_all_tenants"
+
+    query(db, "SELECT webhooks.register_tenant('acme')")
+    scoped = {role: scoped_token(db, role, "acme") for role in ("producer", "reader")}
+    # admin tokens cannot be scoped today; one standing for a future tenant admin is refused as well
+    query(db, "ALTER TABLE webhooks.api_tokens DROP CONSTRAINT api_token_tenant_role")
+    scoped["admin"] = scoped_token(db, "admin", "acme")
+    for role, token in scoped.items():
+        for method, path in (("POST", "/v1/endpoints"), ("PATCH", f"/v1/endpoints/{endpoint}")):
+            body = {"operational_all_tenants": True, **({"name": "x", "url": "https://example.com/x"}
+                                                        if method == "POST" else {})}
+            answer = api.request(method, path, token, body)
+            assert answer.status == 403, (role, method, answer.body)
+            assert role != "admin" or answer.json["field"] == "operational_all_tenants"
+    assert query(db, "SELECT name, operational_all_tenants FROM webhooks.endpoints ORDER BY id") == [
+        ("operator-ops", False), ("acme-ops", False)]

@@ -28,8 +28,9 @@ from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
 
-# The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql); the worker needs less.
-API_SCHEMA_VERSION = 5
+# The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql) and endpoints'
+# operational_all_tenants (006_operational_events_tenant.sql); the worker needs less.
+API_SCHEMA_VERSION = 6
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)

@@ -91,6 +91,11 @@ ENDPOINT = {
     "created_at": TIME,
     "coalesce_max": NULLABLE_INT,
     "coalesce_window": {"type": ["number", "null"], "description": "seconds"},
+    "operational_all_tenants": {
+        "type": "boolean",
+        "description": "receives the operational events (webhook.*) of every tenant's endpoints, not only"
+                       " of its own tenant's",
+    },
 }
 ENDPOINT_FIELDS = {
     "url": {"type": "string", "minLength": 1, "description": "kept sealed; never shown again"},
@@ -123,6 +128,11 @@ ENDPOINT_FIELDS = {
     "coalesce_window": {
         "type": "number", "minimum": 0, "maximum": 3600,
         "description": "seconds; with coalesce_max: also coalesce once the oldest due row waited this long",
+    },
+    "operational_all_tenants": {
+        "type": "boolean",
+        "description": "receive the operational events (webhook.*) of every tenant's endpoints, not only of"
+                       " its own tenant's (the operator's channel); a token scoped to a tenant cannot set it",
     },
 }
 ENDPOINT_DETAIL = {
