@@ -193,10 +193,9 @@ def verify_endpoint(url: str, secret: str, timeout: float, config: Config) -> st
 
 
 def _check_secret(secret: str) -> None:
-    try:
-        signing.sign(secret, "check", 0, b"")
-    except ValueError as exc:
-        raise UsageError(f"--secret: {exc}") from None
+    problem = signing.secret_problem(secret)
+    if problem is not None:
+        raise UsageError(f"--secret: {problem}")
 
 
 def _schedule(delays: str) -> dict[str, Any]:

@@ -235,6 +235,68 @@ AS $$
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.expire_disabled_endpoint_rows(integer) TO webhooks_worker;
 
+-- Signing secrets: Standard Webhooks' 'whsec_' and the base64 of 24 to 64 bytes, the rule of the
+-- CLI and the API (secret_problem() in worker/signing.py). Of that, PostgreSQL can check a secret
+-- in plaintext (stored before sealing existed, or written at psql) whole. One sealed by the worker
+-- side ('enc:v1:<key id>:<base64url>', AES-256-GCM with a key PostgreSQL never sees: a 12-byte
+-- nonce and a 16-byte tag around the secret's text, worker/encryption.py) only by its length,
+-- which is the length of the text inside: 38 to 94 characters. That refuses 'nope' or a 1-byte key
+-- however it is stored, but not a sealed 22-, 23-, 65- or 66-byte key (base64 as long as an
+-- allowed one's) nor sealed text of the right length that is no base64.
+-- NULL when the secret passes, else why not; never the secret itself.
+CREATE OR REPLACE FUNCTION webhooks.signing_secret_problem(p_secret text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_bytes integer;
+BEGIN
+    IF p_secret IS NULL THEN
+        RETURN 'missing';
+    ELSIF starts_with(p_secret, 'enc:v1:') THEN
+        BEGIN
+            v_bytes := octet_length(decode(translate(split_part(p_secret, ':', 4), '-_', '+/'), 'base64')) - 28;
+        EXCEPTION WHEN invalid_parameter_value THEN  -- decode()'s error for what is not base64
+            RETURN 'sealed, but its envelope is not base64';
+        END;
+        IF v_bytes NOT BETWEEN 38 AND 94 THEN
+            RETURN format('sealed, and its text is %s bytes long: whsec_ and the base64 of 24 to 64 bytes '
+                          'is 38 to 94', v_bytes);
+        END IF;
+    ELSIF NOT starts_with(p_secret, 'whsec_') THEN
+        RETURN 'it does not start with whsec_';
+    ELSIF substr(p_secret, 7) !~ '^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$' THEN
+        RETURN 'what follows whsec_ is not base64';
+    ELSE
+        v_bytes := octet_length(decode(substr(p_secret, 7), 'base64'));
+        IF v_bytes NOT BETWEEN 24 AND 64 THEN
+            RETURN format('a key of %s bytes, not 24 to 64', v_bytes);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- The secrets as stored ([{"secret": ..., "expires_at": ...}]), or an error naming the problem of
+-- the first one that fails signing_secret_problem(). Not IMMUTABLE: the planner must not fold it
+-- (and so raise) in a branch that is never taken.
+CREATE OR REPLACE FUNCTION webhooks.checked_signing_secrets(p_secrets jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_problem text;
+BEGIN
+    SELECT p.problem INTO v_problem
+    FROM jsonb_array_elements(p_secrets) s,
+         LATERAL (SELECT webhooks.signing_secret_problem(s ->> 'secret') AS problem) p
+    WHERE p.problem IS NOT NULL
+    LIMIT 1;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'signing secret: %', v_problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A signing secret is whsec_ followed by the base64 of 24 to 64 bytes.';
+    END IF;
+    RETURN p_secrets;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
     p_name            text,
     p_url             text,
@@ -263,7 +325,8 @@ LANGUAGE sql AS $$
          body_format, secret_settings, active, disabled_reason, disabled_at, tenant_id,
          operational_all_tenants)
     VALUES
-        (p_name, p_url, p_url_display, p_signing_secrets, coalesce(p_event_types, '{*}'),
+        (p_name, p_url, p_url_display, webhooks.checked_signing_secrets(p_signing_secrets),
+         coalesce(p_event_types, '{*}'),
          coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule,
          p_rate_limit_per_second, p_rate_limit_burst, p_max_in_flight, coalesce(p_circuit_policy, '{}'),
          coalesce(p_body_format, 'raw'), coalesce(p_secret_settings, '{}'), coalesce(p_active, true),
@@ -356,8 +419,9 @@ BEGIN
 END;
 $$;
 
--- Adds p_new_secret as the newest secret; every secret active now expires at p_old_expire_at
--- (NULL: they stay active until rotated again). Expired secrets are dropped.
+-- Adds p_new_secret as the newest secret (checked: signing_secret_problem()); every secret active
+-- now expires at p_old_expire_at (NULL: they stay active until rotated again). Expired secrets are
+-- dropped.
 CREATE OR REPLACE FUNCTION webhooks.rotate_secret(p_webhook_id bigint, p_new_secret text,
                                        p_old_expire_at timestamptz DEFAULT NULL)
 RETURNS integer
@@ -365,6 +429,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_count integer;
 BEGIN
+    PERFORM webhooks.checked_signing_secrets(jsonb_build_array(jsonb_build_object('secret', p_new_secret)));
     UPDATE webhooks.endpoints e SET
         signing_secrets = jsonb_build_array(jsonb_build_object('secret', p_new_secret, 'expires_at', NULL))
             || coalesce((
@@ -417,13 +482,19 @@ LANGUAGE sql AS $$
     FOR NO KEY UPDATE;
 $$;
 
+-- An endpoint's credentials sealed: its first ones at registration, or all of them again (keys
+-- rotate). An endpoint's first signing secrets are checked (signing_secret_problem()); re-sealed
+-- ones are not, so that a secret stored before the rule existed cannot stop a key rotation.
 CREATE OR REPLACE FUNCTION webhooks.store_endpoint_credentials(
     p_id bigint, p_url text, p_signing_secrets jsonb, p_secret_settings jsonb, p_headers jsonb
 ) RETURNS void
 LANGUAGE sql AS $$
     UPDATE webhooks.endpoints
-    SET url = p_url, signing_secrets = p_signing_secrets, secret_settings = p_secret_settings,
-        headers = p_headers
+    SET url = p_url,
+        signing_secrets = CASE WHEN jsonb_array_length(signing_secrets) = 0
+                               THEN webhooks.checked_signing_secrets(p_signing_secrets)
+                               ELSE p_signing_secrets END,
+        secret_settings = p_secret_settings, headers = p_headers
     WHERE id = p_id;
 $$;
 

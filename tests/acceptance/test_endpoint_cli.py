@@ -222,3 +222,20 @@ def test_coalescing_is_set_at_add_changed_by_update_and_refused_where_it_cannot_
     assert "--coalesce-max: must be between 2 and 1000" in refused(
         db, "endpoints", "add", "--name", "big", "--url", URL, "--format", "envelope",
         "--coalesce-max", "5000")
+
+
+@pytest.mark.parametrize("secret", ["nope", "whsec_AA==", "whsec_" + "QUJD" * 5 + "QUI="],
+                         ids=["no-prefix", "1-byte", "17-bytes"])
+def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(db, tmp_path, secret):
+    # (issue 30) the Standard Webhooks form, at add and at rotate-secret, from the option or a file
+    (tmp_path / "secret").write_text(secret + "\n")
+    for given in (["--secret", secret], ["--secret-file", str(tmp_path / "secret")]):
+        message = refused(db, "endpoints", "add", "--name", "s", "--url", URL, *given)
+        assert "--secret: a signing secret is 'whsec_' followed by the base64 of 24 to 64 bytes" in message
+        assert secret.removeprefix("whsec_") not in message
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+    ok(db, "endpoints", "add", "--name", "s", "--url", URL)
+    before = stored(db, "s")["secrets"]
+    message = refused(db, "endpoints", "rotate-secret", "s", "--secret", secret)
+    assert "--secret: a signing secret is" in message
+    assert stored(db, "s")["secrets"] == before

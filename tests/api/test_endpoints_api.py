@@ -255,3 +255,22 @@ def test_only_an_unscoped_admin_marks_an_endpoint_for_every_tenants_operational_
             assert role != "admin" or answer.json["field"] == "operational_all_tenants"
     assert query(db, "SELECT name, operational_all_tenants FROM webhooks.endpoints ORDER BY id") == [
         ("operator-ops", False), ("acme-ops", False)]
+
+
+def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(api, role_tokens, db):
+    # (issue 30) the CLI's rule (worker.signing.secret_problem), at registration and at rotation
+    admin = role_tokens["admin"]
+    endpoint = add_endpoint(db, "https://example.com/x", name="kept")
+    before = query(db, "SELECT signing_secrets FROM webhooks.endpoints")
+    for secret in ("nope", "whsec_AA==", "whsec_" + "QUJD" * 5 + "QUI="):
+        registration = {"name": "new", "url": "https://example.com/y", "secret": secret}
+        for path, body in (("/v1/endpoints", registration),
+                           (f"/v1/endpoints/{endpoint}/rotate-secret", {"secret": secret})):
+            answer = api.post(path, admin, body)
+            assert answer.status == 422 and answer.json["field"] == "secret", (path, secret, answer.body)
+            assert "whsec_' followed by the base64 of 24 to 64 bytes" in answer.json["detail"]
+            assert secret.removeprefix("whsec_") not in answer.json["detail"]
+    assert query(db, "SELECT signing_secrets FROM webhooks.endpoints") == before
+    accepted = api.post("/v1/endpoints", admin, {"name": "new", "url": "https://example.com/y",
+                                                 "secret": "whsec_" + "QUJD" * 8})
+    assert accepted.status == 201, accepted.body

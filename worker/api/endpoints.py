@@ -103,10 +103,9 @@ def refuse_scoped(body: EndpointFields, tenant_id: int | None) -> None:
 
 
 def check_secret(secret: str, field: str = "secret") -> None:
-    try:
-        signing.sign(secret, "check", 0, b"")
-    except ValueError as exc:
-        raise invalid(field, str(exc)) from None
+    problem = signing.secret_problem(secret)
+    if problem is not None:
+        raise invalid(field, problem)
 
 
 def policy(config: Config) -> DestinationPolicy:
