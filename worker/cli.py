@@ -22,7 +22,7 @@ import psycopg
 from worker import __version__, coalescing, operations, schema, signing
 from worker.config import Config, load_config
 from worker.delivery import display_url
-from worker.destinations import Address, address_blocked, ip_literal, url_problem
+from worker.destinations import Address, address_blocked, ip_literal
 from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
 from worker.errors import ConfigError
 from worker.model import Sent
@@ -36,7 +36,7 @@ from worker.operations import (
     set_endpoint_active,
 )
 from worker.policy import RetrySchedule
-from worker.registration import header_problem, headers_problem
+from worker.registration import header_problem, headers_problem, registration_url_problem
 from worker.tables import cell, print_table
 
 # One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
@@ -218,7 +218,7 @@ def _check_url(url: str, config: Config) -> None:
     from worker.daemon import destination_policy
 
     policy = destination_policy(config)
-    problem = url_problem(url, policy)
+    problem = registration_url_problem(url, policy)
     if problem is not None:
         # only an IP literal's address is refused here, and a URL with one parses
         literal = ip_literal(urlsplit(url).hostname or "") if "not a public address" in problem else None

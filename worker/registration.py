@@ -1,10 +1,12 @@
-"""What an endpoint's registration may hold: the rules for its custom headers, as pure functions."""
+"""What an endpoint's registration may hold: the rules for its URL and custom headers, as pure functions."""
 
 from __future__ import annotations
 
 import string
 from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+from worker.destinations import DestinationPolicy, url_problem
 
 # Set by webhook-worker on every request (and sendable_headers() drops any stored header these rules
 # refuse, so none of them is ever sent either).
@@ -25,6 +27,10 @@ FRAMING_HEADERS = frozenset(
 )
 # Proxy-Authorization, Proxy-Connection and the rest speak to a proxy, never to the receiver.
 RESERVED_PREFIXES = ("proxy-",)
+# The longest URL an endpoint is registered with (README, "Registration checks"). Only registration
+# applies it: a longer URL stored before it existed is still delivered to (destinations.url_problem's
+# own bound, for every delivery, is far larger).
+MAX_URL_CHARS = 2048
 MAX_HEADERS = 50
 MAX_NAME_CHARS = 256
 MAX_VALUE_CHARS = 8192
@@ -32,6 +38,14 @@ MAX_VALUE_CHARS = 8192
 TOKEN_CHARS = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~")
 # RFC 9110 5.5: visible ASCII, space and tab (obs-text is refused: receivers read it inconsistently).
 VALUE_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | {"\t"}
+
+
+def registration_url_problem(url: str, policy: DestinationPolicy) -> str | None:
+    """Why an endpoint cannot be registered with this URL, or None: its length, then the destination
+    rules (its form, an IP literal). The message never contains the URL."""
+    if len(url) > MAX_URL_CHARS:
+        return f"URL longer than {MAX_URL_CHARS:,} characters (it has {len(url):,})"
+    return url_problem(url, policy)
 
 
 def is_reserved(name: str) -> bool:

@@ -239,3 +239,19 @@ def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(
     message = refused(db, "endpoints", "rotate-secret", "s", "--secret", secret)
     assert "--secret: a signing secret is" in message
     assert stored(db, "s")["secrets"] == before
+
+
+def test_a_url_longer_than_2048_characters_is_refused_at_add_and_update(db, tmp_path):
+    # (issue 30) README's limit; 3,018 characters were accepted
+    too_long = URL + "/" + "p" * (3018 - len(URL) - 1)
+    (tmp_path / "url").write_text(too_long + "\n")
+    for given in (["--url", too_long], ["--url-file", str(tmp_path / "url")]):
+        message = refused(db, "endpoints", "add", "--name", "long", *given)
+        assert "--url: URL longer than 2,048 characters (it has 3,018)" in message
+        assert "PATHCANARY" not in message
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+    longest = URL + "/" + "p" * (2048 - len(URL) - 1)
+    ok(db, "endpoints", "add", "--name", "long", "--url", longest)
+    assert "--url: URL longer than 2,048 characters" in refused(db, "endpoints", "update", "long",
+                                                                 "--url", longest + "p")
+    assert stored(db, "long")["url"] == longest

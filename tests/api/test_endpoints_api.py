@@ -274,3 +274,20 @@ def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(
     accepted = api.post("/v1/endpoints", admin, {"name": "new", "url": "https://example.com/y",
                                                  "secret": "whsec_" + "QUJD" * 8})
     assert accepted.status == 201, accepted.body
+
+
+def test_a_url_longer_than_2048_characters_is_refused_at_registration_and_change(api, role_tokens, db):
+    # (issue 30) README's limit, the CLI's constant; 3,018 characters were accepted
+    admin = role_tokens["admin"]
+    too_long = "https://example.com/SECRETPATH/" + "p" * (3018 - 31)
+    created = api.post("/v1/endpoints", admin, {"name": "long", "url": too_long})
+    assert created.status == 422 and created.json["field"] == "url", created.body
+    assert created.json["detail"] == "url: URL longer than 2,048 characters (it has 3,018)"
+    endpoint = add_endpoint(db, "https://example.com/short", name="short")
+    patched = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"url": too_long})
+    assert patched.status == 422 and patched.json["field"] == "url"
+    assert b"SECRETPATH" not in created.body + patched.body
+    longest = "https://example.com/" + "p" * (2048 - 20)
+    assert api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"url": longest}).status == 200
+    [(url,)] = query(db, "SELECT url FROM webhooks.endpoints")
+    assert TEST_KEYRING.open(url, encryption.URL, endpoint) == longest

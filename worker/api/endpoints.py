@@ -14,10 +14,10 @@ from worker.api.inputs import Body
 from worker.api.problems import Problem, invalid
 from worker.config import Config
 from worker.delivery import display_url
-from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
+from worker.destinations import DestinationPolicy, address_blocked, ip_literal
 from worker.operations import EndpointSpec
 from worker.policy import RetrySchedule
-from worker.registration import header_problem, headers_problem
+from worker.registration import header_problem, headers_problem, registration_url_problem
 
 BodyFormat = Literal["raw", "envelope", "slack", "mattermost", "pagerduty"]
 MAX_TTL_SECONDS = 365 * 86400
@@ -118,7 +118,7 @@ async def check_url(url: str, config: Config) -> None:
     """The CLI's destination rules: the URL's form, an IP literal, or a name resolving only to
     refused addresses now (a name that does not resolve yet is accepted: deliveries fail as `dns`)."""
     rules = policy(config)
-    problem = url_problem(url, rules)
+    problem = registration_url_problem(url, rules)
     if problem is not None:
         raise invalid("url", problem)
     parts = urlsplit(url)

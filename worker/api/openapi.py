@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from worker import __version__
+from worker.registration import MAX_URL_CHARS
 
 TIME = {"type": "string", "format": "date-time"}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
@@ -98,7 +99,8 @@ ENDPOINT = {
     },
 }
 ENDPOINT_FIELDS = {
-    "url": {"type": "string", "minLength": 1, "description": "kept sealed; never shown again"},
+    "url": {"type": "string", "minLength": 1, "maxLength": MAX_URL_CHARS,
+            "description": "kept sealed; never shown again"},
     "event_types": {
         "type": "array",
         "items": {"type": "string", "minLength": 1},
