@@ -22,7 +22,7 @@ import psycopg
 from worker import __version__, coalescing, operations, schema, signing
 from worker.config import Config, load_config
 from worker.delivery import display_url
-from worker.destinations import Address, address_blocked, ip_literal, url_problem
+from worker.destinations import Address, address_blocked, ip_literal
 from worker.encryption import Keyring, KeyringError, generate_key, load_keyring
 from worker.errors import ConfigError
 from worker.model import Sent
@@ -36,7 +36,12 @@ from worker.operations import (
     set_endpoint_active,
 )
 from worker.policy import CATEGORIES, RetrySchedule
-from worker.registration import endpoint_name_problem, header_problem, headers_problem
+from worker.registration import (
+    endpoint_name_problem,
+    header_problem,
+    headers_problem,
+    registration_url_problem,
+)
 from worker.tables import cell, print_table
 
 # One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
@@ -193,10 +198,9 @@ def verify_endpoint(url: str, secret: str, timeout: float, config: Config) -> st
 
 
 def _check_secret(secret: str) -> None:
-    try:
-        signing.sign(secret, "check", 0, b"")
-    except ValueError as exc:
-        raise UsageError(f"--secret: {exc}") from None
+    problem = signing.secret_problem(secret)
+    if problem is not None:
+        raise UsageError(f"--secret: {problem}")
 
 
 def _schedule(delays: str) -> dict[str, Any]:
@@ -219,7 +223,7 @@ def _check_url(url: str, config: Config) -> None:
     from worker.daemon import destination_policy
 
     policy = destination_policy(config)
-    problem = url_problem(url, policy)
+    problem = registration_url_problem(url, policy)
     if problem is not None:
         # only an IP literal's address is refused here, and a URL with one parses
         literal = ip_literal(urlsplit(url).hostname or "") if "not a public address" in problem else None
@@ -335,6 +339,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         secret_settings={"routing_key": routing_key} if routing_key else {},
         active=not args.verify,
         tenant=args.tenant,
+        operational_all_tenants=args.operational_all_tenants,
     )
     with operations.connect(config) as conn:
         try:
@@ -487,6 +492,8 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
         changes["delivery_ttl"] = f"{args.ttl_seconds} seconds"
     if args.format is not None:
         changes["body_format"] = args.format
+    if args.operational_all_tenants is not None:
+        changes["operational_all_tenants"] = args.operational_all_tenants
     routing_key = inputs.value(args, "routing_key")
     coalesce_options = args.coalesce_max is not None or args.coalesce_window is not None
     if not changes and routing_key is None and not coalesce_options:
@@ -907,6 +914,10 @@ BODY_FORMATS = ["raw", "envelope", "slack", "mattermost", "pagerduty"]
 FROM_FILE = "read {} from FILE ('-': standard input), keeping it out of the process list and shell history"
 
 
+OPERATIONAL_ALL_TENANTS_HELP = ("receive the operational events (webhook.*) of every tenant's endpoints, "
+                                "not only of its own tenant's: the operator's channel")
+
+
 def add_header_options(parser: argparse.ArgumentParser, text: str) -> None:
     parser.add_argument("--header", action="append", metavar="'NAME: VALUE'", help=text)
     parser.add_argument("--header-file", metavar="FILE",
@@ -980,6 +991,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add_coalescing_options(add)
     add.add_argument("--tenant", metavar="NAME", help="the tenant it belongs to (default: default)")
+    add.add_argument("--operational-all-tenants", action="store_true",
+                     help=OPERATIONAL_ALL_TENANTS_HELP)
     add.add_argument("--verify", action="store_true",
                      help="send a challenge first; the endpoint is enabled only if the receiver echoes it")
     add.add_argument("--json", action="store_true", help="print JSON")
@@ -1021,6 +1034,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_routing_key_options(update)
     update.add_argument("--ttl-seconds", type=float, help="deliveries not delivered within this long expire")
     add_coalescing_options(update)
+    update.add_argument("--operational-all-tenants", action=argparse.BooleanOptionalAction,
+                        help=OPERATIONAL_ALL_TENANTS_HELP + "; --no-operational-all-tenants: its own "
+                             "tenant's only")
     rotate = command(endpoint_commands, "rotate-secret", cmd_endpoints_rotate_secret,
                      "add a new signing secret; the old ones stay active until --expire-old-after")
     rotate.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")

@@ -29,6 +29,8 @@ from worker.errors import ConfigError
 
 PREFIX = "enc:v1:"
 KEY_BYTES = 32
+# webhooks.signing_secret_problem() (sql/functions/endpoints.sql) reads a sealed secret's length as
+# its envelope's bytes less this nonce and GCM's 16-byte tag: change the envelope, change it too.
 NONCE_BYTES = 12
 KEYS_ENV = "WEBHOOK_WORKER_ENCRYPTION_KEYS"
 URL = "url"

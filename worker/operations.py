@@ -62,6 +62,8 @@ class EndpointSpec:
     secret_settings: dict[str, Any] = field(default_factory=dict, repr=False)
     active: bool = True
     tenant: str | None = None  # its name; None: the `default` tenant
+    # every tenant's operational events, not only its own tenant's: the operator's channel
+    operational_all_tenants: bool = False
 
 
 class InvalidEndpoint(ValueError):
@@ -78,7 +80,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
     with conn.transaction():
         row = conn.execute(
             "SELECT webhooks.register_endpoint(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " %s, %s)",
+            " %s, %s, %s)",
             (
                 spec.name,
                 "",  # the credentials follow once the id they are bound to is known
@@ -98,6 +100,7 @@ def register_endpoint(conn: psycopg.Connection, spec: EndpointSpec, keyring: Key
                 "{}",
                 spec.active,
                 spec.tenant,
+                spec.operational_all_tenants,
             ),
         ).fetchone()
         assert row is not None

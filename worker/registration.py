@@ -1,10 +1,13 @@
-"""What an endpoint's registration may hold: the rules for its name and custom headers, as pure functions."""
+"""What an endpoint's registration may hold: the rules for its name, URL and custom headers, as pure
+functions."""
 
 from __future__ import annotations
 
 import string
 from collections.abc import Mapping
 from urllib.parse import urlsplit
+
+from worker.destinations import DestinationPolicy, url_problem
 
 # Set by webhook-worker on every request (and sendable_headers() drops any stored header these rules
 # refuse, so none of them is ever sent either).
@@ -25,6 +28,10 @@ FRAMING_HEADERS = frozenset(
 )
 # Proxy-Authorization, Proxy-Connection and the rest speak to a proxy, never to the receiver.
 RESERVED_PREFIXES = ("proxy-",)
+# The longest URL an endpoint is registered with (README, "Registration checks"). Only registration
+# applies it: a longer URL stored before it existed is still delivered to (destinations.url_problem's
+# own bound, for every delivery, is far larger).
+MAX_URL_CHARS = 2048
 MAX_HEADERS = 50
 MAX_NAME_CHARS = 256
 MAX_VALUE_CHARS = 8192
@@ -49,6 +56,14 @@ def endpoint_name_problem(name: str) -> str | None:
     if name.isascii() and name.isdigit():
         return "must not be all digits (an all-digit ENDPOINT always means an id)"
     return None
+
+
+def registration_url_problem(url: str, policy: DestinationPolicy) -> str | None:
+    """Why an endpoint cannot be registered with this URL, or None: its length, then the destination
+    rules (its form, an IP literal). The message never contains the URL."""
+    if len(url) > MAX_URL_CHARS:
+        return f"URL longer than {MAX_URL_CHARS:,} characters (it has {len(url):,})"
+    return url_problem(url, policy)
 
 
 def is_reserved(name: str) -> bool:

@@ -12,6 +12,11 @@ from collections.abc import Iterable, Mapping
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
+# Standard Webhooks: a secret is 24 to 64 random bytes. Repeated in SQL for what it can see
+# (webhooks.signing_secret_problem() in sql/functions/endpoints.sql).
+MIN_SECRET_BYTES = 24
+MAX_SECRET_BYTES = 64
+SECRET_RULE = f"'{SECRET_PREFIX}' followed by the base64 of {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} bytes"
 TIMESTAMP_TOLERANCE_SECONDS = 300
 
 
@@ -21,6 +26,21 @@ class VerificationError(Exception):
 
 def generate_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+def secret_problem(secret: str) -> str | None:
+    """Why this cannot be registered as a signing secret, or None: the one rule of the CLI and the
+    API. The message never contains the secret. (Signing itself accepts any base64 key, so secrets
+    stored before this rule keep signing.)"""
+    if not secret.startswith(SECRET_PREFIX):
+        return f"a signing secret is {SECRET_RULE}; this one does not start with '{SECRET_PREFIX}'"
+    try:
+        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
+    except ValueError:
+        return f"a signing secret is {SECRET_RULE}; what follows '{SECRET_PREFIX}' is not base64"
+    if not MIN_SECRET_BYTES <= len(key) <= MAX_SECRET_BYTES:
+        return f"a signing secret is {SECRET_RULE}; this one is {len(key)} byte{'s' * (len(key) != 1)}"
+    return None
 
 
 @functools.lru_cache(maxsize=1024)  # decoded once per secret, not on every request

@@ -6,10 +6,11 @@
 -- store. endpoint_summary is what may be shown. Rotation keeps the old secrets signing until the
 -- time the operator sets, so receivers can switch keys without downtime. Every state change is
 -- recorded in endpoint_events with who or what decided it and why, and published as an
--- operational event ('webhook.endpoint.*', 'webhook.circuit.*') to the endpoints that subscribe to
--- its type explicitly ('*' does not include them), never to the endpoint it is about, so an event
--- cannot loop back to its cause. Disabled endpoints' rows wait; once a row's retry window has
--- passed it becomes a dead letter (reason 'endpoint disabled') that can be replayed.
+-- operational event ('webhook.endpoint.*', 'webhook.circuit.*') to the endpoints of the same tenant
+-- (and those the operator marked operational_all_tenants) that subscribe to its type explicitly
+-- ('*' does not include them), never to the endpoint it is about, so an event cannot loop back to
+-- its cause. Disabled endpoints' rows wait; once a row's retry window has passed it becomes a dead
+-- letter (reason 'endpoint disabled') that can be replayed.
 
 -- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
 CREATE OR REPLACE FUNCTION webhooks.create_health_row() RETURNS trigger
@@ -46,9 +47,12 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader;
 
--- Operational events: an endpoint's state changes, published (webhooks.publish) to the endpoints
--- that subscribe to their type explicitly ('*' does not include them), never to the endpoint the
--- event is about, so an event cannot loop back to its cause.
+-- Operational events: an endpoint's state changes, queued (webhooks.fan_out) for the endpoints that
+-- subscribe to their type explicitly ('*' does not include them), never for the endpoint the event
+-- is about, so an event cannot loop back to its cause. An event names the endpoint, the reason and
+-- who decided it: it goes only to the endpoint's own tenant, and to the endpoints the operator
+-- marked operational_all_tenants (whose tenant then holds every tenant's events: keep them in one
+-- only operators read).
 CREATE OR REPLACE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_change
@@ -66,8 +70,10 @@ DECLARE
     ev record;
     v_type text;
 BEGIN
-    SELECT x.*, e.name AS endpoint_name INTO ev
-    FROM webhooks.endpoint_events x JOIN webhooks.endpoints e ON e.id = x.webhook_id
+    SELECT x.*, e.name AS endpoint_name, e.tenant_id, t.name AS tenant INTO ev
+    FROM webhooks.endpoint_events x
+    JOIN webhooks.endpoints e ON e.id = x.webhook_id
+    JOIN webhooks.tenants t ON t.id = e.tenant_id
     WHERE x.id = p_event_row;
     v_type := webhooks.operational_event_type(ev.change);
     IF v_type IS NULL THEN
@@ -79,14 +85,15 @@ BEGIN
             'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
             'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
             'source', 'webhook-worker',
-            'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'change', ev.change,
-            'reason', ev.reason, 'decided_by', ev.decided_by, 'delivery_id', ev.delivery_id,
-            'at', ev.at),
+            'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'tenant', ev.tenant,
+            'change', ev.change, 'reason', ev.reason, 'decided_by', ev.decided_by,
+            'delivery_id', ev.delivery_id, 'at', ev.at),
         p_event_key => 'endpoint_events:' || ev.id,
         p_source_ref => 'endpoint_events:' || ev.id,
         p_priority => 10,
         p_exclude_webhook_id => ev.webhook_id,
-        p_explicit_only => true);
+        p_explicit_only => true,
+        p_tenant_id => ev.tenant_id);
 END;
 $$;
 
@@ -249,6 +256,68 @@ AS $$
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.expire_disabled_endpoint_rows(integer) TO webhooks_worker;
 
+-- Signing secrets: Standard Webhooks' 'whsec_' and the base64 of 24 to 64 bytes, the rule of the
+-- CLI and the API (secret_problem() in worker/signing.py). Of that, PostgreSQL can check a secret
+-- in plaintext (stored before sealing existed, or written at psql) whole. One sealed by the worker
+-- side ('enc:v1:<key id>:<base64url>', AES-256-GCM with a key PostgreSQL never sees: a 12-byte
+-- nonce and a 16-byte tag around the secret's text, worker/encryption.py) only by its length,
+-- which is the length of the text inside: 38 to 94 characters. That refuses 'nope' or a 1-byte key
+-- however it is stored, but not a sealed 22-, 23-, 65- or 66-byte key (base64 as long as an
+-- allowed one's) nor sealed text of the right length that is no base64.
+-- NULL when the secret passes, else why not; never the secret itself.
+CREATE OR REPLACE FUNCTION webhooks.signing_secret_problem(p_secret text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_bytes integer;
+BEGIN
+    IF p_secret IS NULL THEN
+        RETURN 'missing';
+    ELSIF starts_with(p_secret, 'enc:v1:') THEN
+        BEGIN
+            v_bytes := octet_length(decode(translate(split_part(p_secret, ':', 4), '-_', '+/'), 'base64')) - 28;
+        EXCEPTION WHEN invalid_parameter_value THEN  -- decode()'s error for what is not base64
+            RETURN 'sealed, but its envelope is not base64';
+        END;
+        IF v_bytes NOT BETWEEN 38 AND 94 THEN
+            RETURN format('sealed, and its text is %s bytes long: whsec_ and the base64 of 24 to 64 bytes '
+                          'is 38 to 94', v_bytes);
+        END IF;
+    ELSIF NOT starts_with(p_secret, 'whsec_') THEN
+        RETURN 'it does not start with whsec_';
+    ELSIF substr(p_secret, 7) !~ '^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$' THEN
+        RETURN 'what follows whsec_ is not base64';
+    ELSE
+        v_bytes := octet_length(decode(substr(p_secret, 7), 'base64'));
+        IF v_bytes NOT BETWEEN 24 AND 64 THEN
+            RETURN format('a key of %s bytes, not 24 to 64', v_bytes);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- The secrets as stored ([{"secret": ..., "expires_at": ...}]), or an error naming the problem of
+-- the first one that fails signing_secret_problem(). Not IMMUTABLE: the planner must not fold it
+-- (and so raise) in a branch that is never taken.
+CREATE OR REPLACE FUNCTION webhooks.checked_signing_secrets(p_secrets jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_problem text;
+BEGIN
+    SELECT p.problem INTO v_problem
+    FROM jsonb_array_elements(p_secrets) s,
+         LATERAL (SELECT webhooks.signing_secret_problem(s ->> 'secret') AS problem) p
+    WHERE p.problem IS NOT NULL
+    LIMIT 1;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'signing secret: %', v_problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A signing secret is whsec_ followed by the base64 of 24 to 64 bytes.';
+    END IF;
+    RETURN p_secrets;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
     p_name            text,
     p_url             text,
@@ -266,28 +335,53 @@ CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
     p_body_format     text   DEFAULT 'raw',
     p_secret_settings jsonb  DEFAULT '{}',
     p_active          boolean DEFAULT true,
-    p_tenant          text    DEFAULT NULL  -- its name; NULL: the `default` tenant
+    p_tenant          text    DEFAULT NULL,  -- its name; NULL: the `default` tenant
+    -- every tenant's operational events, not only its own tenant's (the operator's channel)
+    p_operational_all_tenants boolean DEFAULT false
 ) RETURNS bigint
 LANGUAGE sql AS $$
     INSERT INTO webhooks.endpoints
         (name, url, url_display, signing_secrets, event_types, headers, max_attempts, timeout_ms,
          retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight, circuit_policy,
-         body_format, secret_settings, active, disabled_reason, disabled_at, tenant_id)
+         body_format, secret_settings, active, disabled_reason, disabled_at, tenant_id,
+         operational_all_tenants)
     VALUES
-        (p_name, p_url, p_url_display, p_signing_secrets, coalesce(p_event_types, '{*}'),
+        (p_name, p_url, p_url_display, webhooks.checked_signing_secrets(p_signing_secrets),
+         coalesce(p_event_types, '{*}'),
          coalesce(p_headers, '{}'), p_max_attempts, p_timeout_ms, p_retry_schedule,
          p_rate_limit_per_second, p_rate_limit_burst, p_max_in_flight, coalesce(p_circuit_policy, '{}'),
          coalesce(p_body_format, 'raw'), coalesce(p_secret_settings, '{}'), coalesce(p_active, true),
          CASE WHEN NOT coalesce(p_active, true) THEN 'awaiting verification' END,
          CASE WHEN NOT coalesce(p_active, true) THEN now() END,
-         webhooks.tenant_id(coalesce(p_tenant, 'default')))
+         webhooks.tenant_id(coalesce(p_tenant, 'default')), coalesce(p_operational_all_tenants, false))
     RETURNING id;
 $$;
 
+-- Only the operator marks an endpoint for every tenant's operational events: a session scoped to a
+-- tenant (webhooks.tenant set, as the API sets it for a scoped token's transaction) is refused,
+-- whichever way it writes the row. Unmarking is allowed to anyone who may write the row.
+CREATE OR REPLACE FUNCTION webhooks.refuse_scoped_all_tenants() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF nullif(current_setting('webhooks.tenant', true), '') IS NOT NULL
+            AND (TG_OP = 'INSERT' OR NOT OLD.operational_all_tenants) THEN
+        RAISE EXCEPTION 'operational_all_tenants: only an operator may mark an endpoint for every '
+                        'tenant''s operational events, not a session scoped to a tenant'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER refuse_scoped_all_tenants
+    BEFORE INSERT OR UPDATE OF operational_all_tenants ON webhooks.endpoints
+    FOR EACH ROW WHEN (NEW.operational_all_tenants)
+    EXECUTE FUNCTION webhooks.refuse_scoped_all_tenants();
+
 -- Applies the keys present in p_changes (url, url_display, event_types, headers, max_attempts,
 -- timeout_ms, retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight,
--- circuit_policy, body_format, secret_settings, delivery_ttl, retry_policy); a key with a JSON null
--- resets that override.
+-- circuit_policy, body_format, secret_settings, delivery_ttl, retry_policy, coalesce_max,
+-- coalesce_window, operational_all_tenants); a key with a JSON null resets that override.
 CREATE OR REPLACE FUNCTION webhooks.update_endpoint(p_webhook_id bigint, p_changes jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -297,7 +391,7 @@ BEGIN
     WHERE k NOT IN ('url', 'url_display', 'event_types', 'headers', 'max_attempts', 'timeout_ms',
                     'retry_schedule', 'rate_limit_per_second', 'rate_limit_burst', 'max_in_flight',
                     'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy',
-                    'coalesce_max', 'coalesce_window')
+                    'coalesce_max', 'coalesce_window', 'operational_all_tenants')
     LIMIT 1;
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'update_endpoint: unknown field %', v_unknown;
@@ -336,14 +430,19 @@ BEGIN
                             ELSE e.coalesce_max END,
         coalesce_window = CASE WHEN p_changes ? 'coalesce_window'
                                THEN (p_changes ->> 'coalesce_window')::interval ELSE e.coalesce_window END,
+        -- JSON null: off
+        operational_all_tenants = CASE WHEN p_changes ? 'operational_all_tenants'
+                                       THEN coalesce((p_changes ->> 'operational_all_tenants')::boolean, false)
+                                       ELSE e.operational_all_tenants END,
         updated_at = now()
     WHERE e.id = p_webhook_id;
     RETURN FOUND;
 END;
 $$;
 
--- Adds p_new_secret as the newest secret; every secret active now expires at p_old_expire_at
--- (NULL: they stay active until rotated again). Expired secrets are dropped.
+-- Adds p_new_secret as the newest secret (checked: signing_secret_problem()); every secret active
+-- now expires at p_old_expire_at (NULL: they stay active until rotated again). Expired secrets are
+-- dropped.
 CREATE OR REPLACE FUNCTION webhooks.rotate_secret(p_webhook_id bigint, p_new_secret text,
                                        p_old_expire_at timestamptz DEFAULT NULL)
 RETURNS integer
@@ -351,6 +450,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_count integer;
 BEGIN
+    PERFORM webhooks.checked_signing_secrets(jsonb_build_array(jsonb_build_object('secret', p_new_secret)));
     UPDATE webhooks.endpoints e SET
         signing_secrets = jsonb_build_array(jsonb_build_object('secret', p_new_secret, 'expires_at', NULL))
             || coalesce((
@@ -403,13 +503,19 @@ LANGUAGE sql AS $$
     FOR NO KEY UPDATE;
 $$;
 
+-- An endpoint's credentials sealed: its first ones at registration, or all of them again (keys
+-- rotate). An endpoint's first signing secrets are checked (signing_secret_problem()); re-sealed
+-- ones are not, so that a secret stored before the rule existed cannot stop a key rotation.
 CREATE OR REPLACE FUNCTION webhooks.store_endpoint_credentials(
     p_id bigint, p_url text, p_signing_secrets jsonb, p_secret_settings jsonb, p_headers jsonb
 ) RETURNS void
 LANGUAGE sql AS $$
     UPDATE webhooks.endpoints
-    SET url = p_url, signing_secrets = p_signing_secrets, secret_settings = p_secret_settings,
-        headers = p_headers
+    SET url = p_url,
+        signing_secrets = CASE WHEN jsonb_array_length(signing_secrets) = 0
+                               THEN webhooks.checked_signing_secrets(p_signing_secrets)
+                               ELSE p_signing_secrets END,
+        secret_settings = p_secret_settings, headers = p_headers
     WHERE id = p_id;
 $$;
 
@@ -419,7 +525,8 @@ SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
        e.created_at, h.health_status, h.total_attempts, h.successes, h.failures,
        h.consecutive_failures, h.last_success_at, h.last_failure_at, h.circuit_state,
        h.circuit_open_until, h.paused_until, e.rate_limit_per_second, e.rate_limit_burst,
-       e.max_in_flight, e.coalesce_max, e.coalesce_window, e.tenant_id, t.name AS tenant
+       e.max_in_flight, e.coalesce_max, e.coalesce_window, e.tenant_id, t.name AS tenant,
+       e.operational_all_tenants
 FROM webhooks.endpoints e
 JOIN webhooks.tenants t ON t.id = e.tenant_id
 LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id

@@ -172,7 +172,9 @@ CREATE OR REPLACE FUNCTION webhooks.fan_out(
     p_priority   integer DEFAULT 0,
     -- for operational events: never to this endpoint, and only to explicit subscribers ('*' is not)
     p_exclude_webhook_id bigint  DEFAULT NULL,
-    p_explicit_only      boolean DEFAULT false
+    p_explicit_only      boolean DEFAULT false,
+    -- for operational events: only to this tenant's endpoints and those marked operational_all_tenants
+    p_tenant_id          bigint  DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
@@ -188,6 +190,7 @@ BEGIN
     SELECT e.id, v_event_id, v_event_id, p_event_type, p_payload, p_source_ref, p_priority
     FROM webhooks.endpoints e
     WHERE e.active AND e.id IS DISTINCT FROM p_exclude_webhook_id
+      AND (p_tenant_id IS NULL OR e.tenant_id = p_tenant_id OR e.operational_all_tenants)
       AND webhooks.subscribes(CASE WHEN p_explicit_only THEN array_remove(e.event_types, '*')
                                    ELSE e.event_types END, p_event_type)
     ORDER BY e.id

@@ -222,3 +222,36 @@ def test_coalescing_is_set_at_add_changed_by_update_and_refused_where_it_cannot_
     assert "--coalesce-max: must be between 2 and 1000" in refused(
         db, "endpoints", "add", "--name", "big", "--url", URL, "--format", "envelope",
         "--coalesce-max", "5000")
+
+
+@pytest.mark.parametrize("secret", ["nope", "whsec_AA==", "whsec_" + "QUJD" * 5 + "QUI="],
+                         ids=["no-prefix", "1-byte", "17-bytes"])
+def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(db, tmp_path, secret):
+    # (issue 30) the Standard Webhooks form, at add and at rotate-secret, from the option or a file
+    (tmp_path / "secret").write_text(secret + "\n")
+    for given in (["--secret", secret], ["--secret-file", str(tmp_path / "secret")]):
+        message = refused(db, "endpoints", "add", "--name", "s", "--url", URL, *given)
+        assert "--secret: a signing secret is 'whsec_' followed by the base64 of 24 to 64 bytes" in message
+        assert secret.removeprefix("whsec_") not in message
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+    ok(db, "endpoints", "add", "--name", "s", "--url", URL)
+    before = stored(db, "s")["secrets"]
+    message = refused(db, "endpoints", "rotate-secret", "s", "--secret", secret)
+    assert "--secret: a signing secret is" in message
+    assert stored(db, "s")["secrets"] == before
+
+
+def test_a_url_longer_than_2048_characters_is_refused_at_add_and_update(db, tmp_path):
+    # (issue 30) README's limit; 3,018 characters were accepted
+    too_long = URL + "/" + "p" * (3018 - len(URL) - 1)
+    (tmp_path / "url").write_text(too_long + "\n")
+    for given in (["--url", too_long], ["--url-file", str(tmp_path / "url")]):
+        message = refused(db, "endpoints", "add", "--name", "long", *given)
+        assert "--url: URL longer than 2,048 characters (it has 3,018)" in message
+        assert "PATHCANARY" not in message
+    assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
+    longest = URL + "/" + "p" * (2048 - len(URL) - 1)
+    ok(db, "endpoints", "add", "--name", "long", "--url", longest)
+    assert "--url: URL longer than 2,048 characters" in refused(db, "endpoints", "update", "long",
+                                                                 "--url", longest + "p")
+    assert stored(db, "long")["url"] == longest

@@ -74,3 +74,21 @@ def test_tenant_filters_on_dlq_replay_all_and_status(db):
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE status = 'dead_letter'"
                      " AND delivery_id = ANY(%s)", (other_dead,)) == [(3,)]
     assert "--tenant: no tenant named 'nobody'" in refused(db, "dlq", "list", "--tenant", "nobody")
+
+
+def test_the_operators_channel_is_marked_for_every_tenants_operational_events_and_shown(db):
+    # (issue 30) an endpoint receives its own tenant's operational events unless an operator marks it
+    run(db, "tenants", "add", "acme")
+    run(db, "endpoints", "add", "--name", "acme-ops", "--url", "https://hooks.example.test/a",
+        "--tenant", "acme", "--event-type", "webhook.*")
+    run(db, "endpoints", "add", "--name", "operator-ops", "--url", "https://hooks.example.test/o",
+        "--event-type", "webhook.*", "--operational-all-tenants")
+    assert "operational_all_tenants: False" in run(db, "endpoints", "show", "acme-ops").splitlines()
+    shown = json.loads(run(db, "endpoints", "show", "operator-ops", "--json"))
+    assert shown["operational_all_tenants"] is True
+    assert "updated: operational_all_tenants" in run(db, "endpoints", "update", "acme-ops",
+                                                     "--operational-all-tenants")
+    run(db, "endpoints", "update", "operator-ops", "--no-operational-all-tenants")
+    listed = {e["name"]: e["operational_all_tenants"]
+              for e in json.loads(run(db, "endpoints", "list", "--json"))}
+    assert listed == {"acme-ops": True, "operator-ops": False}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tests.api.test_tenant_isolation import scoped_token
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, query
 from worker import encryption
 
@@ -219,3 +220,74 @@ def test_a_deliverys_attempts_name_the_digest_that_carried_them(api, role_tokens
     history = api.get(f"/v1/deliveries/{alone}", role_tokens["reader"]).json["attempts_history"]
     assert history and all((a["digest_id"], a["digest"], a["digest_rows"]) == (None, None, None)
                            for a in history)
+
+
+# --- every tenant's operational events: the operator's setting (issue 30) --------------------------
+
+
+def test_only_an_unscoped_admin_marks_an_endpoint_for_every_tenants_operational_events(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    created = api.post("/v1/endpoints", admin, {
+        "name": "operator-ops", "url": "https://example.com/ops", "event_types": ["webhook.*"],
+        "operational_all_tenants": True})
+    assert created.status == 201, created.body
+    assert created.json["operational_all_tenants"] is True
+    endpoint = created.json["id"]
+    assert api.get(f"/v1/endpoints/{endpoint}", role_tokens["reader"]).json["operational_all_tenants"] is True
+    plain = api.post("/v1/endpoints", admin, {"name": "acme-ops", "url": "https://example.com/acme"})
+    assert plain.json["operational_all_tenants"] is False
+    patched = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"operational_all_tenants": False})
+    assert patched.status == 200 and patched.json["operational_all_tenants"] is False
+    wrong = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"operational_all_tenants": "yes"})
+    assert wrong.status == 422 and wrong.json["field"] == "operational_all_tenants"
+
+    query(db, "SELECT webhooks.register_tenant('acme')")
+    scoped = {role: scoped_token(db, role, "acme") for role in ("producer", "reader")}
+    # admin tokens cannot be scoped today; one standing for a future tenant admin is refused as well
+    query(db, "ALTER TABLE webhooks.api_tokens DROP CONSTRAINT api_token_tenant_role")
+    scoped["admin"] = scoped_token(db, "admin", "acme")
+    for role, token in scoped.items():
+        for method, path in (("POST", "/v1/endpoints"), ("PATCH", f"/v1/endpoints/{endpoint}")):
+            body = {"operational_all_tenants": True, **({"name": "x", "url": "https://example.com/x"}
+                                                        if method == "POST" else {})}
+            answer = api.request(method, path, token, body)
+            assert answer.status == 403, (role, method, answer.body)
+            assert role != "admin" or answer.json["field"] == "operational_all_tenants"
+    assert query(db, "SELECT name, operational_all_tenants FROM webhooks.endpoints ORDER BY id") == [
+        ("operator-ops", False), ("acme-ops", False)]
+
+
+def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(api, role_tokens, db):
+    # (issue 30) the CLI's rule (worker.signing.secret_problem), at registration and at rotation
+    admin = role_tokens["admin"]
+    endpoint = add_endpoint(db, "https://example.com/x", name="kept")
+    before = query(db, "SELECT signing_secrets FROM webhooks.endpoints")
+    for secret in ("nope", "whsec_AA==", "whsec_" + "QUJD" * 5 + "QUI="):
+        registration = {"name": "new", "url": "https://example.com/y", "secret": secret}
+        for path, body in (("/v1/endpoints", registration),
+                           (f"/v1/endpoints/{endpoint}/rotate-secret", {"secret": secret})):
+            answer = api.post(path, admin, body)
+            assert answer.status == 422 and answer.json["field"] == "secret", (path, secret, answer.body)
+            assert "whsec_' followed by the base64 of 24 to 64 bytes" in answer.json["detail"]
+            assert secret.removeprefix("whsec_") not in answer.json["detail"]
+    assert query(db, "SELECT signing_secrets FROM webhooks.endpoints") == before
+    accepted = api.post("/v1/endpoints", admin, {"name": "new", "url": "https://example.com/y",
+                                                 "secret": "whsec_" + "QUJD" * 8})
+    assert accepted.status == 201, accepted.body
+
+
+def test_a_url_longer_than_2048_characters_is_refused_at_registration_and_change(api, role_tokens, db):
+    # (issue 30) README's limit, the CLI's constant; 3,018 characters were accepted
+    admin = role_tokens["admin"]
+    too_long = "https://example.com/SECRETPATH/" + "p" * (3018 - 31)
+    created = api.post("/v1/endpoints", admin, {"name": "long", "url": too_long})
+    assert created.status == 422 and created.json["field"] == "url", created.body
+    assert created.json["detail"] == "url: URL longer than 2,048 characters (it has 3,018)"
+    endpoint = add_endpoint(db, "https://example.com/short", name="short")
+    patched = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"url": too_long})
+    assert patched.status == 422 and patched.json["field"] == "url"
+    assert b"SECRETPATH" not in created.body + patched.body
+    longest = "https://example.com/" + "p" * (2048 - 20)
+    assert api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"url": longest}).status == 200
+    [(url,)] = query(db, "SELECT url FROM webhooks.endpoints")
+    assert TEST_KEYRING.open(url, encryption.URL, endpoint) == longest

@@ -1,12 +1,16 @@
-"""Input bounds in SQL (issue 16): reserved event types, traceparent, sizes, caller-controlled arguments."""
+"""Input bounds in SQL (issue 16): reserved event types, traceparent, sizes, caller-controlled arguments;
+signing secrets (issue 30)."""
 
+import base64
 import json
 
 import psycopg
 import pytest
 from pydantic import ValidationError
 
-from tests.support import PRODUCER_LOGIN, add_endpoint, enqueue, login_as, query, worker_dsn
+from tests.support import PRODUCER_LOGIN, TEST_KEYRING, add_endpoint, enqueue, login_as, query, worker_dsn
+from tests.unit.test_signing import ACCEPTED_SECRETS, REFUSED_SECRETS
+from worker import encryption, signing
 from worker.config import MAX_CLAIM_BATCH_SIZE, MAX_LEASE_SECONDS, DeliveryConfig
 
 VALID_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -175,3 +179,52 @@ def test_log_partitions_ahead_are_bounded_for_a_worker(db):
     assert query(db, partitions) == before
     with psycopg.connect(worker, autocommit=True) as conn:
         assert conn.execute("SELECT webhooks.ensure_log_partitions(31)").fetchone()[0] > 0
+
+
+# --- signing secrets (issue 30) ------------------------------------------------------------------
+
+SECRET_CASES = [p.values[0] for p in REFUSED_SECRETS] + ACCEPTED_SECRETS
+
+
+def test_sql_judges_a_plaintext_signing_secret_as_the_cli_and_the_api_do(db):
+    for secret in SECRET_CASES:
+        [(problem,)] = query(db, "SELECT webhooks.signing_secret_problem(%s)", (secret,))
+        assert (problem is None) == (signing.secret_problem(secret) is None), (secret, problem)
+
+
+def test_sql_judges_a_sealed_signing_secret_by_the_length_of_its_text(db):
+    # the key is the worker side's: of a sealed secret PostgreSQL sees only how long its text is
+    def sealed_passes(secret: str) -> bool:
+        sealed = TEST_KEYRING.seal(secret, encryption.SIGNING_SECRET, 1)
+        return query(db, "SELECT webhooks.signing_secret_problem(%s) IS NULL", (sealed,))[0][0]
+
+    for secret in ("nope", "whsec_AA==", "whsec_", "whsec_" + "A" * 200):
+        assert not sealed_passes(secret), secret
+    for secret in (*ACCEPTED_SECRETS, signing.generate_secret()):
+        assert sealed_passes(secret), secret
+    # what it cannot tell: a 23-byte key's base64 is as long as a 24-byte key's
+    assert sealed_passes("whsec_" + base64.b64encode(bytes(23)).decode())
+    assert query(db, "SELECT webhooks.signing_secret_problem('enc:v1:abcd1234:%%%%')") == [
+        ("sealed, but its envelope is not base64",)]
+
+
+def test_every_function_storing_a_new_signing_secret_refuses_a_bad_one(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [(fresh,)] = query(db, "SELECT webhooks.register_endpoint('fresh', '', 'x', '[]')")
+    for secret in ("nope", "whsec_AA=="):
+        for stored in (secret, TEST_KEYRING.seal(secret, encryption.SIGNING_SECRET, endpoint)):
+            as_json = json.dumps([{"secret": stored, "expires_at": None}])
+            for sql, params in (
+                    ("SELECT webhooks.register_endpoint('bad', '', 'x', %s)", (as_json,)),
+                    ("SELECT webhooks.rotate_secret(%s, %s)", (endpoint, stored)),
+                    ("SELECT webhooks.store_endpoint_credentials(%s, '', %s, '{}', '{}')", (fresh, as_json))):
+                error = refused(db, psycopg.errors.InvalidParameterValue, sql, params)
+                assert error.diag.message_primary.startswith("signing secret: "), sql
+                assert stored not in str(error) and "AA==" not in str(error)
+    counts = "SELECT id, jsonb_array_length(signing_secrets) FROM webhooks.endpoints ORDER BY id"
+    assert query(db, counts) == [(endpoint, 1), (fresh, 0)]
+    # re-sealing what is stored (keys rotate) is not a new secret: one stored before the rule stays
+    legacy = json.dumps([{"secret": TEST_KEYRING.seal("whsec_AA==", encryption.SIGNING_SECRET, endpoint),
+                          "expires_at": None}])
+    query(db, "UPDATE webhooks.endpoints SET signing_secrets = %s WHERE id = %s", (legacy, endpoint))
+    query(db, "SELECT webhooks.store_endpoint_credentials(%s, '', %s, '{}', '{}')", (endpoint, legacy))

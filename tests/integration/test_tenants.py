@@ -8,6 +8,8 @@ import json
 import psycopg
 import pytest
 
+from tests.acceptance.test_cli import cli
+from tests.receiver import Reply
 from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
 from worker.observability import Metrics
 
@@ -225,3 +227,140 @@ def test_no_tenant_may_take_the_overflow_label_s_name(db):
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="tenant name 'other': reserved"):
         tenant(db, "other")
     assert query(db, "SELECT count(*) FROM webhooks.tenants WHERE name = 'other'") == [(0,)]
+
+
+# --- operational events stay in their tenant (issue 30) ---------------------------------------------
+
+def operational_rows(dsn: str) -> dict[int, list[tuple[str, str, str]]]:
+    """Each subscriber's queued operational events: (event type, endpoint it is about, reason)."""
+    found: dict[int, list[tuple[str, str, str]]] = {}
+    for subscriber, event_type, about, reason, row_tenant, subscriber_tenant in query(
+            dsn, "SELECT q.webhook_id, q.event_type, q.payload ->> 'endpoint_name', q.payload ->> 'reason',"
+                 " q.tenant_id, e.tenant_id FROM webhooks.alert_delivery_queue q"
+                 " JOIN webhooks.endpoints e ON e.id = q.webhook_id"
+                 " WHERE q.event_type LIKE 'webhook.%%' ORDER BY q.delivery_id"):
+        assert row_tenant == subscriber_tenant  # each row is its subscriber's, in its quota
+        found.setdefault(subscriber, []).append((event_type, about, reason))
+    return found
+
+
+def test_operational_events_reach_only_their_tenants_subscribers_and_the_operators_channel(db):
+    acme = tenant(db, "acme")
+    tenant(db, "globex")
+    query(db, "UPDATE webhooks.delivery_config SET dead_letter_alert_threshold = 1")
+    ops = {name: add_endpoint(db, f"http://127.0.0.1:9/{name}-ops", name=f"{name}-ops", tenant=name,
+                              event_types=("webhook.*",)) for name in ("acme", "globex")}
+    operator = add_endpoint(db, "http://127.0.0.1:9/operator", name="operator-ops",
+                            event_types=("webhook.*",), operational_all_tenants=True)
+    # their endpoints: a circuit that opens, a dead letter that trips the notice, a 410 that
+    # disables, and an operator's disable with a reason
+    orders = {name: add_endpoint(db, "http://127.0.0.1:9/orders", name=f"{name}-orders", tenant=name,
+                                 circuit_policy={"min_attempts": 2, "failure_ratio": 0.5})
+              for name in ("acme", "globex")}
+    billing = {name: add_endpoint(db, "http://127.0.0.1:9/billing", name=f"{name}-billing", tenant=name)
+               for name in ("acme", "globex")}
+    for endpoint in orders.values():
+        enqueue(db, endpoint, count=2)
+    claimed = acquire(db, batch=10)
+    assert sorted(e for _, e, *_ in claimed) == sorted([*orders.values()] * 2)
+    outcomes = []
+    for number, (delivery, _, token, attempt) in enumerate(sorted(claimed)):
+        failure = ({"outcome": "retry", "http_status": 503, "failure_category": "http_5xx"} if number % 2 == 0
+                   else {"outcome": "dead_letter", "http_status": 410, "failure_category": "http_4xx",
+                         "disable_endpoint": True})
+        outcomes.append({"delivery_id": delivery, "lease_token": token, "attempt": attempt, **failure})
+    query(db, "SELECT * FROM webhooks.finish('w', %s)", (json.dumps(outcomes),))
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'Globex contract 4711 unpaid')", (billing["globex"],))
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'Acme moved to invoices')", (billing["acme"],))
+
+    found = operational_rows(db)
+    for name, other in (("acme", "globex"), ("globex", "acme")):
+        events = found[ops[name]]
+        assert sorted((t, about) for t, about, _ in events) == sorted([
+            ("webhook.circuit.opened", f"{name}-orders"),
+            ("webhook.endpoint.dead_letters", f"{name}-orders"),
+            ("webhook.endpoint.disabled", f"{name}-orders"),
+            ("webhook.endpoint.disabled", f"{name}-billing")])
+        assert not any(other in about or other.title() in (reason or "") for _, about, reason in events)
+    disabled = ("webhook.endpoint.disabled", "globex-billing", "Globex contract 4711 unpaid")
+    assert disabled in found[ops["globex"]]
+    # the operator's channel, marked for it, gets every tenant's, and says whose each is
+    assert sorted(found[operator]) == sorted(found[ops["acme"]] + found[ops["globex"]])
+    assert query(db, "SELECT DISTINCT payload ->> 'tenant' FROM webhooks.alert_delivery_queue"
+                     " WHERE webhook_id = %s ORDER BY 1", (operator,)) == [("acme",), ("globex",)]
+    assert set(found) == {*ops.values(), operator}
+    # acme's scoped readers (row-level security) see only acme's: no globex event is theirs to read
+    with psycopg.connect(db) as conn:
+        conn.execute("SET ROLE webhooks_reader")
+        conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(acme),))
+        seen = conn.execute("SELECT payload::text FROM webhooks.alert_delivery_queue"
+                            " WHERE event_type LIKE 'webhook.%%'").fetchall()
+    assert len(seen) == 4 and not any("globex" in text.lower() for (text,) in seen)
+
+
+
+def test_only_an_operator_marks_an_endpoint_for_every_tenants_operational_events(db):
+    acme = tenant(db, "acme")
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/ops", name="acme-ops", tenant="acme")
+    refused = "operational_all_tenants: only an operator may mark an endpoint"
+    for statement, params in (
+            ("SELECT webhooks.update_endpoint(%s, '{\"operational_all_tenants\": true}')", (endpoint,)),
+            ("UPDATE webhooks.endpoints SET operational_all_tenants = true WHERE id = %s", (endpoint,)),
+            ("SELECT webhooks.register_endpoint('acme-2', 'x', 'x', '[]', p_tenant => 'acme',"
+             " p_operational_all_tenants => true) WHERE %s IS NOT NULL", (endpoint,))):
+        with psycopg.connect(db) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege, match=refused):
+            # a session kept to acme, as the API keeps a scoped token's transaction
+            conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(acme),))
+            conn.execute(statement, params)
+    assert query(db, "SELECT name, operational_all_tenants FROM webhooks.endpoints") == [("acme-ops", False)]
+    # the operator (no tenant set) may, and a scoped session may still change the endpoint's other
+    # settings and unmark it
+    query(db, "SELECT webhooks.update_endpoint(%s, '{\"operational_all_tenants\": true}')", (endpoint,))
+    with psycopg.connect(db) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(acme),))
+        for change in ('{"max_attempts": 3}', '{"operational_all_tenants": false}'):
+            conn.execute("SELECT webhooks.update_endpoint(%s, %s)", (endpoint, change))
+    assert query(db, "SELECT max_attempts, operational_all_tenants FROM webhooks.endpoints") == [(3, False)]
+
+
+def test_a_worker_delivers_each_tenants_operational_events_to_its_own_subscriber_only(db, receiver, spawn):
+    tenant(db, "acme")
+    tenant(db, "globex")
+    query(db, "UPDATE webhooks.delivery_config SET dead_letter_alert_threshold = 1")
+    for name in ("acme", "globex"):
+        add_endpoint(db, receiver.url(f"/{name}-ops"), name=f"{name}-ops", tenant=name,
+                     event_types=("webhook.*",))
+    add_endpoint(db, receiver.url("/operator-ops"), name="operator-ops", event_types=("webhook.*",),
+                 operational_all_tenants=True)
+    failing = add_endpoint(db, receiver.url("/acme-failing"), name="acme-failing", tenant="acme",
+                           retry_schedule={"delays": [0.1]}, max_attempts=50,
+                           circuit_policy={"min_attempts": 3, "sleep_seconds": 600})
+    gone = add_endpoint(db, receiver.url("/globex-gone"), name="globex-gone", tenant="globex")
+    add_endpoint(db, receiver.url("/globex-billing"), name="globex-billing", tenant="globex")
+    receiver.script("/acme-failing", Reply(503))
+    receiver.script("/globex-gone", Reply(410))
+    enqueue(db, failing, count=5)
+    enqueue(db, gone)
+    disabled = cli("endpoints", "disable", "globex-billing", "--reason", "Globex contract 4711 unpaid",
+                   env={"DATABASE_URL": db})
+    assert disabled.returncode == 0, disabled.stderr
+    spawn(db)
+
+    def events(path: str) -> list[dict[str, object]]:
+        return [{**json.loads(r.body), "type": r.headers["webhook-event-type"]} for r in receiver.to(path)]
+
+    expected = {"/acme-ops": 1, "/globex-ops": 3, "/operator-ops": 4}
+    eventually(lambda: all(len(receiver.to(path)) >= n for path, n in expected.items()),
+               message="every subscriber told")
+    acme, globex, everyone = events("/acme-ops"), events("/globex-ops"), events("/operator-ops")
+    assert [(e["type"], e["endpoint_name"]) for e in acme] == [("webhook.circuit.opened", "acme-failing")]
+    assert sorted((e["type"], e["endpoint_name"]) for e in globex) == [
+        ("webhook.endpoint.dead_letters", "globex-gone"), ("webhook.endpoint.disabled", "globex-billing"),
+        ("webhook.endpoint.disabled", "globex-gone")]
+    assert {"reason": "Globex contract 4711 unpaid", "tenant": "globex"}.items() <= next(
+        e for e in globex if e["endpoint_name"] == "globex-billing").items()
+    assert sorted(map(json.dumps, everyone)) == sorted(map(json.dumps, acme + globex))
+    # and no other operational row was queued for either tenant's subscriber
+    assert query(db, "SELECT e.name, count(*) FROM webhooks.alert_delivery_queue q"
+                     " JOIN webhooks.endpoints e ON e.id = q.webhook_id WHERE q.event_type LIKE 'webhook.%%'"
+                     " GROUP BY 1 ORDER BY 1") == [("acme-ops", 1), ("globex-ops", 3), ("operator-ops", 4)]

@@ -186,3 +186,10 @@ def test_every_endpoint_and_row_of_a_database_before_tenants_belongs_to_default(
         assert len(rows) == 1 and rows[0][0] == 1 and rows[0][1] > 0, (table, rows)
     # a tenant added later gets a new id, not the default's
     assert query(old_db, "SELECT webhooks.register_tenant('acme')") == [(2,)]
+
+
+def test_no_endpoint_of_an_older_database_receives_another_tenants_operational_events(old_db):
+    # 006: an endpoint there was subscribed to every endpoint's events; from now on its own tenant's
+    schema.migrate(old_db)
+    assert query(old_db, "SELECT operational_all_tenants, count(*) FROM webhooks.endpoints GROUP BY 1") == [
+        (False, 3)]

@@ -1,8 +1,17 @@
-"""The rules for an endpoint's custom headers: reserved names, HTTP tokens, values, URL credentials."""
+"""The rules for an endpoint's custom headers (reserved names, HTTP tokens, values, URL credentials)
+and its URL's length."""
 
 import pytest
 
-from worker.registration import PRODUCT_HEADERS, header_problem, headers_problem, is_reserved
+from worker.destinations import DestinationPolicy
+from worker.registration import (
+    MAX_URL_CHARS,
+    PRODUCT_HEADERS,
+    header_problem,
+    headers_problem,
+    is_reserved,
+    registration_url_problem,
+)
 
 FRAMING = ["Transfer-Encoding", "transfer-encoding", "Connection", "Keep-Alive", "TE", "Trailer",
            "Upgrade", "Host", "Content-Length", "Proxy-Authorization", "Proxy-Connection", "proxy-anything"]
@@ -71,3 +80,25 @@ def test_a_name_given_twice_in_different_case_is_refused():
 def test_headers_problem_reports_the_first_bad_header():
     problem = headers_problem("https://h.example/x", {"X-Good": "1", "Transfer-Encoding": "chunked"})
     assert problem is not None and "Transfer-Encoding" in problem
+
+
+# --- the URL's length (issue 30): README's 2,048 characters, for the CLI and the API alike ----------
+
+HOOK = "https://hooks.example.com/"
+
+
+def test_a_url_of_2048_characters_is_registered_and_one_more_is_refused_without_echoing_it():
+    longest = HOOK + "p" * (MAX_URL_CHARS - len(HOOK))
+    assert len(longest) == 2048 and registration_url_problem(longest, DestinationPolicy()) is None
+    too_long = HOOK + "SECRETPATH" + "p" * 3000
+    problem = registration_url_problem(too_long, DestinationPolicy())
+    assert problem == f"URL longer than 2,048 characters (it has {len(too_long):,})"
+    assert "SECRETPATH" not in problem
+    # counted in characters, as README states it, not in bytes
+    assert registration_url_problem(HOOK + "é" * (MAX_URL_CHARS - len(HOOK)), DestinationPolicy()) is None
+
+
+def test_the_length_is_checked_before_the_destination_rules():
+    policy = DestinationPolicy()
+    assert "scheme" in (registration_url_problem("ftp://example.com/x", policy) or "")
+    assert "longer than" in (registration_url_problem("ftp://example.com/" + "x" * 3000, policy) or "")

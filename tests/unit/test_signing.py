@@ -1,5 +1,7 @@
 """Standard Webhooks signatures, checked against the specification's published test vector."""
 
+import base64
+
 import pytest
 
 from worker import signing
@@ -45,8 +47,6 @@ def test_verify_rejects_a_changed_body():
 
 
 def test_generated_secrets_are_whsec_with_at_least_24_random_bytes():
-    import base64
-
     secret = signing.generate_secret()
     assert secret.startswith("whsec_")
     assert len(base64.b64decode(secret.removeprefix("whsec_"))) >= 24
@@ -58,3 +58,37 @@ def test_rotation_header_carries_one_signature_per_secret():
     header = signing.signature_header([VECTOR_SECRET, second], VECTOR_ID, VECTOR_TIMESTAMP, VECTOR_BODY)
     parts = header.split(" ")
     assert parts[0] == VECTOR_SIGNATURE and len(parts) == 2
+
+
+def _base64_of(length: int) -> str:
+    return base64.b64encode(bytes(range(length))).decode()
+
+
+# (issue 30) what the CLI and the API refuse, and why; sql/functions/endpoints.sql repeats the rule
+REFUSED_SECRETS = [
+    pytest.param("nope", "does not start with 'whsec_'", id="no-prefix"),
+    pytest.param(_base64_of(32), "does not start with 'whsec_'", id="bare-base64"),
+    pytest.param("whsec_AA==", "this one is 1 byte", id="1-byte"),
+    pytest.param("whsec_" + _base64_of(23), "this one is 23 bytes", id="23-bytes"),
+    pytest.param("whsec_" + _base64_of(65), "this one is 65 bytes", id="65-bytes"),
+    pytest.param("whsec_", "this one is 0 bytes", id="empty"),
+    pytest.param("whsec_" + _base64_of(32)[:-1], "not base64", id="unpadded"),
+    pytest.param("whsec_" + _base64_of(32) + "\n", "not base64", id="newline"),
+    pytest.param("whsec_" + "%" * 44, "not base64", id="not-base64"),
+]
+ACCEPTED_SECRETS = ["whsec_" + _base64_of(24), "whsec_" + _base64_of(64), VECTOR_SECRET]
+
+
+@pytest.mark.parametrize(("secret", "reason"), REFUSED_SECRETS)
+def test_a_signing_secret_that_is_not_whsec_and_24_to_64_bytes_of_base64_is_refused(secret, reason):
+    problem = signing.secret_problem(secret)
+    assert problem is not None and reason in problem
+    assert problem.startswith("a signing secret is 'whsec_' followed by the base64 of 24 to 64 bytes")
+    encoded = secret.removeprefix("whsec_").strip()
+    assert len(encoded) < 3 or encoded not in problem  # never echoed
+
+
+@pytest.mark.parametrize("secret", ACCEPTED_SECRETS)
+def test_a_standard_webhooks_secret_of_24_to_64_bytes_is_accepted(secret):
+    assert signing.secret_problem(secret) is None
+    assert signing.secret_problem(signing.generate_secret()) is None

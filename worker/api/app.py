@@ -28,8 +28,10 @@ from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
 
-# The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql); the worker needs less.
-API_SCHEMA_VERSION = 5
+# The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
+# operational_all_tenants (006_operational_events_tenant.sql) and operations' cancelled_by
+# (011_operation_cancel.sql); the worker needs less.
+API_SCHEMA_VERSION = 11
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)

@@ -11,10 +11,10 @@ from pydantic import Field, field_validator
 
 from worker import coalescing, signing
 from worker.api.inputs import INTEGER_MAX, Body
-from worker.api.problems import invalid
+from worker.api.problems import Problem, invalid
 from worker.config import Config
 from worker.delivery import display_url
-from worker.destinations import DestinationPolicy, address_blocked, ip_literal, url_problem
+from worker.destinations import DestinationPolicy, address_blocked, ip_literal
 from worker.operations import EndpointSpec
 from worker.policy import RetrySchedule
 from worker.registration import (
@@ -22,6 +22,7 @@ from worker.registration import (
     endpoint_name_problem,
     header_problem,
     headers_problem,
+    registration_url_problem,
 )
 
 BodyFormat = Literal["raw", "envelope", "slack", "mattermost", "pagerduty"]
@@ -45,6 +46,8 @@ class EndpointFields(Body):
     ttl_seconds: float | None = Field(default=None, gt=0, le=MAX_TTL_SECONDS)
     coalesce_max: int | None = Field(default=None, ge=0, le=coalescing.MAX_COALESCE)
     coalesce_window: float | None = Field(default=None, ge=0, le=coalescing.MAX_WINDOW_SECONDS)
+    # every tenant's operational events: an operator's setting, never a tenant's (refuse_scoped below)
+    operational_all_tenants: bool | None = None
 
     @field_validator("event_types")
     @classmethod
@@ -94,11 +97,20 @@ class SecretRotation(Body):
     expire_old_after_hours: float | None = Field(default=None, gt=0, le=24 * 365)
 
 
+def refuse_scoped(body: EndpointFields, tenant_id: int | None) -> None:
+    """A caller kept to one tenant never marks an endpoint for every tenant's operational events
+    (SQL refuses it too for a session scoped to a tenant: the trigger refuse_scoped_all_tenants).
+    Only admin tokens reach these routes, and they are never scoped today; a tenant admin would be."""
+    if body.operational_all_tenants and tenant_id is not None:
+        raise Problem(403, "forbidden", "The token may not do this",
+                      "operational_all_tenants: a token scoped to a tenant cannot mark an endpoint for "
+                      "every tenant's operational events", field="operational_all_tenants")
+
+
 def check_secret(secret: str, field: str = "secret") -> None:
-    try:
-        signing.sign(secret, "check", 0, b"")
-    except ValueError as exc:
-        raise invalid(field, str(exc)) from None
+    problem = signing.secret_problem(secret)
+    if problem is not None:
+        raise invalid(field, problem)
 
 
 def policy(config: Config) -> DestinationPolicy:
@@ -111,7 +123,7 @@ async def check_url(url: str, config: Config) -> None:
     """The CLI's destination rules: the URL's form, an IP literal, or a name resolving only to
     refused addresses now (a name that does not resolve yet is accepted: deliveries fail as `dns`)."""
     rules = policy(config)
-    problem = url_problem(url, rules)
+    problem = registration_url_problem(url, rules)
     if problem is not None:
         raise invalid("url", problem)
     parts = urlsplit(url)
@@ -150,6 +162,7 @@ def spec(body: EndpointCreate, secret: str) -> EndpointSpec:
         rate_limit_per_second=body.rate_limit, rate_limit_burst=body.burst, max_in_flight=body.max_in_flight,
         body_format=body.format or "raw",
         secret_settings={"routing_key": body.routing_key} if body.routing_key else {},
+        operational_all_tenants=bool(body.operational_all_tenants),
     )
 
 
@@ -181,7 +194,7 @@ def changes(body: EndpointFields) -> dict[str, Any]:
         found["headers"] = body.headers
     for field, column in (("max_attempts", "max_attempts"), ("rate_limit", "rate_limit_per_second"),
                           ("burst", "rate_limit_burst"), ("max_in_flight", "max_in_flight"),
-                          ("format", "body_format")):
+                          ("format", "body_format"), ("operational_all_tenants", "operational_all_tenants")):
         if getattr(body, field) is not None:
             found[column] = getattr(body, field)
     if body.timeout_seconds is not None:

@@ -8,6 +8,7 @@ from typing import Any
 from worker import __version__
 from worker.api.inputs import BIGINT_MAX, INTEGER_MAX, SMALLINT
 from worker.policy import CATEGORIES
+from worker.registration import MAX_URL_CHARS
 
 TIME = {"type": "string", "format": "date-time"}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
@@ -94,9 +95,15 @@ ENDPOINT = {
     "created_at": TIME,
     "coalesce_max": NULLABLE_INT,
     "coalesce_window": {"type": ["number", "null"], "description": "seconds"},
+    "operational_all_tenants": {
+        "type": "boolean",
+        "description": "receives the operational events (webhook.*) of every tenant's endpoints, not only"
+                       " of its own tenant's",
+    },
 }
 ENDPOINT_FIELDS = {
-    "url": {"type": "string", "minLength": 1, "description": "kept sealed; never shown again"},
+    "url": {"type": "string", "minLength": 1, "maxLength": MAX_URL_CHARS,
+            "description": "kept sealed; never shown again"},
     "event_types": {
         "type": "array",
         "items": {"type": "string", "minLength": 1},
@@ -126,6 +133,11 @@ ENDPOINT_FIELDS = {
     "coalesce_window": {
         "type": "number", "minimum": 0, "maximum": 3600,
         "description": "seconds; with coalesce_max: also coalesce once the oldest due row waited this long",
+    },
+    "operational_all_tenants": {
+        "type": "boolean",
+        "description": "receive the operational events (webhook.*) of every tenant's endpoints, not only of"
+                       " its own tenant's (the operator's channel); a token scoped to a tenant cannot set it",
     },
 }
 ENDPOINT_DETAIL = {

@@ -120,7 +120,7 @@ ENDPOINT_COLUMNS = (
     "id, name, url_display, active, disabled_reason, event_types, secrets, body_format, max_attempts,"
     " timeout_ms, rate_limit_per_second, rate_limit_burst, max_in_flight, health_status, circuit_state,"
     " circuit_open_until, consecutive_failures, last_success_at, last_failure_at, created_at, coalesce_max,"
-    " extract(epoch FROM coalesce_window)::float8 AS coalesce_window"
+    " extract(epoch FROM coalesce_window)::float8 AS coalesce_window, operational_all_tenants"
 )
 
 

@@ -368,6 +368,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
 async def create_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
     body = await read_body(request, endpoint_rules.EndpointCreate)
+    endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
     await endpoint_rules.check_url(body.url, state.config)
     secret = body.secret or signing.generate_secret()
@@ -412,6 +413,7 @@ async def get_endpoint(request: web.Request) -> web.Response:
 async def update_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
     body = await read_body(request, endpoint_rules.EndpointPatch)
+    endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
     changes = endpoint_rules.changes(body)
     coalesce_fields = body.coalesce_max is not None or body.coalesce_window is not None
