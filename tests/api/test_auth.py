@@ -29,7 +29,7 @@ def test_the_probes_need_no_token(api):
     assert api.get("/health").status == 200
     ready = api.get("/ready")
     assert ready.status == 200 and ready.json["ready"] is True
-    assert api.get("/metrics").status == 200
+    assert "webhook_api_requests_total" in api.metrics()  # on api.metrics_port, no token either
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_failed_authentications_are_limited_per_address_and_counted(db):
         assert limited.json["type"].endswith("/too-many-failed-authentications")
         # a good token from the same address waits too: the lockout is the address's, not the token's
         assert server.get("/v1/token", good).status == 429
-        metrics = server.get("/metrics").body.decode()
+        metrics = server.metrics()
         assert 'webhook_api_failed_authentications_total{reason="invalid"} 3.0' in metrics
         assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 2.0' in metrics
         assert good not in metrics and "whk_" not in metrics
