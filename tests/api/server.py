@@ -149,7 +149,7 @@ def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = N
 class ApiProcess:
     """`python -m worker api --config FILE` as a subprocess, as it runs in production."""
 
-    def __init__(self, dsn: str, workdir: Path, **api: Any) -> None:
+    def __init__(self, dsn: str, workdir: Path, open_files: int | None = None, **api: Any) -> None:
         config = {
             "database": {"url": dsn},
             "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, **api},
@@ -162,9 +162,15 @@ class ApiProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
         env.pop("DATABASE_URL", None)
         env[KEYS_ENV] = TEST_KEYS
+        command = [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)]
+        if open_files is not None:
+            # the process's open-file limit, soft and hard, set before it starts (as `ulimit -n` would)
+            command[1:3] = ["-c", "import resource, runpy, sys; "
+                            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({open_files}, {open_files})); "
+                            "sys.argv[0] = 'webhook-worker'; runpy.run_module('worker', run_name='__main__')"]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)],
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

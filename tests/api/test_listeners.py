@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import http.client
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.api.server import ApiServer, api_config, make_token
-from tests.support import eventually
+from tests.api.server import ApiProcess, ApiServer, api_config, make_token
+from tests.support import ROOT, eventually
 
 SLOW_CLIENTS = 30  # of each kind
 DEADLINE = 1.5  # seconds, for heads and bodies alike
@@ -75,15 +77,19 @@ def clients() -> Iterator[list[RawClient]]:
         client.close()
 
 
-def get(port: int, path: str, token: str | None = None, source: str = "127.0.0.1") -> int:
+def fetch(port: int, path: str, token: str | None = None, source: str = "127.0.0.1") -> tuple[int, str]:
+    """GET from a source address of its own (every 127.0.0.0/8 address is this machine)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
     try:
         conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
         response = conn.getresponse()
-        response.read()
-        return response.status
+        return response.status, response.read().decode()
     finally:
         conn.close()
+
+
+def get(port: int, path: str, token: str | None = None, source: str = "127.0.0.1") -> int:
+    return fetch(port, path, token, source)[0]
 
 
 def test_slow_heads_and_bodies_are_cut_off_by_their_deadlines_while_valid_requests_answer(db, clients):
@@ -193,3 +199,50 @@ def test_metrics_are_served_on_their_own_port_and_not_on_the_public_one(api, rol
     # the metrics port serves nothing else
     assert get(api.metrics_port, "/v1/token", role_tokens["reader"]) == 404
     assert get(api.metrics_port, "/health") == 404
+
+
+def test_the_connection_cap_is_lowered_to_what_the_open_file_limit_leaves():
+    # a cap above the open-file limit is no cap: accept() fails first, and valid clients time out
+    program = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 200))\n"
+        "from worker.api.serving import fit_to_open_files\n"
+        "print(fit_to_open_files(1000, 68), fit_to_open_files(100, 68),"
+        " resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT,
+                            timeout=60, check=True)
+    # the soft limit raised to the hard one (200), then 200 - 68 connections fit; 100 fit as asked
+    *log, answer = result.stdout.splitlines()
+    assert answer.split() == ["132", "100", "200"]
+    assert "api.max_connections lowered" in "\n".join(log)
+
+
+FLOOD = 300
+
+
+def test_a_flood_of_connections_beyond_the_open_file_limit_leaves_other_addresses_served(
+        db, tmp_path, clients):
+    # The issue's case: more slow connections than the process may open files. Unguarded, accept()
+    # failed ("out of system resource"), stopped accepting, and a valid request timed out.
+    process = ApiProcess(db, tmp_path, open_files=256, max_connections_per_address=30,
+                         head_timeout_seconds=60)
+    try:
+        reader = make_token(db, "reader")
+        for _ in range(FLOOD):
+            client = RawClient(process.port)
+            clients.append(client)
+            client.send(b"GET /v1/token HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        assert get(process.port, "/v1/token", reader, source="127.0.0.2") == 200
+        refused = eventually(lambda: sum(c.poll() for c in clients) == FLOOD - 30 and
+                             [c for c in clients if c.closed], message="all but 30 refused")
+        assert all(c.received.startswith(b"HTTP/1.1 503 ") for c in refused)
+        status, metrics = fetch(process.metrics_port, "/metrics", source="127.0.0.2")
+        assert status == 200
+        assert f'webhook_api_connections_refused_total{{cap="per_address"}} {FLOOD - 30}.0' in metrics
+    finally:
+        process.kill()
+    log = process.log_path.read_text()
+    assert "out of system resource" not in log
+    # 256 files, less those reserved, less the listening backlogs
+    assert '"api.max_connections lowered to what the open-file limit leaves"' in log

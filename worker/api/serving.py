@@ -13,6 +13,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from worker import runtime
 from worker.config import ApiConfig
 from worker.errors import ConfigError
 from worker.observability import get_logger
@@ -24,10 +25,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # closes the connection afterwards.
 BUSY = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n"
 TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-# Open files the process needs besides client connections: the two listeners, logs, DNS, imports,
-# and (added to this) the database pool. A connection cap above what the open-file limit leaves is
-# no cap: accept() fails first ("out of system resource") and valid clients time out.
-RESERVED_FILES = 64
+# Open files the process needs besides client connections: the listeners, logs, the event loop,
+# DNS, and (added to this) the database pool; about a dozen were measured. A connection cap above
+# what the open-file limit leaves is no cap: accept() fails first ("out of system resource"), stops
+# accepting for a second, and valid clients time out.
+RESERVED_FILES = 32
+# Connections waiting to be accepted, per listener. asyncio accepts up to this many at once, each
+# taking a file before the guard can refuse it, so these count among the reserved files too.
+BACKLOG = 128
+METRICS_BACKLOG = 8  # one scraper at a time
 # After an answer sent before the body was read (401, 408, 413), aiohttp reads and drops what is left
 # of the body for this long at most, so the client can read the answer before the connection closes.
 MAX_LINGER_SECONDS = 5.0
@@ -174,8 +180,9 @@ class GuardedConnection(asyncio.Protocol):
 class GuardedSite(web.BaseSite):
     """A TCP listener (as web.TCPSite) whose connections pass through the guard."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard) -> None:
-        super().__init__(runner)
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard,
+                 backlog: int) -> None:
+        super().__init__(runner, backlog=backlog)
         self._host = host
         self._port = port
         self._guard = guard
@@ -191,7 +198,8 @@ class GuardedSite(web.BaseSite):
         assert server is not None  # BaseSite refuses a runner that was not set up
         guard = self._guard
         listening = await asyncio.get_running_loop().create_server(
-            lambda: GuardedConnection(server(), guard), self._host, self._port, reuse_address=True)
+            lambda: GuardedConnection(server(), guard), self._host, self._port, backlog=self._backlog,
+            reuse_address=True)
         self._server = listening
         if listening.sockets:
             self.port = int(listening.sockets[0].getsockname()[1])
@@ -240,19 +248,14 @@ async def body_deadline(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def fit_to_open_files(wanted: int, reserved: int) -> int:
-    """The connection cap the open-file limit allows: the soft limit is raised towards the hard one
-    when that is short of `wanted + reserved` (any process may), and the cap lowered (with a warning)
-    when even the hard limit is."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = wanted + reserved
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY or soft >= needed:
+    """The connection cap the open-file limit allows: the soft limit is raised to the hard one, as
+    the worker raises it, and the cap lowered (with a warning) when even that leaves fewer than
+    `wanted` files besides the `reserved` ones."""
+    raised = runtime.raise_open_files_limit()
+    if raised is not None:
+        get_logger().info("open-files soft limit raised", before=raised[0], after=raised[1])
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted + reserved:
         return wanted
     allowed = max(1, soft - reserved)
     get_logger().warning("api.max_connections lowered to what the open-file limit leaves",
@@ -267,7 +270,8 @@ class Listeners:
     def __init__(self, config: ApiConfig, app: web.Application, metrics_app: web.Application,
                  reserved_files: int = RESERVED_FILES) -> None:
         self._config = config
-        self._apps = ((app, config.port, "api.port"), (metrics_app, config.metrics_port, "api.metrics_port"))
+        self._apps = ((app, config.port, "api.port", BACKLOG),
+                      (metrics_app, config.metrics_port, "api.metrics_port", METRICS_BACKLOG))
         self._guard = app[GUARD]
         self._reserved_files = reserved_files
         self._runners: list[web.AppRunner] = []
@@ -276,15 +280,16 @@ class Listeners:
 
     async def start(self) -> None:
         config = self._config
-        self._guard.max_connections = fit_to_open_files(config.max_connections, self._reserved_files)
+        reserved = self._reserved_files + BACKLOG + METRICS_BACKLOG
+        self._guard.max_connections = fit_to_open_files(config.max_connections, reserved)
         ports = []
-        for app, port, key in self._apps:
+        for app, port, key, backlog in self._apps:
             runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                    keepalive_timeout=config.keepalive_timeout_seconds,
                                    lingering_time=min(config.body_timeout_seconds, MAX_LINGER_SECONDS))
             await runner.setup()
             self._runners.append(runner)
-            site = GuardedSite(runner, config.host, port, self._guard)
+            site = GuardedSite(runner, config.host, port, self._guard, backlog)
             try:
                 await site.start()
             except OSError as exc:
