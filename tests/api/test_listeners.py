@@ -246,3 +246,17 @@ def test_a_flood_of_connections_beyond_the_open_file_limit_leaves_other_addresse
     assert "out of system resource" not in log
     # 256 files, less those reserved, less the listening backlogs
     assert '"api.max_connections lowered to what the open-file limit leaves"' in log
+
+
+def test_a_port_already_taken_is_a_config_error_naming_the_key(db, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "api.yaml"
+        config.write_text(f"database:\n  url: {db}\napi:\n  host: 127.0.0.1\n  port: 0\n"
+                          f"  metrics_port: {port}\n")
+        result = subprocess.run([sys.executable, "-m", "worker", "api", "--config", str(config)],
+                                capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"api.metrics_port: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr

@@ -4,6 +4,7 @@ and per client address, and the separate port for /metrics."""
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable
@@ -20,9 +21,8 @@ from worker.observability import get_logger
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Written, before closing, to a connection that is not served: the client reads why instead of
-# guessing from a reset. HTTP/1.1 lets a server answer an error before reading the request when it
-# closes the connection afterwards.
+# Written, before closing, to a connection that is not served, so the client reads why rather than
+# guessing from a bare close (as servers send a 408 before closing a connection that idled, RFC 9110).
 BUSY = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n"
 TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 # Open files the process needs besides client connections: the listeners, logs, the event loop,
@@ -34,8 +34,8 @@ RESERVED_FILES = 32
 # taking a file before the guard can refuse it, so these count among the reserved files too.
 BACKLOG = 128
 METRICS_BACKLOG = 8  # one scraper at a time
-# After an answer sent before the body was read (401, 408, 413), aiohttp reads and drops what is left
-# of the body for this long at most, so the client can read the answer before the connection closes.
+# After an answer sent before the whole body was read (a 401, a 408, a 413), aiohttp reads and drops
+# the rest for this long at most, so the client can read the answer before the connection closes.
 MAX_LINGER_SECONDS = 5.0
 
 
@@ -294,7 +294,9 @@ class Listeners:
                 await site.start()
             except OSError as exc:
                 await self.stop()
-                raise ConfigError(f"{key}: cannot listen on {config.host}:{port}: {exc.strerror}") from None
+                # asyncio's strerror repeats the address; the errno's text alone names the problem
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise ConfigError(f"{key}: cannot listen on {config.host}:{port}: {reason}") from None
             ports.append(site.port)
         self.port, self.metrics_port = ports
 
