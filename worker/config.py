@@ -165,6 +165,29 @@ class ApiConfig(_Section):
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=128 * 1024 * 1024)
     # Rows a bulk replay puts back per step; with a rate, steps are spaced to keep to it.
     replay_step_rows: int = Field(default=100, ge=1, le=10_000)
+    # /metrics has a listener of its own on api.host: request counts per route and status would let
+    # any caller of the public port watch everyone's traffic. 0: any free port (logged at start-up).
+    metrics_port: int = Field(default=8001, ge=0, le=65535)
+    # Slow clients: a request head must arrive whole within head_timeout_seconds of its first byte
+    # (or of the connection opening), a body within body_timeout_seconds of its head (else 408);
+    # an idle keep-alive connection is closed after keepalive_timeout_seconds (keep it above the
+    # idle timeout of a proxy in front, or the proxy may send on a connection being closed).
+    head_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    body_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
+    keepalive_timeout_seconds: float = Field(default=75.0, gt=0, le=7200)
+    # Connections beyond these are answered 503 and closed at once, so one address (or many) cannot
+    # take every file the process may open. Behind a proxy every client shares the proxy's address.
+    max_connections: int = Field(default=1000, ge=1, le=1_000_000)
+    max_connections_per_address: int = Field(default=100, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _ports_and_caps(self) -> ApiConfig:
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"metrics_port must differ from port (both {self.port})")
+        if self.max_connections_per_address > self.max_connections:
+            raise ValueError(f"max_connections_per_address ({self.max_connections_per_address}) must not "
+                             f"exceed max_connections ({self.max_connections})")
+        return self
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -51,6 +51,7 @@ MACHINE = {
     "WEBHOOK_WORKER_LOGGING__FORMAT": "json",
     "WEBHOOK_WORKER_API__HOST": "127.0.0.1",
     "WEBHOOK_WORKER_API__PORT": "0",  # 8000 may be taken; curl's localhost:8000 is pointed at it
+    "WEBHOOK_WORKER_API__METRICS_PORT": "0",  # 8001 may be taken
 }
 # README's curl examples address the API here; they are sent to the `webhook-worker api` it started.
 README_API = "http://localhost:8000"

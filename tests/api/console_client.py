@@ -8,11 +8,10 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlencode
 
-from aiohttp import web
-
 from tests.api.server import Answer, ApiServer
 from tests.support import TEST_KEYRING
-from worker.api.app import build_state, create_app
+from worker.api.app import build_state, create_app, create_metrics_app
+from worker.api.serving import Listeners
 from worker.console import create_console_app
 
 
@@ -24,12 +23,10 @@ class ConsoleServer(ApiServer):
         state.keyring = TEST_KEYRING
         await state.db.open()
         self.state = state
-        self._runner = web.AppRunner(create_app(state, create_console_app), access_log=None,
-                                     handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._listeners = Listeners(self.config.api, create_app(state, create_console_app),
+                                    create_metrics_app(state))
+        await self._listeners.start()
+        self.port, self.metrics_port = self._listeners.port, self._listeners.metrics_port
 
 
 class Browserless:

@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 import yaml
-from aiohttp import web
 
 from tests.support import LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, eventually
 from worker.api import tokens
-from worker.api.app import ApiState, build_state, create_app
+from worker.api.app import ApiState, build_state, create_app, create_metrics_app
+from worker.api.serving import GUARD, ConnectionGuard, Listeners
 from worker.config import Config
 from worker.encryption import KEYS_ENV
 
@@ -40,14 +40,15 @@ def api_config(dsn: str, **api: Any) -> Config:
     return Config.model_validate(
         {
             "database": {"url": dsn, "pool_max_size": 4},
-            "api": {"host": "127.0.0.1", "port": 0, **api},
+            "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, **api},
             "security": {"allow_networks": LOOPBACK},
         }
     )
 
 
 class ApiServer:
-    """`create_app` on a real socket; the same application `webhook-worker api` serves."""
+    """`create_app` on real sockets (api.port and api.metrics_port, both picked free), served as
+    `webhook-worker api` serves it."""
 
     def __init__(self, config: Config, console: Any = None) -> None:
         self.config = config
@@ -55,8 +56,10 @@ class ApiServer:
         self.state: ApiState | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+        self._listeners: Listeners | None = None
+        self.guard: ConnectionGuard | None = None  # the connections it counts, for tests to wait on
         self.port = 0
+        self.metrics_port = 0
         # every /v1 answer received, for the contract check at the end of each test
         self.answers: list[tuple[str, str, Answer]] = []
 
@@ -70,15 +73,15 @@ class ApiServer:
         state.keyring = TEST_KEYRING
         await state.db.open()
         self.state = state
-        self._runner = web.AppRunner(create_app(state, self.console), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        app = create_app(state, self.console)
+        self.guard = app[GUARD]
+        self._listeners = Listeners(self.config.api, app, create_metrics_app(state))
+        await self._listeners.start()
+        self.port, self.metrics_port = self._listeners.port, self._listeners.metrics_port
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        if self._listeners is not None:
+            asyncio.run_coroutine_threadsafe(self._listeners.stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -120,6 +123,17 @@ class ApiServer:
             found += problems(method, path, answer.status, answer.headers.get("content-type", ""), body)
         return found
 
+    def metrics(self) -> str:
+        """The metrics page, from api.metrics_port."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            response = conn.getresponse()
+            assert response.status == 200, response.status
+            return response.read().decode()
+        finally:
+            conn.close()
+
     def get(self, path: str, token: str | None = None, **kwargs: Any) -> Answer:
         return self.request("GET", path, token, **kwargs)
 
@@ -135,10 +149,10 @@ def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = N
 class ApiProcess:
     """`python -m worker api --config FILE` as a subprocess, as it runs in production."""
 
-    def __init__(self, dsn: str, workdir: Path, **api: Any) -> None:
+    def __init__(self, dsn: str, workdir: Path, open_files: int | None = None, **api: Any) -> None:
         config = {
             "database": {"url": dsn},
-            "api": {"host": "127.0.0.1", "port": 0, **api},
+            "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, **api},
             "logging": {"level": "info", "format": "json"},
             "security": {"allow_networks": LOOPBACK},
         }
@@ -148,23 +162,31 @@ class ApiProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_WORKER_")}
         env.pop("DATABASE_URL", None)
         env[KEYS_ENV] = TEST_KEYS
+        command = [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)]
+        if open_files is not None:
+            # the process's open-file limit, soft and hard, set before it starts (as `ulimit -n` would)
+            command[1:3] = ["-c", "import resource, runpy, sys; "
+                            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({open_files}, {open_files})); "
+                            "sys.argv[0] = 'webhook-worker'; runpy.run_module('worker', run_name='__main__')"]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)],
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=ROOT,
             )
-        self.port = eventually(self._port, message="api listening")
+        self.port, self.metrics_port = eventually(self._ports, message="api listening")
         self.client = ApiServer.__new__(ApiServer)
         self.client.port = self.port
+        self.client.metrics_port = self.metrics_port
         self.client.answers = []
 
-    def _port(self) -> int | None:
+    def _ports(self) -> tuple[int, int] | None:
         for line in self.log_path.read_text().splitlines():
             if '"api listening"' in line:
-                return int(json.loads(line)["port"])
+                listening = json.loads(line)
+                return int(listening["port"]), int(listening["metrics_port"])
         if self.process.poll() is not None:
             raise AssertionError(f"api exited: {self.log_path.read_text()}")
         return None

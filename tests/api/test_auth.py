@@ -30,7 +30,7 @@ def test_the_probes_need_no_token(api):
     assert api.get("/health").status == 200
     ready = api.get("/ready")
     assert ready.status == 200 and ready.json["ready"] is True
-    assert api.get("/metrics").status == 200
+    assert "webhook_api_requests_total" in api.metrics()  # on api.metrics_port, no token either
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_failed_authentications_are_limited_per_address_and_counted(db):
         assert limited.status == 429 and int(limited.headers["retry-after"]) >= 1
         assert limited.json["type"].endswith("/too-many-failed-authentications")
         assert server.get("/v1/token").status == 429  # no token at all: refused as fast
-        metrics = server.get("/metrics").body.decode()
+        metrics = server.metrics()
         assert 'webhook_api_failed_authentications_total{reason="invalid"} 3.0' in metrics
         assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 2.0' in metrics
         assert good not in metrics and "whk_" not in metrics

@@ -46,7 +46,9 @@ def test_a_producer_publishes_and_a_reader_follows_it_to_delivered(api_process, 
     assert request.path == "/orders" and request.headers["webhook-id"] == "order-42-paid"
     by_key = client.get("/v1/deliveries?idempotency_key=order-42-paid", reader)
     assert [d["status"] for d in by_key.json["items"]] == ["delivered"]
-    metrics = client.get("/metrics").body.decode()
+    # /metrics is served on api.metrics_port only: the public port's request counts stay private
+    assert client.get("/metrics").status == 404
+    metrics = client.metrics()
     assert 'webhook_api_requests_total{method="POST",route="/v1/messages",status="202"} 1.0' in metrics
     assert api_process.stop() == 0
     log = api_process.log_path.read_text()

@@ -3,8 +3,10 @@
 How the pieces fit, and how the console plugs in:
 
 - `worker.api.app.create_app(state, console)` builds the aiohttp application; `serve(config)` runs
-  it on api.host/api.port. `ApiState` (app[STATE]) holds the config, the database (`state.db`),
-  the keyring (None without keys), the metrics and the failed-authentication limiter.
+  it on api.host/api.port, and /metrics (`create_metrics_app`) on api.metrics_port, through
+  `worker.api.serving.Listeners` (read deadlines and connection caps). `ApiState` (app[STATE])
+  holds the config, the database (`state.db`), the keyring (None without keys), the metrics and
+  the failed-authentication limiter.
 - The console is a sub-application mounted at /console/. `webhook-worker api` looks for
   `worker.console.create_console_app(state: ApiState) -> web.Application` and, when that module
   exists, mounts what it returns (`app.add_subapp("/console", ...)`). Nothing else is needed.

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from worker import schema
-from worker.api import forwarded, tokens
+from worker.api import forwarded, serving, tokens
 from worker.api.data import READY_TIMEOUT_SECONDS, Database
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
@@ -36,8 +36,8 @@ PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# Paths under this prefix need a Bearer token; the probes, /metrics and the console do not (the
-# console has its own login and sessions).
+# Paths under this prefix need a Bearer token; the probes and the console do not (the console has
+# its own login and sessions). /metrics is served on a port of its own (create_metrics_app).
 API_PREFIX = "/v1/"
 CONSOLE_PREFIX = "/console"
 PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})
@@ -265,6 +265,15 @@ async def _metrics(request: web.Request) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def create_metrics_app(state: ApiState) -> web.Application:
+    """/metrics alone, served on api.metrics_port: request counts per route and status tell who
+    calls what, so the public port does not serve them (it answers 404)."""
+    app = web.Application(middlewares=[serving.track_requests])
+    app[STATE] = state
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
 def json_response(data: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json")
 
@@ -275,11 +284,14 @@ def create_app(
     """The API application; `console`, when given, builds the sub-application mounted at /console/."""
     from worker.api import routes
 
-    app = web.Application(middlewares=[api_middleware], client_max_size=state.config.api.max_body_bytes)
+    # track_requests outermost (a request's head has arrived once it runs), body_deadline innermost
+    # (after authentication, and its 408 becomes a problem document): worker/api/serving.py
+    middlewares = [serving.track_requests, api_middleware, serving.body_deadline]
+    app = web.Application(middlewares=middlewares, client_max_size=state.config.api.max_body_bytes)
     app[STATE] = state
+    app[serving.GUARD] = serving.ConnectionGuard(state.config.api, state.metrics.registry)
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
-    app.router.add_get("/metrics", _metrics)
     routes.add_routes(app)
     if console is not None:
         app.add_subapp(CONSOLE_PREFIX, console(state))
@@ -336,17 +348,15 @@ async def serve(config: Config) -> None:
     state = build_state(config)
     await state.db.open()
     app = create_app(state, console_factory())
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, config.api.host, config.api.port)
-    await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    port = sockets[0].getsockname()[1] if sockets else config.api.port
-    get_logger().info("api listening", host=config.api.host, port=port)
+    listeners = serving.Listeners(config.api, app, create_metrics_app(state),
+                                  serving.RESERVED_FILES + config.database.pool_max_size)
+    await listeners.start()
+    get_logger().info("api listening", host=config.api.host, port=listeners.port,
+                      metrics_port=listeners.metrics_port)
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopped.set)
     await stopped.wait()
     get_logger().info("api stopping")
-    await runner.cleanup()
+    await listeners.stop()

@@ -604,12 +604,13 @@ def document() -> dict[str, Any]:
             ),
         },
     }
-    # every POST and PATCH reads its body, even those that take none (they refuse one that is not `{}`)
+    # every POST and PATCH reads its body, even those that take none (they refuse one that is not `{}`);
+    # 408: the body did not arrive within api.body_timeout_seconds
+    body_problems = {"400": PROBLEM, "408": PROBLEM, "413": PROBLEM, "415": PROBLEM, "422": PROBLEM}
     for item in paths.values():
         for method in ("post", "patch"):
             if method in item:
-                item[method]["responses"].update({"400": PROBLEM, "413": PROBLEM, "415": PROBLEM,
-                                                  "422": PROBLEM})
+                item[method]["responses"].update(body_problems)
     paths["/v1/openapi.json"] = {
         "get": {
             "summary": "This document (no token needed)",
