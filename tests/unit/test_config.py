@@ -16,6 +16,8 @@ def test_minimal_file_gets_defaults(tmp_path):
     config = load_config(write(tmp_path, "database:\n  url: postgresql://db/x\n"), environ={})
     assert config.worker.concurrency == 200
     assert config.delivery.timeout_seconds is None  # the database's default applies
+    assert (config.housekeeping.interval_seconds, config.housekeeping.purge_batch_size,
+            config.housekeeping.purge_budget_seconds) == (30.0, 1000, 5.0)
 
 
 def test_database_url_from_the_environment_without_a_file():
@@ -40,6 +42,13 @@ def test_environment_overrides_any_key(tmp_path):
         ("worker:\n  concurrency: 3\n", "database.url: missing"),
         ("database:\n  url: postgresql://db/x\ndelivery:\n  timeout_seconds: 30\n  lease_seconds: 30\n",
          "delivery: lease_seconds (30) must be at least timeout_seconds (30) + 5"),
+        ("database:\n  url: postgresql://db/x\nhousekeeping:\n  interval_seconds: 10\n"
+         "  purge_budget_seconds: 20\n",
+         "housekeeping: purge_budget_seconds (20) must not exceed interval_seconds (10)"),
+        ("database:\n  url: postgresql://db/x\nhousekeeping:\n  purge_batch_size: 100001\n",
+         "housekeeping.purge_batch_size: Input should be less than or equal to 100000"),
+        ("database:\n  url: postgresql://db/x\nhousekeeping:\n  purge_budget_seconds: 0\n",
+         "housekeeping.purge_budget_seconds: Input should be greater than 0"),
         ("database: [1, 2]\n", "database: must be a mapping"),
         ("- just a list\n", "the top level must be a mapping"),
     ],
