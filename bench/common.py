@@ -360,6 +360,8 @@ class WorkerSettings:
     finish_batch_size: int | None = None
     pool_max_size: int | None = None
     event_loop: str | None = None
+    housekeeping_interval_seconds: float | None = None
+    purge_budget_seconds: float | None = None
 
     @property
     def in_flight(self) -> int:
@@ -387,6 +389,10 @@ class WorkerSettings:
             sections.setdefault("delivery", {})["finish_batch_size"] = self.finish_batch_size
         if self.event_loop is not None:
             sections.setdefault("worker", {})["event_loop"] = self.event_loop
+        if self.housekeeping_interval_seconds is not None:
+            sections.setdefault("housekeeping", {})["interval_seconds"] = self.housekeeping_interval_seconds
+        if self.purge_budget_seconds is not None:
+            sections.setdefault("housekeeping", {})["purge_budget_seconds"] = self.purge_budget_seconds
         return sections
 
 

@@ -65,12 +65,14 @@ from bench.features import (
     section_features,
     table_lines,
 )
+from bench.retention import figure_lines as retention_lines
+from bench.retention import section_retention
 from tests.support import query, wait_started
 
 # Timed ratios with a target are the median of this many alternating runs of their sides.
 MEDIAN_RUNS = 3
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
-            "features", "sweep", "storm", "tenants")
+            "features", "sweep", "storm", "tenants", "retention")
 DEFAULT_SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint",
                     "slow", "features")
 
@@ -1399,6 +1401,14 @@ def targets(results: dict[str, Any], batch: int) -> list[dict[str, Any]]:
     dl = _get(results, "many", "deadlocks")
     if dl is not None:
         add("many endpoints: deadlocks", str(dl), "0", dl == 0)
+    kept = _get(results, "retention", "worst_kept_over_window")
+    if kept is not None:
+        r = results["retention"]
+        add(f"retention keeps pace: delivered rows kept vs the last {r['window_seconds']:g} s of deliveries",
+            f"at most {kept}× ({r['peak_delivered_kept']:,} rows at worst), {r['per_second']}/s", "<= 1",
+            kept <= 1)
+        add("retention: table rows one window after the drain (its steady size: 0)",
+            str(r["table_rows_at_end"]), "0", r["table_rows_at_end"] == 0)
     return rows
 
 
@@ -1555,6 +1565,9 @@ def figures_table(results: dict[str, Any]) -> list[tuple[str, str]]:
     f = results.get("features")
     if isinstance(f, dict):
         lines.extend(table_lines(f))
+    r = results.get("retention")
+    if isinstance(r, dict):
+        lines.extend(retention_lines(r))
     s = results.get("sweep")
     if isinstance(s, dict):
         for spec, r in s.items():
@@ -1623,7 +1636,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         default=",".join(DEFAULT_SECTIONS),
-        help=f"comma-separated sections, of {', '.join(SECTIONS)} (default: all but sweep and storm)",
+        help=f"comma-separated sections, of {', '.join(SECTIONS)} (default: all but sweep, storm, tenants"
+             " and retention)",
     )
     p.add_argument("--rows", type=int, default=50_000, help="backlog for e2e, db ceiling and naive (50,000)")
     p.add_argument("--backlog-rows", type=int, default=1_000_000, help="rows for the backlog-scale drain")
@@ -1675,6 +1689,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storm-coalesce", type=int, default=50, help="storm section: --coalesce-max (50)")
     p.add_argument("--storm-lone-alerts", type=int, default=5,
                    help="storm section: lone alerts timed on the idle endpoint after each storm (5)")
+    p.add_argument("--retention-rows", type=int, default=200_000, help="retention section: backlog (200,000)")
+    p.add_argument("--retention-workers", type=int, default=2, help="retention section: workers (2)")
+    p.add_argument("--retention-seconds", type=float, default=10.0,
+                   help="retention section: delivered_retention, seconds (10)")
+    p.add_argument("--retention-interval", type=float,
+                   help="retention section: housekeeping.interval_seconds (default: production's, 30)")
     p.add_argument("--profile", action="store_true", help="py-spy the 1-worker e2e drain (needs py-spy)")
     p.add_argument("--keep-databases", action="store_true")
     p.add_argument(
@@ -1697,6 +1717,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.naive_max_seconds, args.sweep, args.sweep_rows = 30.0, "50:50:2", 1000
         args.endpoint_rows, args.slow_ms, args.slow_rows, args.slow_naive_rows = 200, 50, 2000, 40
         args.features_index_rows = 300
+        args.retention_rows, args.retention_seconds, args.retention_interval = 3000, 2.0, 5.0
         args.drain_timeout = min(args.drain_timeout, 120.0)
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
@@ -1771,6 +1792,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": section_sweep,
         "storm": section_storm,
         "tenants": section_tenants,
+        "retention": section_retention,
     }
     json_path = out_dir / "results.json"
     try:

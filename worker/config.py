@@ -25,6 +25,8 @@ LEASE_MARGIN_SECONDS = 5.0
 # crashed worker's rows for longer than an hour.
 MAX_LEASE_SECONDS = 3600
 MAX_CLAIM_BATCH_SIZE = 10_000
+# The bound webhooks.purge() accepts (sql/functions/retention.sql).
+MAX_PURGE_BATCH_SIZE = 100_000
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 60.0
 
 
@@ -95,6 +97,25 @@ class HttpConfig(_Section):
     # series stays bounded however many endpoints are registered.
     endpoint_label_limit: int = Field(default=100, ge=0, le=10_000)
     stats_interval_seconds: float = Field(default=15.0, gt=0, le=3600)
+
+
+class HousekeepingConfig(_Section):
+    """The worker's side duties: disabled endpoints' expired rows, log partitions, retention."""
+
+    interval_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # Rows per webhooks.purge() call, each call one short transaction.
+    purge_batch_size: int = Field(default=1000, ge=1, le=MAX_PURGE_BATCH_SIZE)
+    # How long one round may go on purging while it finds full batches; a round that runs out of it
+    # with rows left is followed by the next after this long rather than a whole interval.
+    purge_budget_seconds: float = Field(default=5.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _budget_within_interval(self) -> HousekeepingConfig:
+        if self.purge_budget_seconds > self.interval_seconds:
+            raise ValueError(
+                f"purge_budget_seconds ({self.purge_budget_seconds:g}) must not exceed interval_seconds "
+                f"({self.interval_seconds:g})")
+        return self
 
 
 class SecurityConfig(_Section):
@@ -209,6 +230,7 @@ class Config(_Section):
     worker: WorkerConfig = WorkerConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     http: HttpConfig = HttpConfig()
+    housekeeping: HousekeepingConfig = HousekeepingConfig()
     security: SecurityConfig = SecurityConfig()
     api: ApiConfig = ApiConfig()
     logging: LoggingConfig = LoggingConfig()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from worker.config import Config
@@ -11,7 +13,17 @@ from worker.observability import Metrics
 from worker.queue import Queue
 from worker.retrying import DATABASE_ERRORS, Backoff, brief
 
-HOUSEKEEPING_INTERVAL_SECONDS = 30.0
+
+@dataclass(frozen=True)
+class PurgeRound:
+    """What one round of retention did: its batches (each one transaction) and what they removed."""
+
+    batches: int
+    delivered_rows: int
+    log_partitions: int
+    log_rows: int
+    # False: the budget ran out while batches still came back full, so rows are left for the next round
+    finished: bool
 
 
 class Maintenance:
@@ -49,19 +61,50 @@ class Maintenance:
             await asyncio.sleep(self.config.http.stats_interval_seconds)
 
     async def housekeep(self) -> None:
-        """Every HOUSEKEEPING_INTERVAL_SECONDS: expiry, log partitions, retention (Queue.housekeeping)."""
+        """Every housekeeping.interval_seconds: expiry, log partitions (Queue.housekeeping), then
+        retention (purge). A round that leaves rows behind is followed sooner (after one budget)."""
+        settings = self.config.housekeeping
         while True:
+            pause = settings.interval_seconds
             try:
                 done = await self.queue.housekeeping()
+                purged = await self.purge()
+                if not purged.finished:
+                    pause = settings.purge_budget_seconds
                 if done.get("expired_rows"):
                     self.log.warning("dead-lettered rows of disabled endpoints", rows=done["expired_rows"])
+                done |= {"purged_delivered": purged.delivered_rows,
+                         "dropped_partitions": purged.log_partitions, "purged_log_rows": purged.log_rows}
                 if any(done.values()):
-                    self.log.info("housekeeping", **done)
+                    self.log.info("housekeeping", **done, purge_batches=purged.batches,
+                                  purge_finished=purged.finished)
             except DATABASE_ERRORS as exc:
+                self.metrics.database_errors.labels("housekeeping").inc()
                 self.log.warning("housekeeping failed", error=brief(exc))
             except Exception:  # a side task must never die silently
                 self.log.exception("housekeeping failed")
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL_SECONDS)
+            await asyncio.sleep(pause)
+
+    async def purge(self, clock: Callable[[], float] = time.monotonic) -> PurgeRound:
+        """One round of retention: batches of housekeeping.purge_batch_size, each its own transaction,
+        for as long as they come back full (more is waiting) and purge_budget_seconds lasts. At least
+        one batch runs, however small the budget."""
+        settings = self.config.housekeeping
+        size = settings.purge_batch_size
+        deadline = clock() + settings.purge_budget_seconds
+        batches = delivered = partitions = log_rows = 0
+        while True:
+            batch = await self.queue.purge(size)
+            batches += 1
+            delivered += batch.delivered_rows
+            partitions += batch.log_partitions
+            log_rows += batch.log_rows
+            self.metrics.count_purge(batch.delivered_rows, batch.log_rows)
+            more = batch.delivered_rows >= size or batch.log_rows >= size
+            if not more or clock() >= deadline:
+                break
+        self.metrics.purge_behind.set(1 if more else 0)
+        return PurgeRound(batches, delivered, partitions, log_rows, finished=not more)
 
     async def listen(self) -> None:
         """Wake the claim loop on NOTIFY; reconnect with backoff whenever the connection drops."""

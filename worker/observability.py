@@ -24,7 +24,10 @@ TENANT_HELD_BACK_REASONS = ("tenant_rate_limited", "tenant_concurrency_cap", "no
 TRACER_PROVIDER_RECHECK_SECONDS = 1.0
 DELIVERY_OUTCOMES = ("delivered", "retried", "deferred", "dead_lettered", "stale")
 # The `operation` label of webhook_worker_database_errors_total: every value the worker counts.
-DATABASE_OPERATIONS = ("claim", "finish", "stats")
+DATABASE_OPERATIONS = ("claim", "finish", "stats", "housekeeping")
+# The `kind` label of webhook_worker_purged_rows_total: delivered queue rows, and audit-log rows
+# (those of the default partition; the daily partitions are dropped whole).
+PURGED_KINDS = ("delivered", "log")
 # The `tenant` label of the tenants past the label limit. No tenant may take this name
 # (worker/tenants.py and webhooks.register_tenant() refuse it), so it always means "the rest".
 OTHER_TENANTS = "other"
@@ -189,6 +192,19 @@ class Metrics:
             "webhook_worker_tenant_queue_depth",
             "Queue rows by tenant and status (sampled; the first tenants by id, the rest as `other`).",
             ["tenant", "status"], registry=r)
+        # Retention (worker/maintenance.py): its rate set beside the delivered outcomes' says whether
+        # it keeps pace, and purge_behind says when a round could not finish within its budget.
+        self.purged_rows = Counter(
+            "webhook_worker_purged_rows",
+            "Rows retention removed, by kind: delivered queue rows, audit-log rows of the default partition.",
+            ["kind"], registry=r)
+        self._purged = {kind: self.purged_rows.labels(kind) for kind in PURGED_KINDS}
+        self.purge_batches = Counter(
+            "webhook_worker_purge_batches", "Retention batches run, each one transaction.", registry=r)
+        self.purge_behind = Gauge(
+            "webhook_worker_purge_behind",
+            "1 when this process's last retention round ran out of its time budget with rows left.",
+            registry=r)
         self.stats_sampled = Gauge(
             "webhook_worker_stats_last_sampled_timestamp_seconds",
             "When this process last sampled the queue statistics.", registry=r)
@@ -200,6 +216,12 @@ class Metrics:
             self._add_tenant(tenant, tenant_rank)
             counter = self._outcome_counters[(outcome, tenant)]
         counter.inc()
+
+    def count_purge(self, delivered_rows: int, log_rows: int) -> None:
+        """Count one retention batch and what it removed."""
+        self.purge_batches.inc()
+        self._purged["delivered"].inc(delivered_rows)
+        self._purged["log"].inc(log_rows)
 
     def _add_tenant(self, tenant: str, tenant_rank: int) -> None:
         label = tenant_label(tenant, tenant_rank, self.tenant_label_limit)

@@ -501,6 +501,9 @@ def show_config(conn: psycopg.Connection) -> dict[str, Any]:
     return row
 
 
+PURGE_BATCH_ROWS = 10_000
+
+
 def set_config(conn: psycopg.Connection, key: str, value: str | None) -> None:
     sql_type = SETTABLE[key]
     statement = psycopg.sql.SQL(
@@ -512,7 +515,14 @@ def set_config(conn: psycopg.Connection, key: str, value: str | None) -> None:
 def purge(
     conn: psycopg.Connection, dead_letters_older_than: str | None, webhook_id: int | None
 ) -> dict[str, int]:
-    [row] = fetch_dicts(conn, "SELECT * FROM webhooks.purge(10000)")
+    """Retention now, in batches of PURGE_BATCH_ROWS (each its own transaction: the connection is in
+    autocommit) until a batch finds less than a full one of each kind; then dead letters if asked."""
+    row = {"delivered_rows": 0, "log_partitions": 0, "log_rows": 0}
+    while True:
+        [batch] = fetch_dicts(conn, "SELECT * FROM webhooks.purge(%s)", (PURGE_BATCH_ROWS,))
+        row = {key: row[key] + int(batch[key]) for key in row}
+        if batch["delivered_rows"] < PURGE_BATCH_ROWS and batch["log_rows"] < PURGE_BATCH_ROWS:
+            break
     if dead_letters_older_than is not None:
         dead = conn.execute(
             "SELECT webhooks.purge_dead_letters(%s::interval, %s)", (dead_letters_older_than, webhook_id)

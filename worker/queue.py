@@ -66,6 +66,15 @@ def outcomes_document(outcomes: Sequence[Finished]) -> str:
 
 
 @dataclass(frozen=True)
+class Purged:
+    """What one webhooks.purge() batch removed."""
+
+    delivered_rows: int
+    log_partitions: int
+    log_rows: int
+
+
+@dataclass(frozen=True)
 class Registration:
     """What webhooks.register_worker() said: registered, or who holds the worker id."""
 
@@ -337,18 +346,24 @@ class Queue:
             return await cur.fetchall()
 
     async def housekeeping(self) -> dict[str, int]:
-        """Dead-letter disabled endpoints' rows past their retry window, keep log partitions ahead,
-        and apply retention (one bounded batch, by one worker at a time)."""
+        """Dead-letter disabled endpoints' rows past their retry window and keep log partitions
+        ahead (retention is purge(), called apart)."""
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
                 "SELECT webhooks.expire_disabled_endpoint_rows() AS expired_rows,"
-                " webhooks.ensure_log_partitions() AS partitions_created,"
-                " p.delivered_rows AS purged_delivered, p.log_partitions AS dropped_partitions,"
-                " p.log_rows AS purged_log_rows FROM webhooks.purge() p"
+                " webhooks.ensure_log_partitions() AS partitions_created"
             )
             row = await cur.fetchone()
         return {name: int(value or 0) for name, value in (row or {}).items()}
+
+    async def purge(self, batch_size: int) -> Purged:
+        """One batch of retention, one transaction (the pool's connections commit each statement)."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=class_row(Purged))
+            await cur.execute("SELECT * FROM webhooks.purge(%s)", (batch_size,))
+            row = await cur.fetchone()
+        return row or Purged(0, 0, 0)
 
     async def release(self, worker_id: str, rows: Sequence[Claimed]) -> int:
         """Give back rows claimed but not delivered (shutdown): their attempt is not counted."""

@@ -1,10 +1,15 @@
--- retention: removing what is no longer needed, in bounded batches, one worker at a time.
+-- retention: removing what is no longer needed, in bounded batches.
 --
 -- Delivered rows leave after delivered_retention (7 days): the idempotency key stays unique for as
 -- long as its row is kept. Audit log partitions wholly older than log_retention (30 days) are
 -- dropped, not deleted from; rows of that age in the default partition are deleted in batches.
 -- Dead letters stay until replayed or purged by an operator (webhooks.purge_dead_letters).
 -- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
+--
+-- purge() is one batch in one short transaction; a worker calls it again while batches come back
+-- full, within a time budget (worker/maintenance.py), so retention keeps pace with any delivery
+-- rate. Any number of workers purge delivered rows at once, each skipping the rows another has
+-- locked; the audit log is purged by one of them at a time (the others skip that part).
 
 CREATE OR REPLACE FUNCTION webhooks.ensure_log_partitions(days_ahead integer DEFAULT 7) RETURNS integer
 LANGUAGE plpgsql
@@ -57,24 +62,33 @@ DECLARE
     cfg webhooks.delivery_config;
     v_partition record;
 BEGIN
+    -- Bound: a batch is one transaction, never a mass DELETE (NULL would be no LIMIT at all).
+    IF p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'purge: batch_size must be between 1 and 100000, not %', p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     delivered_rows := 0;
     log_partitions := 0;
     log_rows := 0;
-    IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.purge')) THEN
-        RETURN NEXT;  -- another worker is purging
-        RETURN;
-    END IF;
     SELECT * INTO cfg FROM webhooks.delivery_config;
 
+    -- Oldest first, through alert_delivery_queue_delivered; rows another worker's batch holds are
+    -- skipped, not waited for.
     WITH doomed AS (
         SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
         WHERE q.status = 'delivered' AND q.delivered_at < now() - cfg.delivered_retention
+        ORDER BY q.delivered_at
         LIMIT p_batch_size
         FOR UPDATE SKIP LOCKED
     )
     DELETE FROM webhooks.alert_delivery_queue q USING doomed d WHERE q.delivery_id = d.delivery_id;
     GET DIAGNOSTICS delivered_rows = ROW_COUNT;
 
+    IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.purge')) THEN
+        RETURN NEXT;  -- another worker is purging the audit log
+        RETURN;
+    END IF;
+    -- A partition holds the rows of one day; it goes once the day's end is older than log_retention.
     FOR v_partition IN
         SELECT c.relname
         FROM pg_inherits i

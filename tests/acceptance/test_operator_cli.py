@@ -127,6 +127,16 @@ def test_retention_removes_exactly_what_it_should_in_batches(db):
         recent + waiting)
 
 
+def test_purge_goes_on_batch_after_batch_until_nothing_is_left(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    query(db, "INSERT INTO webhooks.alert_delivery_queue"
+              " (webhook_id, event_type, payload, status, delivered_at)"
+              " SELECT %s, 'alert.created', '{}', 'delivered', now() - interval '8 days'"
+              " FROM generate_series(1, 20500)", (endpoint,))
+    assert as_json(db, "purge")["delivered_rows"] == 20500  # three batches of at most 10,000
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
+
+
 def test_endpoints_disable_enable_and_circuit_control(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x", name="paging")
     assert "disabled" in run(db, "endpoints", "disable", "paging", "--reason", "maintenance window")

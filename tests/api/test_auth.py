@@ -112,7 +112,7 @@ def test_a_valid_admin_token_is_served_after_25_failures_from_its_address(api, d
         assert served.status == 200, served.body
         # ... and the failures go on being limited
         assert api.get("/v1/tenants", "whk_" + "z" * 43).status == 429
-    metrics = api.get("/metrics").body.decode()
+    metrics = api.metrics()
     assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 7.0' in metrics
 
 

@@ -121,7 +121,7 @@ def test_session_cookie_misses_count_as_failed_logins(db):
             assert sessions.COOKIE not in person.cookies  # the redirect drops it
         locked = person.login("whk_" + "x" * 43)
         assert locked.status == 429, locked.body
-        metrics = server.get("/metrics").body.decode()
+        metrics = server.metrics()
         assert 'webhook_api_failed_authentications_total{reason="invalid"} 2.0' in metrics
         assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 1.0' in metrics
         assert person.login(make_token(db, "reader")).status == 303

@@ -83,6 +83,22 @@ def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
     assert not chatter, chatter[:3]
 
 
+def test_retention_exports_what_it_purged_and_in_how_many_batches(db, spawn):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    old, recent = enqueue(db, endpoint, count=5), enqueue(db, endpoint, count=1)
+    for ids, age in ((old, "8 days"), (recent, "1 day")):  # delivered_retention: 7 days
+        query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'delivered',"
+                  " delivered_at = now() - %s::interval WHERE delivery_id = ANY(%s)", (age, ids))
+    worker = spawn(db, housekeeping={"purge_batch_size": 2})
+    eventually(lambda: worker.logged("housekeeping"), message="the worker's housekeeping")
+    samples = scrape(worker)
+    assert value(samples, "webhook_worker_purged_rows_total", kind="delivered") == 5
+    assert value(samples, "webhook_worker_purged_rows_total", kind="log") == 0
+    assert value(samples, "webhook_worker_purge_batches_total") == 3  # 2 + 2 + 1: the last not full
+    assert value(samples, "webhook_worker_purge_behind") == 0
+    assert query(db, "SELECT delivery_id FROM webhooks.alert_delivery_queue") == [(recent[0],)]
+
+
 def test_probes_follow_the_database(own_pg, receiver, spawn):
     worker = spawn(own_pg.url)
     eventually(lambda: worker.get("/ready")[0] == 200, message="ready")

@@ -322,18 +322,24 @@ def test_held_back_deliveries_by_reason_and_circuit_labels_for_at_most_the_label
         db, "SELECT delivery_id FROM webhooks.alert_delivery_queue WHERE locked_by IS NULL")]).values())
 
 
-def test_database_errors_total_counts_each_failed_claim_finish_and_stats_call(own_pg, receiver, spawn):
+def test_database_errors_total_counts_each_failed_claim_finish_stats_and_housekeeping_call(own_pg, receiver,
+                                                                                          spawn):
     db = own_pg.url
     acquire = "FUNCTION webhooks.acquire(text, integer, integer, text[], text[])"
+    purge = "FUNCTION webhooks.purge(integer)"
     endpoint = add_endpoint(db, receiver.url("/held"))
-    worker = spawn(db)
+    worker = spawn(db, housekeeping={"interval_seconds": 0.2, "purge_budget_seconds": 0.2})
     eventually(lambda: worker.logged("worker started"), message="worker started")
 
     def errors():
         return {dict(labels)["operation"]: value for (name, labels), value in scrape(worker).items()
                 if name == "webhook_worker_database_errors_total"}
 
-    assert errors() == {"claim": 0, "finish": 0, "stats": 0}
+    assert errors() == {"claim": 0, "finish": 0, "stats": 0, "housekeeping": 0}
+    # Retention the database refuses.
+    query(db, f"REVOKE EXECUTE ON {purge} FROM webhooks_worker")
+    eventually(lambda: errors()["housekeeping"] > 0, message="failed housekeeping counted")
+    query(db, f"GRANT EXECUTE ON {purge} TO webhooks_worker")
     # A claim the database refuses (claims pause while the database is unreachable: no liveness).
     query(db, f"REVOKE EXECUTE ON {acquire} FROM webhooks_worker")
     eventually(lambda: errors()["claim"] > 0, message="failed claims counted")

@@ -16,6 +16,8 @@ def test_minimal_file_gets_defaults(tmp_path):
     config = load_config(write(tmp_path, "database:\n  url: postgresql://db/x\n"), environ={})
     assert config.worker.concurrency == 200
     assert config.delivery.timeout_seconds is None  # the database's default applies
+    assert (config.housekeeping.interval_seconds, config.housekeeping.purge_batch_size,
+            config.housekeeping.purge_budget_seconds) == (30.0, 1000, 5.0)
 
 
 def test_database_url_from_the_environment_without_a_file():
@@ -46,6 +48,13 @@ def test_environment_overrides_any_key(tmp_path):
          "api: max_connections_per_address (100) must not exceed max_connections (10)"),
         ("database:\n  url: postgresql://db/x\napi:\n  head_timeout_seconds: 0\n",
          "api.head_timeout_seconds: Input should be greater than 0"),
+        ("database:\n  url: postgresql://db/x\nhousekeeping:\n  interval_seconds: 10\n"
+         "  purge_budget_seconds: 20\n",
+         "housekeeping: purge_budget_seconds (20) must not exceed interval_seconds (10)"),
+        ("database:\n  url: postgresql://db/x\nhousekeeping:\n  purge_batch_size: 100001\n",
+         "housekeeping.purge_batch_size: Input should be less than or equal to 100000"),
+        ("database:\n  url: postgresql://db/x\nhousekeeping:\n  purge_budget_seconds: 0\n",
+         "housekeeping.purge_budget_seconds: Input should be greater than 0"),
         ("database: [1, 2]\n", "database: must be a mapping"),
         ("- just a list\n", "the top level must be a mapping"),
     ],
