@@ -224,7 +224,9 @@ AS $$
 $$;
 
 -- One step of a running replay operation: at most p_limit more dead letters (and no more than its
--- max_rows in all). No row when the operation is not running or another session is stepping it.
+-- max_rows in all). No row when the operation is not running, another session is stepping it, or
+-- its next step is not due: a step of n rows at rate r makes the next one due n / r seconds later,
+-- in the row, so every API process together keeps the rate.
 -- Only rows that were dead letters when the operation started are taken: a replayed row that fails
 -- again is a dead letter of a later time, so each row is replayed at most once and the operation
 -- ends even while its rows keep failing.
@@ -245,7 +247,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT * INTO v_op FROM webhooks.api_operations o
-    WHERE o.id = p_operation_id AND o.status = 'running'
+    WHERE o.id = p_operation_id AND o.status = 'running' AND o.next_step_at <= now()
     FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
@@ -258,6 +260,8 @@ BEGIN
         least((v_op.filter ->> 'until')::timestamptz, v_op.created_at), v_step) END;
     UPDATE webhooks.api_operations o
     SET processed = o.processed + v_done, updated_at = now(),
+        next_step_at = CASE WHEN o.rate IS NULL THEN now()
+                            ELSE now() + make_interval(secs => greatest(v_step, 1) / o.rate) END,
         status = CASE WHEN v_done < v_step OR v_step <= 0
                         OR o.processed + v_done >= coalesce(o.max_rows, 9223372036854775807)
                       THEN 'done' ELSE 'running' END,

@@ -200,3 +200,22 @@ def test_the_cli_lists_and_cancels_operations(db):
 def test_the_cli_refuses_an_unknown_category_naming_the_allowed_ones(db):
     result = cli("dlq", "list", "--category", "http_418", env={"DATABASE_URL": db})
     assert result.returncode == 2 and "--category" in result.stderr and "http_5xx" in result.stderr
+
+
+def test_a_bulk_replay_s_rate_holds_for_every_api_process_together(db):
+    endpoint = add_endpoint(db, "https://example.com/a", name="paced")
+    for _ in range(4):
+        dead_letter(db, endpoint)
+    # one row per 100 s: however slow the machine, the second step below comes before the next is due
+    [(operation,)] = query(db, "SELECT webhooks.api_start_replay('{}', 0.01, NULL, 'test')")
+    step = "SELECT status, processed FROM webhooks.api_replay_step(%s, 1)"
+    assert query(db, step, (operation,)) == [("running", 1)]
+    # a second process (another session) asking at once gets nothing: the step is not due
+    assert query(db, step, (operation,)) == []
+    [(wait,)] = query(db, "SELECT extract(epoch FROM next_step_at - now()) FROM webhooks.api_operations"
+                          " WHERE id = %s", (operation,))
+    assert 90 < wait <= 100
+    # without a rate, steps follow each other
+    [(unpaced,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'test')")
+    assert query(db, step, (unpaced,)) == [("running", 1)]
+    assert query(db, step, (unpaced,)) == [("running", 2)]
