@@ -421,6 +421,8 @@ DEAD_LETTERS_MATCHING = (
     " AND (%(since)s::timestamptz IS NULL OR dead_lettered_at >= %(since)s)"
     " AND (%(until)s::timestamptz IS NULL OR dead_lettered_at < %(until)s)"
 )
+# Oldest first, the order they are replayed in: the CLI, the API and the console list them so.
+DEAD_LETTER_ORDER = " ORDER BY dead_lettered_at, delivery_id"
 
 
 def dead_letters(conn: psycopg.Connection, filters: dict[str, Any], limit: int) -> list[dict[str, Any]]:
@@ -428,8 +430,8 @@ def dead_letters(conn: psycopg.Connection, filters: dict[str, Any], limit: int) 
         conn,
         "SELECT delivery_id, endpoint_name, event_type, attempts, failure_category, last_http_status,"
         " dead_letter_reason, dead_lettered_at FROM webhooks.delivery_overview"
-        + DEAD_LETTERS_MATCHING +
-        " ORDER BY dead_lettered_at, delivery_id LIMIT %(limit)s",
+        + DEAD_LETTERS_MATCHING + DEAD_LETTER_ORDER +
+        " LIMIT %(limit)s",
         {**filters, "limit": limit},  # type: ignore[arg-type]
     )
 

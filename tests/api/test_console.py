@@ -3,6 +3,7 @@ what a reader may not do, sessions ending with their token, replays and endpoint
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.acceptance.test_cli import cli
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.api.test_endpoints_api import delivered_in_a_digest
@@ -375,3 +377,22 @@ def test_the_delivery_page_names_the_digest_that_carried_each_attempt(console, d
     ids, digest = delivered_in_a_digest(db, rows=4)
     html = logged_in(console, db, "reader").get(f"/console/deliveries/{ids[0]}").body.decode()
     assert re.search(rf'<td class="digest">d-{digest} <span class="muted">\(4 rows\)</span></td>', html), html
+
+
+def test_dead_letters_are_listed_in_one_order_by_the_api_the_cli_and_the_console(console, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook")
+    ids = [dead_letter(db, endpoint) for _ in range(3)]
+    # dead-lettered in the order 2, 0, 1: the order of ids is not the order of the list
+    for minutes, delivery_id in zip((20, 10, 30), ids, strict=True):
+        query(db, "UPDATE webhooks.alert_delivery_queue"
+                  " SET dead_lettered_at = now() - make_interval(mins => %s) WHERE delivery_id = %s",
+              (minutes, delivery_id))
+    oldest_first = [ids[2], ids[0], ids[1]]
+    token = make_token(db, "reader")
+    api = console.get("/v1/dead-letters", token).json["items"]
+    assert [row["delivery_id"] for row in api] == oldest_first
+    listed = cli("dlq", "list", "--json", env={"DATABASE_URL": db})
+    assert [row["delivery_id"] for row in json.loads(listed.stdout)] == oldest_first
+    page = logged_in(console, db, "reader").get("/console/dead-letters").body.decode()
+    shown = [int(n) for n in re.findall(r'href="/console/deliveries/(\d+)"', page)]
+    assert list(dict.fromkeys(shown)) == oldest_first

@@ -27,6 +27,7 @@ def test_register_seals_the_url_and_a_reader_never_sees_its_path(api, role_token
     )
     assert created.status == 201, created.body
     endpoint_id = created.json["id"]
+    assert created.headers["location"] == f"/v1/endpoints/{endpoint_id}"
     assert created.json["signing_secret"].startswith("whsec_")
     assert created.json["url_display"] == "https://hooks.example.com"
     [(stored_url,)] = query(db, "SELECT url FROM webhooks.endpoints WHERE id = %s", (endpoint_id,))

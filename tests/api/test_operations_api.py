@@ -21,6 +21,7 @@ def test_bulk_replay_runs_to_done_within_its_max_and_filter(api, role_tokens, db
     )
     assert started.status == 202, started.body
     operation = started.json["id"]
+    assert started.headers["location"] == f"/v1/operations/{operation}"
     done = eventually(
         lambda: (
             (a := api.get(f"/v1/operations/{operation}", role_tokens["reader"])).json["status"] == "done"

@@ -118,6 +118,9 @@ def test_publish_then_the_same_key_again(api, role_tokens, db, receiver):
     trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     first = api.post("/v1/messages", role_tokens["producer"], message, headers={"traceparent": trace})
     assert first.status == 202, first.body
+    followed = api.get(first.headers["location"], role_tokens["reader"])  # where the deliveries are
+    assert sorted(d["delivery_id"] for d in followed.json["items"]) == sorted(
+        d["delivery_id"] for d in first.json["deliveries"])
     assert sorted(d["endpoint_name"] for d in first.json["deliveries"]) == ["a", "b"]
     again = api.post("/v1/messages", role_tokens["producer"], message)
     assert again.status == 200 and again.json["created"] is False

@@ -274,8 +274,11 @@ def create_metrics_app(state: ApiState) -> web.Application:
     return app
 
 
-def json_response(data: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json")
+def json_response(data: Any, status: int = 200, location: str | None = None) -> web.Response:
+    """A JSON answer; `location`, for a 201 or 202, is where what it made can be read (RFC 9110 10.2.2)."""
+    headers = None if location is None else {"Location": location}
+    return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json",
+                        headers=headers)
 
 
 def create_app(

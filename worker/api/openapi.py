@@ -381,6 +381,9 @@ def _op(
                 "description": summary,
                 "content": {"application/json": {"schema": ref(schema)}},
             }
+            if status in (201, 202):
+                responses[str(status)]["headers"] = {"Location": {
+                    "description": "where what was made can be read", "schema": TEXT}}
     for status in (401, 403, 429, 503):
         responses[str(status)] = PROBLEM
     if params or body:

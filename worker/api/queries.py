@@ -10,7 +10,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from worker.api.data import fetch_all, fetch_one
-from worker.operations import DEAD_LETTERS_MATCHING, SETTABLE
+from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -70,7 +70,7 @@ async def dead_letters(conn: Conn, filters: dict[str, Any], after: tuple[datetim
         + DEAD_LETTERS_MATCHING +
         " AND (%(after_at)s::timestamptz IS NULL"
         "      OR (dead_lettered_at, delivery_id) > (%(after_at)s, %(after_id)s))"
-        " ORDER BY dead_lettered_at, delivery_id LIMIT %(limit)s",
+        + DEAD_LETTER_ORDER + " LIMIT %(limit)s",
         {**filters, "after_at": after_at, "after_id": after_id, "limit": limit})
 
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlencode
 
 import orjson
 import psycopg
@@ -131,8 +132,10 @@ async def publish(request: web.Request) -> web.Response:
     # the key given, or the event id generated for it (every delivery's webhook-id)
     event_id = rows[0]["idempotency_key"] if rows else body.idempotency_key
     deliveries = [{k: row[k] for k in ("delivery_id", "endpoint_id", "endpoint_name")} for row in rows]
+    # where the deliveries it made can be followed
+    where = None if event_id is None else "/v1/deliveries?" + urlencode({"idempotency_key": event_id})
     return json_response({"idempotency_key": event_id, "created": created, "deliveries": deliveries},
-                         status=202 if created or not rows else 200)
+                         status=202 if created or not rows else 200, location=where if created else None)
 
 
 def _valid_traceparent(value: str) -> bool:
@@ -211,7 +214,8 @@ async def replay_delivery(request: web.Request) -> web.Response:
         status = None if replayed else await queries.delivery_status(conn, delivery_id)
     if replayed:
         get_logger().info("api replayed a delivery", delivery_id=delivery_id, by=caller_of(request).name)
-        return json_response({"delivery_id": delivery_id, "status": "pending"}, status=202)
+        return json_response({"delivery_id": delivery_id, "status": "pending"}, status=202,
+                             location=f"/v1/deliveries/{delivery_id}")
     if status is None:
         raise not_found(f"delivery {delivery_id}")
     raise conflict(f"delivery {delivery_id} is {status}: only dead letters and delivered rows are replayed")
@@ -292,7 +296,7 @@ async def replay_dead_letters(request: web.Request) -> web.Response:
         operation = await queries.operation(conn, operation_id)
     state.operations_wakeup.set()
     get_logger().info("api bulk replay started", operation_id=operation_id, by=caller.name)
-    return json_response(operation, status=202)
+    return json_response(operation, status=202, location=f"/v1/operations/{operation_id}")
 
 
 @allow(*READ)
@@ -399,7 +403,8 @@ async def create_endpoint(request: web.Request) -> web.Response:
     get_logger().info("api registered an endpoint", endpoint_id=endpoint_id, by=caller_of(request).name)
     async with state.db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, endpoint_id)
-    return json_response({**(row or {}), "signing_secret": secret}, status=201)
+    return json_response({**(row or {}), "signing_secret": secret}, status=201,
+                         location=f"/v1/endpoints/{endpoint_id}")
 
 
 @allow(*READ)
@@ -586,7 +591,7 @@ async def create_tenant(request: web.Request) -> web.Response:
     except psycopg.errors.UniqueViolation:
         raise conflict(f"name: a tenant named {body.name!r} exists", field="name") from None
     get_logger().info("api added a tenant", tenant=body.name, by=caller_of(request).name)
-    return json_response(row, status=201)
+    return json_response(row, status=201, location=None if row is None else f"/v1/tenants/{row['id']}")
 
 
 @allow(*ADMIN)

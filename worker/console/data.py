@@ -10,7 +10,7 @@ import psycopg
 from worker.api.data import fetch_all, fetch_one
 from worker.coalescing import digest_label
 from worker.console import chart
-from worker.operations import DEAD_LETTERS_MATCHING
+from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
 
 CHART_HOURS = 6
 CHART_BUCKET = timedelta(minutes=10)
@@ -81,8 +81,8 @@ async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, An
         "SELECT delivery_id, webhook_id, endpoint_name, event_type, attempts, replays, failure_category,"
         "       last_http_status, dead_letter_reason, dead_lettered_at"
         " FROM webhooks.delivery_overview"
-        + DEAD_LETTERS_MATCHING +
-        " ORDER BY dead_lettered_at DESC, delivery_id DESC LIMIT %(limit)s",
+        + DEAD_LETTERS_MATCHING + DEAD_LETTER_ORDER +
+        " LIMIT %(limit)s",
         {"since": None, "until": None, **filters, "limit": PAGE_ROWS})
 
 
