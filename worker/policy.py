@@ -32,6 +32,7 @@ class Category(enum.StrEnum):
     BLOCKED = "blocked"
     INTERNAL = "internal"
     EXPIRED = "expired"  # set in SQL when a row's expires_at passes before delivery
+    DISABLED = "disabled"  # set in SQL when a disabled endpoint's row outlives its retry window
 
 
 CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)

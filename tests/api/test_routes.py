@@ -298,6 +298,7 @@ def test_deliveries_filters_and_lookup_by_key(api, role_tokens, db, receiver):
         ("/v1/deliveries?status=lost", "status"),
         ("/v1/deliveries?category=http_418", "category"),
         ("/v1/dead-letters?category=oops", "category"),
+        ("/v1/dead-letters?category=Disabled", "category"),
         ("/v1/deliveries?since=yesterday", "since"),
         ("/v1/deliveries?since=2026-01-01T00:00:00", "since"),
         ("/v1/deliveries?colour=red", "colour"),

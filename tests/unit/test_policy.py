@@ -1,11 +1,14 @@
 """Classification and backoff, as pinned in docs/design.md."""
 
 import random
+import re
 from datetime import UTC, datetime
 
 import pytest
 
+from tests.support import ROOT
 from worker.policy import (
+    CATEGORIES,
     DEFAULT_DELAYS,
     AttemptResult,
     Category,
@@ -104,3 +107,12 @@ def test_retry_after_wins_when_later_than_the_schedule():
     assert retry_delay(sooner, 1, schedule) == 5
     deferred = classify(AttemptResult(status=429, retry_after="2"))
     assert retry_delay(deferred, 1, schedule) == 2
+
+
+def test_every_failure_category_sql_writes_is_one_the_filters_accept():
+    # the filters (API, CLI, console) take policy.CATEGORIES: a category only SQL sets must be there
+    # too, or its dead letters could not be found by it
+    written = set()
+    for path in (ROOT / "sql" / "functions").glob("*.sql"):
+        written |= set(re.findall(r"failure_category = '([a-z_0-9]+)'", path.read_text()))
+    assert written and written <= set(CATEGORIES), written - set(CATEGORIES)
