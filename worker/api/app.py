@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 from worker import schema
 from worker.api import tokens
-from worker.api.data import Database
+from worker.api.data import Database, login_problems
 from worker.api.limits import FailedAuthLimiter
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
@@ -28,8 +28,9 @@ from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
 
-# The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql); the worker needs less.
-API_SCHEMA_VERSION = 5
+# The API switches to webhooks_admin for admin requests and rests as webhooks_authenticator
+# (sql/migrations/007_api_login.sql); the worker needs less.
+API_SCHEMA_VERSION = 7
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)
@@ -241,22 +242,50 @@ def create_app(
     return app
 
 
-BACKGROUND = web.AppKey("webhook_api_background", asyncio.Task[None])
+BACKGROUND = web.AppKey("webhook_api_background", list[asyncio.Task[None]])
+# How often the start-up check of the login asks again while the database is unreachable.
+LOGIN_CHECK_RETRY_SECONDS = 5.0
+
+
+async def check_login(state: ApiState) -> None:
+    """Once the database answers, say loudly what is wrong with the login the API runs as: the
+    schema owner, a superuser or CREATEROLE (the API still serves: existing deployments run so),
+    or a group role it cannot switch to (those requests fail until it is granted)."""
+    log = get_logger()
+    while not state.stopping.is_set():
+        try:
+            async with state.db.connection() as conn:
+                problems = await login_problems(conn)
+        except (psycopg.Error, psycopg_pool.PoolTimeout, TimeoutError):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LOGIN_CHECK_RETRY_SECONDS):
+                    await state.stopping.wait()
+            continue
+        for problem, missing in problems:
+            if missing:
+                log.error("api login lacks a group role", problem=problem,
+                          advice="docs/security.md, HTTP API")
+            else:
+                log.warning("api login has more rights than it needs", problem=problem,
+                            advice="give the API a login of its own (docs/security.md, HTTP API)")
+        log.info("api login checked", problems=len(problems))
+        return
 
 
 async def _start_background(app: web.Application) -> None:
     from worker.api.operations import run_operations
 
-    app[BACKGROUND] = asyncio.create_task(run_operations(app[STATE]))
+    app[BACKGROUND] = [asyncio.create_task(run_operations(app[STATE])),
+                       asyncio.create_task(check_login(app[STATE]))]
 
 
 async def _stop_background(app: web.Application) -> None:
-    task = app[BACKGROUND]
     app[STATE].stopping.set()
     app[STATE].operations_wakeup.set()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for task in app[BACKGROUND]:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await app[STATE].db.close()
 
 

@@ -12,15 +12,61 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker.api.tokens import Caller, Role
 
-# The group role each token role runs as; admin keeps the API's own login (the schema owner's
-# privileges), as the operator CLI does. The grants then enforce what the API checks
-# (sql/functions/roles.sql).
-DATABASE_ROLES: dict[Role, str | None] = {
+# The group role each token role runs as, so the grants enforce what the API checks
+# (sql/functions/roles.sql). Admin rights are what webhooks_admin is granted: the API's login is
+# neither the schema owner nor able to create roles (sql/migrations/007_api_login.sql).
+DATABASE_ROLES: dict[Role, str] = {
     "producer": "webhooks_producer",
     "reader": "webhooks_reader",
-    "admin": None,
+    "admin": "webhooks_admin",
 }
+# What the API's login rests as between requests: token and session checks, the schema version.
+AUTHENTICATOR_ROLE = "webhooks_authenticator"
 APPLICATION_NAME = "webhook-worker api"
+
+
+async def _rest_as_authenticator(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Each new connection rests as webhooks_authenticator, so whatever runs outside a caller's
+    transaction holds only the token and session checks, whatever the login inherits; a
+    transaction's SET LOCAL ROLE switches from there (membership is the login's, not the current
+    role's). A login that is not a member (an older schema, a missing grant) stays itself: the
+    start-up check says so."""
+    await conn.execute(
+        "SELECT set_config('role', r.rolname, false) FROM pg_roles r"
+        " WHERE r.rolname = %s AND pg_has_role(session_user, r.oid, 'MEMBER')", (AUTHENTICATOR_ROLE,))
+
+
+# Each a problem with the login the API runs as: more rights than it needs, or a group role it
+# cannot switch to. Rows: (problem, whether it is a missing right rather than one too many).
+_LOGIN_CHECKS = """
+    SELECT format('the login %%I is the schema owner%%s: every table and function is its to change, and it'
+                  ' bypasses row-level security', session_user,
+                  CASE WHEN n.nspowner <> l.oid THEN format(' (it is a member of %%I)', n.nspowner::regrole)
+                  ELSE '' END), false
+    FROM pg_roles l, pg_namespace n
+    WHERE l.rolname = session_user AND n.nspname = 'webhooks' AND NOT l.rolsuper
+      AND pg_has_role(l.oid, n.nspowner, 'MEMBER')
+    UNION ALL
+    SELECT format('the login %%I is a superuser', session_user), false
+    FROM pg_roles l WHERE l.rolname = session_user AND l.rolsuper
+    UNION ALL
+    SELECT format('the login %%I has CREATEROLE: it can grant itself pg_execute_server_program and run'
+                  ' programs as the database server''s OS user', session_user), false
+    FROM pg_roles l WHERE l.rolname = session_user AND l.rolcreaterole AND NOT l.rolsuper
+    UNION ALL
+    SELECT format('the login %%I is not a member of %%s: GRANT %%s TO %%I', session_user, g.name, g.name,
+                  session_user), true
+    FROM unnest(%(groups)s::text[]) g(name)
+    WHERE NOT coalesce(pg_has_role(session_user, to_regrole(g.name), 'MEMBER'), false)
+"""
+
+
+async def login_problems(conn: psycopg.AsyncConnection[Any]) -> list[tuple[str, bool]]:
+    """What is wrong with the API's login: (problem, missing) pairs, missing meaning a group role it
+    cannot switch to (those requests fail), else a right it should not hold."""
+    groups = [AUTHENTICATOR_ROLE, *DATABASE_ROLES.values()]
+    cur = await conn.execute(_LOGIN_CHECKS, {"groups": groups})
+    return [(str(problem), bool(missing)) for problem, missing in await cur.fetchall()]
 
 
 class Database:
@@ -34,6 +80,7 @@ class Database:
             reconnect_timeout=5.0, name="webhook-worker-api",
             kwargs={"autocommit": True, "application_name": APPLICATION_NAME,
                     "connect_timeout": max(1, int(connect_timeout))},
+            configure=_rest_as_authenticator,
         ))
 
     async def open(self) -> None:
@@ -45,22 +92,30 @@ class Database:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A connection as the API's own login, for token checks and probes (autocommit)."""
+        """A connection resting as webhooks_authenticator, for token and session checks and probes
+        (autocommit)."""
         async with self.pool.connection() as conn:
             yield conn
 
     @asynccontextmanager
     async def transaction(self, caller: Caller) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """One transaction under the caller's database role; SET LOCAL ends with it, so the pooled
-        connection goes back as the API's login."""
+        connection goes back resting as webhooks_authenticator."""
         async with self.pool.connection() as conn, conn.transaction():
-            role = DATABASE_ROLES[caller.role]
-            if role is not None:
-                await conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(role)))
+            await set_local_role(conn, DATABASE_ROLES[caller.role])
             if caller.tenant_id is not None:
                 # for this transaction only: row-level security and the views keep to this tenant
                 await conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(caller.tenant_id),))
             yield conn
+
+
+def local_role(role: str) -> psycopg.sql.Composed:
+    """The statement after which the rest of a transaction runs as `role`."""
+    return psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(role))
+
+
+async def set_local_role(conn: psycopg.AsyncConnection[Any], role: str) -> None:
+    await conn.execute(local_role(role))
 
 
 async def fetch_all(conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None) -> list[dict[str, Any]]:
