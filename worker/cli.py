@@ -90,6 +90,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     for name in applied:
         print(f"applied {name}")
     print(f"schema at version {schema.latest_version()} ({len(applied)} applied)")
+    for advice in schema.role_advice(config.database.url):
+        print(advice, file=sys.stderr)
     return 0
 
 

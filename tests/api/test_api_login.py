@@ -7,16 +7,20 @@ role holds, and what `migrate` and the API say about a login with more rights th
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
-from tests.support import API_GROUPS, API_LOGIN, LOGIN_PASSWORD, api_dsn, query
+from tests.acceptance.test_cli import cli
+from tests.api.server import ApiProcess, make_token
+from tests.support import API_GROUPS, API_LOGIN, LOGIN_PASSWORD, api_dsn, eventually, query
 from worker.api.data import login_problems
-from worker.localpg import login_role
+from worker.localpg import login_role, role_dsn
 from worker.operations import SETTABLE
 
 DENIED = psycopg.errors.InsufficientPrivilege
@@ -158,3 +162,61 @@ def test_the_api_names_what_is_wrong_with_its_login(db, extra_logins):
     short_dsn = login_role(db, short, API_GROUPS[:-1], LOGIN_PASSWORD)
     assert problems_of(short_dsn) == [
         (f"the login {short} is not a member of webhooks_admin: GRANT webhooks_admin TO {short}", True)]
+
+
+@pytest.fixture
+def ordinary_owner(pg_server: str, fresh_db, extra_logins) -> tuple[str, str]:
+    """An empty database owned by a role of its own with CREATEROLE (not a superuser), as
+    docs/security.md has the owner migrate the first time: its DSN and the role's name."""
+    name = f"webhooks_test_owner_{uuid.uuid4().hex[:8]}"
+    extra_logins.append(name)
+    dsn = fresh_db(False)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE PASSWORD {}").format(
+            sql.Identifier(name), sql.Literal(LOGIN_PASSWORD)))
+        conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+            sql.Identifier(conninfo_to_dict(dsn)["dbname"]), sql.Identifier(name)))
+    yield role_dsn(dsn, name, LOGIN_PASSWORD), name
+    # what the role owns goes back to the superuser, so that the role can be dropped
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("REASSIGN OWNED BY {} TO CURRENT_USER").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+
+
+def test_migrate_says_how_to_drop_createrole_and_the_api_warns_when_it_logs_in_as_the_owner(
+        ordinary_owner, tmp_path):
+    owner, name = ordinary_owner
+    first = cli("migrate", env={"DATABASE_URL": owner})
+    assert first.returncode == 0, first.stderr
+    [advice] = [line for line in first.stderr.splitlines() if line.startswith("advice:")]
+    assert f"ALTER ROLE {name} NOCREATEROLE" in advice
+    # an API logging in as this owner still serves, and says so in its log
+    process = ApiProcess(owner, tmp_path, as_owner=True)
+    try:
+        eventually(lambda: process.client.get("/ready").status == 200, message="api ready")
+        admin = make_token(owner, "admin")
+        assert process.client.post("/v1/tenants", admin, {"name": "acme"}).status == 201
+
+        def warnings() -> list[str]:
+            lines = [json.loads(line) for line in process.log_path.read_text().splitlines()
+                     if line.startswith("{")]
+            return [line["problem"] for line in lines
+                    if line.get("event") == "api login has more rights than it needs"]
+
+        found = eventually(lambda: len(warnings()) == 2 and warnings(), message="the login warnings")
+        assert any(f"the login {name} is the schema owner" in w for w in found), found
+        assert any("CREATEROLE" in w for w in found), found
+    finally:
+        process.kill()
+    # as advised (on PostgreSQL 15 the role may drop it itself): nothing more to advise
+    query(owner, sql.SQL("ALTER ROLE {} NOCREATEROLE").format(sql.Identifier(name)))
+    again = cli("migrate", env={"DATABASE_URL": owner})
+    assert again.returncode == 0, again.stderr
+    assert "advice:" not in again.stderr
+
+
+def test_migrate_as_a_superuser_advises_an_ordinary_owner(fresh_db):
+    result = cli("migrate", env={"DATABASE_URL": fresh_db(False)})
+    assert result.returncode == 0, result.stderr
+    [advice] = [line for line in result.stderr.splitlines() if line.startswith("advice:")]
+    assert "a superuser" in advice and "docs/security.md" in advice
