@@ -16,6 +16,7 @@ import psycopg
 import yaml
 
 from worker import signing
+from worker.api.data import API_GROUPS
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role, role_dsn
@@ -32,9 +33,8 @@ WORKER_LOGIN = "webhooks_test_worker"
 PRODUCER_LOGIN = "webhooks_test_producer"
 READER_LOGIN = "webhooks_test_reader"
 # The API's own login, as docs/security.md makes it: no ownership, no CREATEROLE, NOINHERIT, a member
-# of the group roles it switches to.
+# of the group roles it switches to (API_GROUPS).
 API_LOGIN = "webhooks_test_api"
-API_GROUPS = ("webhooks_authenticator", "webhooks_producer", "webhooks_reader", "webhooks_admin")
 LOGIN_PASSWORD = "test-only-password"
 
 

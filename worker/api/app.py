@@ -248,15 +248,17 @@ LOGIN_CHECK_RETRY_SECONDS = 5.0
 
 
 async def check_login(state: ApiState) -> None:
-    """Once the database answers, say loudly what is wrong with the login the API runs as: the
-    schema owner, a superuser or CREATEROLE (the API still serves: existing deployments run so),
-    or a group role it cannot switch to (those requests fail until it is granted)."""
+    """Once the database answers with the group roles made, say loudly what is wrong with the login
+    the API runs as: the schema owner, a superuser or CREATEROLE (the API still serves: existing
+    deployments run so), or a group role it cannot switch to (those requests fail until granted)."""
     log = get_logger()
     while not state.stopping.is_set():
         try:
             async with state.db.connection() as conn:
                 problems = await login_problems(conn)
         except (psycopg.Error, psycopg_pool.PoolTimeout, TimeoutError):
+            problems = None
+        if problems is None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(LOGIN_CHECK_RETRY_SECONDS):
                     await state.stopping.wait()
