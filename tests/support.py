@@ -16,6 +16,7 @@ import psycopg
 import yaml
 
 from worker import signing
+from worker.api.data import API_GROUPS
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role, role_dsn
@@ -31,6 +32,9 @@ LOOPBACK = ["127.0.0.1/32", "::1/128"]
 WORKER_LOGIN = "webhooks_test_worker"
 PRODUCER_LOGIN = "webhooks_test_producer"
 READER_LOGIN = "webhooks_test_reader"
+# The API's own login, as docs/security.md makes it: no ownership, no CREATEROLE, NOINHERIT, a member
+# of the group roles it switches to (API_GROUPS).
+API_LOGIN = "webhooks_test_api"
 LOGIN_PASSWORD = "test-only-password"
 
 
@@ -45,6 +49,11 @@ def login_as(dsn: str, login: str, group: str) -> str:
 
 def worker_dsn(dsn: str) -> str:
     return login_as(dsn, WORKER_LOGIN, "webhooks_worker")
+
+
+def api_dsn(dsn: str) -> str:
+    """The DSN the API logs in with (API_LOGIN; created in the cluster if missing)."""
+    return login_role(dsn, API_LOGIN, API_GROUPS, LOGIN_PASSWORD, inherit=False)
 
 
 def proc_cpu(pid: int) -> float:

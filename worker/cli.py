@@ -95,6 +95,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     for name in applied:
         print(f"applied {name}")
     print(f"schema at version {schema.latest_version()} ({len(applied)} applied)")
+    for advice in schema.role_advice(config.database.url):
+        print(advice, file=sys.stderr)
     return 0
 
 
@@ -768,7 +770,7 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
     if problem is not None:
         raise UsageError(f"--name: {problem}")
     if args.tenant is not None and args.role == "admin":
-        # an admin token runs as the schema owner, whom row-level security does not bind
+        # admin requests change things through SECURITY DEFINER functions, which keep to no tenant
         raise UsageError("--tenant: only producer and reader tokens can be scoped to a tenant")
     if args.expires_in is not None and not 0 < args.expires_in <= 3650:
         raise UsageError("--expires-in: expected a number of days above 0, at most 3650")

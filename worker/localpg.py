@@ -112,19 +112,24 @@ def role_dsn(dsn: str, login: str, password: str) -> str:
     return make_conninfo(dsn, user=login, password=password)
 
 
-def login_role(admin_dsn: str, login: str, group: str, password: str) -> str:
-    """Connect as a login role that is a member of `group` (e.g. webhooks_worker), as production
-    clients do: the role is created in the cluster if missing; returns its connection string."""
+def login_role(admin_dsn: str, login: str, groups: str | tuple[str, ...], password: str,
+               inherit: bool = True) -> str:
+    """Connect as a login role that is a member of `groups` (e.g. webhooks_worker), as production
+    clients do: the role is created in the cluster if missing; returns its connection string.
+    NOINHERIT (inherit=False): the login holds its groups' privileges only once it SETs a role."""
     create = sql.SQL(
         "DO $$ BEGIN"
         " IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {name}) THEN"
-        "   CREATE ROLE {role} LOGIN PASSWORD {password};"
+        "   CREATE ROLE {role} LOGIN {inherit} PASSWORD {password};"
         " END IF;"
         # another process may create it at the same moment
         " EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;"
         " END $$"
-    ).format(name=sql.Literal(login), role=sql.Identifier(login), password=sql.Literal(password))
+    ).format(name=sql.Literal(login), role=sql.Identifier(login), password=sql.Literal(password),
+             inherit=sql.SQL("INHERIT" if inherit else "NOINHERIT"))
+    names = (groups,) if isinstance(groups, str) else groups
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(create)
-        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(login)))
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.SQL(", ").join(map(sql.Identifier, names)),
+                                                       sql.Identifier(login)))
     return role_dsn(admin_dsn, login, password)

@@ -30,7 +30,7 @@ OLD_LAYOUT_LAST_NAME = "worker_liveness"
 # Constraints the old layout added NOT VALID (finished rows were exempt when they were added, and the
 # checks themselves exempt finished rows); the baseline has them validated.
 _OLD_LAYOUT_UNVALIDATED = ("event_type_printable", "idempotency_key_printable", "traceparent_w3c_format")
-_ROLES = "PUBLIC, webhooks_worker, webhooks_producer, webhooks_reader"
+_ROLES = "PUBLIC, webhooks_worker, webhooks_producer, webhooks_reader, webhooks_admin, webhooks_authenticator"
 
 
 class MigrationError(RuntimeError):
@@ -277,6 +277,29 @@ def _apply_definitions(conn: psycopg.Connection, definitions: list[Definitions])
     for definition in definitions:
         conn.execute("INSERT INTO webhooks.schema_definitions (file, checksum) VALUES (%s, %s)",
                      (definition.name, definition.checksum))
+
+
+def role_advice(conninfo: str) -> list[str]:
+    """What to change about the role that migrated, once it has: CREATEROLE is needed only while a
+    migration creates the group roles (on PostgreSQL 15 a role with it can grant itself
+    pg_execute_server_program and run programs as the server's OS user), and a superuser should
+    not own what runs SECURITY DEFINER."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_user, quote_ident(current_user), rolsuper, rolcreaterole FROM pg_roles"
+            " WHERE rolname = current_user").fetchone()
+    if row is None:
+        return []
+    name, ident, superuser, createrole = row
+    if superuser:
+        return [f"advice: migrated as {name}, a superuser: the functions it made run SECURITY DEFINER with "
+                "a superuser's rights; let an ordinary role own the schema (docs/security.md, "
+                "\"Database roles\")"]
+    if createrole:
+        return [f"advice: {name} has CREATEROLE, which only creating the group roles needs (they exist "
+                "now), and with which a role can grant itself pg_execute_server_program: drop it with "
+                f"ALTER ROLE {ident} NOCREATEROLE; (as {name} itself on PostgreSQL 15, or as a superuser)"]
+    return []
 
 
 def current_version(conn: psycopg.Connection) -> int | None:

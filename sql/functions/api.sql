@@ -16,8 +16,11 @@
 -- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
 -- let them pass).
 --
--- Every function is SECURITY DEFINER with a fixed search_path; only api_publish() is granted (to
--- webhooks_producer): the token and operation administration is the owner's alone.
+-- Every function is SECURITY DEFINER with a fixed search_path. api_publish() is granted to
+-- webhooks_producer and webhooks_admin (admin tokens publish too); api_token_role() to
+-- webhooks_authenticator, which the API's login rests as; the operations and endpoint deletion to
+-- webhooks_admin (the API's bulk replay runner steps operations as webhooks_admin). Creating,
+-- revoking and listing tokens is the owner's alone (the CLI).
 
 -- tokens --------------------------------------------------------------------------------------------
 
@@ -318,5 +321,14 @@ $$;
 
 GRANT EXECUTE ON FUNCTION
     webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
-TO webhooks_producer;
-GRANT SELECT ON webhooks.api_operations TO webhooks_reader;
+TO webhooks_producer, webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.api_token_role(bytea) TO webhooks_authenticator;
+GRANT EXECUTE ON FUNCTION
+    webhooks.api_delete_endpoint(bigint),
+    webhooks.api_start_replay(jsonb, double precision, integer, text),
+    webhooks.api_replay_step(bigint, integer),
+    webhooks.api_fail_operation(bigint, text),
+    webhooks.api_cancel_operation(bigint, text),
+    webhooks.api_running_operations()
+TO webhooks_admin;
+GRANT SELECT ON webhooks.api_operations TO webhooks_reader, webhooks_admin;

@@ -6,8 +6,9 @@
 -- with nothing cached. Expired rows are removed when a new session starts, so the table stays as
 -- small as the number of people logged in.
 --
--- Every function is SECURITY DEFINER with a fixed search_path and granted to no group role: only
--- the API's own login (the owner) calls them, as it does the token functions of api.sql.
+-- Every function is SECURITY DEFINER with a fixed search_path and granted to
+-- webhooks_authenticator alone: the API's login calls them between requests, as it does
+-- api_token_role().
 
 -- Opens a session for a token that is usable now; returns its name and role (no row, and no
 -- session, for an unknown, revoked or expired token).
@@ -66,3 +67,8 @@ REVOKE ALL ON FUNCTION
     webhooks.console_session(bytea),
     webhooks.console_end_session(bytea)
 FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    webhooks.console_start_session(bytea, bytea, interval),
+    webhooks.console_session(bytea),
+    webhooks.console_end_session(bytea)
+TO webhooks_authenticator;

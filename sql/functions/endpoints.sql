@@ -11,6 +11,11 @@
 -- ('*' does not include them), never to the endpoint it is about, so an event cannot loop back to
 -- its cause. Disabled endpoints' rows wait; once a row's retry window has passed it becomes a dead
 -- letter (reason 'endpoint disabled') that can be replayed.
+--
+-- What an administrator changes goes through the functions granted to webhooks_admin here (the
+-- HTTP API's admin requests run as that role): SECURITY DEFINER with a fixed search_path, since
+-- the role writes no table itself and an operational event they publish may be queued only by the
+-- owner (functions/enqueue.sql).
 
 -- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
 CREATE OR REPLACE FUNCTION webhooks.create_health_row() RETURNS trigger
@@ -45,7 +50,7 @@ BEGIN
     RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.name = p_ref);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader;
+GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin;
 
 -- Operational events: an endpoint's state changes, queued (webhooks.fan_out) for the endpoints that
 -- subscribe to their type explicitly ('*' does not include them), never for the endpoint the event
@@ -120,7 +125,10 @@ CREATE OR REPLACE FUNCTION webhooks.disable_endpoint(
     p_webhook_id bigint, p_reason text, p_decided_by text DEFAULT 'operator',
     p_delivery_id bigint DEFAULT NULL, p_attempt integer DEFAULT NULL
 ) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 BEGIN
     -- Health row first, then the endpoint: the order webhooks.finish() takes them in.
     PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
@@ -136,12 +144,16 @@ BEGIN
                                           p_delivery_id, p_attempt);
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.disable_endpoint(bigint, text, text, bigint, integer) TO webhooks_admin;
 
 -- Enabling also resets the circuit, the pause and the failure streak: the operator says the
 -- receiver is back. Rows that waited are claimable at once.
 CREATE OR REPLACE FUNCTION webhooks.enable_endpoint(p_webhook_id bigint, p_decided_by text DEFAULT 'operator')
 RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 BEGIN
     PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
     UPDATE webhooks.endpoints
@@ -160,6 +172,7 @@ BEGIN
     RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', NULL, p_decided_by);
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.enable_endpoint(bigint, text) TO webhooks_admin;
 
 -- Manual circuit control: 'reset' (closed, counters cleared), 'open' (forced open until p_until,
 -- or until reset), 'close' (forced closed: never opens by itself until reset).
@@ -167,7 +180,10 @@ CREATE OR REPLACE FUNCTION webhooks.set_circuit(
     p_webhook_id bigint, p_action text, p_until timestamptz DEFAULT NULL,
     p_decided_by text DEFAULT 'operator'
 ) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 DECLARE
     v_change text;
     v_found boolean;
@@ -206,6 +222,7 @@ BEGIN
         p_decided_by);
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.set_circuit(bigint, text, timestamptz, text) TO webhooks_admin;
 
 -- How long a row keeps being retried: the schedule's delays for max_attempts - 1 retries.
 CREATE OR REPLACE FUNCTION webhooks.retry_window(p_schedule jsonb, p_max_attempts integer) RETURNS interval
@@ -339,7 +356,10 @@ CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
     -- every tenant's operational events, not only its own tenant's (the operator's channel)
     p_operational_all_tenants boolean DEFAULT false
 ) RETURNS bigint
-LANGUAGE sql AS $$
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
     INSERT INTO webhooks.endpoints
         (name, url, url_display, signing_secrets, event_types, headers, max_attempts, timeout_ms,
          retry_schedule, rate_limit_per_second, rate_limit_burst, max_in_flight, circuit_policy,
@@ -356,6 +376,10 @@ LANGUAGE sql AS $$
          webhooks.tenant_id(coalesce(p_tenant, 'default')), coalesce(p_operational_all_tenants, false))
     RETURNING id;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.register_endpoint(text, text, text, jsonb, text[], jsonb, integer, integer,
+                                                       jsonb, numeric, integer, integer, jsonb, text, jsonb,
+                                                       boolean, text, boolean)
+    TO webhooks_admin;
 
 -- Only the operator marks an endpoint for every tenant's operational events: a session scoped to a
 -- tenant (webhooks.tenant set, as the API sets it for a scoped token's transaction) is refused,
@@ -383,7 +407,10 @@ CREATE OR REPLACE TRIGGER refuse_scoped_all_tenants
 -- circuit_policy, body_format, secret_settings, delivery_ttl, retry_policy, coalesce_max,
 -- coalesce_window, operational_all_tenants); a key with a JSON null resets that override.
 CREATE OR REPLACE FUNCTION webhooks.update_endpoint(p_webhook_id bigint, p_changes jsonb) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 DECLARE
     v_unknown text;
 BEGIN
@@ -439,6 +466,7 @@ BEGIN
     RETURN FOUND;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.update_endpoint(bigint, jsonb) TO webhooks_admin;
 
 -- Adds p_new_secret as the newest secret (checked: signing_secret_problem()); every secret active
 -- now expires at p_old_expire_at (NULL: they stay active until rotated again). Expired secrets are
@@ -446,7 +474,10 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.rotate_secret(p_webhook_id bigint, p_new_secret text,
                                        p_old_expire_at timestamptz DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 DECLARE
     v_count integer;
 BEGIN
@@ -465,6 +496,7 @@ BEGIN
     RETURN v_count;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz) TO webhooks_admin;
 
 -- The key id each stored credential is sealed with ('plaintext' for values stored before sealing).
 CREATE OR REPLACE FUNCTION webhooks.credential_keys()
@@ -494,7 +526,10 @@ GRANT EXECUTE ON FUNCTION webhooks.credential_keys() TO webhooks_worker;
 -- (FOR NO KEY UPDATE: producers inserting rows for these endpoints are not blocked).
 CREATE OR REPLACE FUNCTION webhooks.endpoint_credentials(p_after_id bigint, p_limit integer)
 RETURNS TABLE (id bigint, url text, signing_secrets jsonb, secret_settings jsonb, headers jsonb)
-LANGUAGE sql AS $$
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
     SELECT e.id, e.url, e.signing_secrets, e.secret_settings, e.headers
     FROM webhooks.endpoints e
     WHERE e.id > p_after_id
@@ -502,6 +537,7 @@ LANGUAGE sql AS $$
     LIMIT p_limit
     FOR NO KEY UPDATE;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.endpoint_credentials(bigint, integer) TO webhooks_admin;
 
 -- An endpoint's credentials sealed: its first ones at registration, or all of them again (keys
 -- rotate). An endpoint's first signing secrets are checked (signing_secret_problem()); re-sealed
@@ -509,7 +545,10 @@ $$;
 CREATE OR REPLACE FUNCTION webhooks.store_endpoint_credentials(
     p_id bigint, p_url text, p_signing_secrets jsonb, p_secret_settings jsonb, p_headers jsonb
 ) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
     UPDATE webhooks.endpoints
     SET url = p_url,
         signing_secrets = CASE WHEN jsonb_array_length(signing_secrets) = 0
@@ -518,6 +557,7 @@ LANGUAGE sql AS $$
         secret_settings = p_secret_settings, headers = p_headers
     WHERE id = p_id;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.store_endpoint_credentials(bigint, text, jsonb, jsonb, jsonb) TO webhooks_admin;
 
 CREATE OR REPLACE VIEW webhooks.endpoint_summary AS
 SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
@@ -532,4 +572,4 @@ JOIN webhooks.tenants t ON t.id = e.tenant_id
 LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
 WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader;
+GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader, webhooks_admin;

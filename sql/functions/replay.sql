@@ -32,9 +32,13 @@ AS $$
     SELECT count(*)::integer FROM logged;
 $$;
 
--- One delivery, dead-lettered or delivered. Returns whether it was put back.
+-- One delivery, dead-lettered or delivered. Returns whether it was put back. Granted to
+-- webhooks_admin (the HTTP API's admin requests), which writes no table itself.
 CREATE OR REPLACE FUNCTION webhooks.replay(p_delivery_id bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 BEGIN
     IF webhooks.replay_rows(ARRAY[p_delivery_id]) = 1 THEN
         PERFORM pg_notify('webhooks_queue', '');
@@ -43,6 +47,7 @@ BEGIN
     RETURN false;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.replay(bigint) TO webhooks_admin;
 
 -- Every dead letter matching all the given filters (NULL matches anything), at most p_limit of
 -- them, oldest first, so a large recovery can run in bounded, resumable steps. Returns the count.
@@ -95,14 +100,14 @@ JOIN webhooks.endpoints e ON e.id = q.webhook_id
 CROSS JOIN webhooks.delivery_config c
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
 WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader;
+GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader, webhooks_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery(p_delivery_id bigint)
 RETURNS SETOF webhooks.delivery_overview
 LANGUAGE sql STABLE AS $$
     SELECT * FROM webhooks.delivery_overview WHERE delivery_id = p_delivery_id;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.delivery(bigint) TO webhooks_reader;
+GRANT EXECUTE ON FUNCTION webhooks.delivery(bigint) TO webhooks_reader, webhooks_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery_by_key(p_idempotency_key text, p_webhook_id bigint DEFAULT NULL)
 RETURNS SETOF webhooks.delivery_overview
@@ -113,11 +118,11 @@ LANGUAGE sql STABLE AS $$
                                  ELSE ARRAY[p_webhook_id] END)
     ORDER BY webhook_id;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.delivery_by_key(text, bigint) TO webhooks_reader;
+GRANT EXECUTE ON FUNCTION webhooks.delivery_by_key(text, bigint) TO webhooks_reader, webhooks_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery_history(p_delivery_id bigint)
 RETURNS SETOF webhooks.alert_delivery_log
 LANGUAGE sql STABLE AS $$
     SELECT * FROM webhooks.alert_delivery_log WHERE delivery_id = p_delivery_id ORDER BY logged_at, log_id;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.delivery_history(bigint) TO webhooks_reader;
+GRANT EXECUTE ON FUNCTION webhooks.delivery_history(bigint) TO webhooks_reader, webhooks_admin;

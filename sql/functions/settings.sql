@@ -23,4 +23,4 @@ AS $$
     SELECT max(version) FROM webhooks.schema_migrations;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.schema_version() TO webhooks_worker;
-GRANT EXECUTE ON FUNCTION webhooks.schema_version() TO webhooks_reader;
+GRANT EXECUTE ON FUNCTION webhooks.schema_version() TO webhooks_reader, webhooks_admin, webhooks_authenticator;

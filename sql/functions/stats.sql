@@ -19,7 +19,7 @@ LEFT JOIN (
     WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint
     GROUP BY q.status
 ) c ON c.status = s.status;
-GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader;
+GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader, webhooks_admin;
 
 -- Due rows held back, and why: what the claim leaves in the table on purpose.
 CREATE OR REPLACE VIEW webhooks.held_back AS
@@ -60,7 +60,7 @@ CROSS JOIN LATERAL (
 WHERE due.rows > 0
   -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
   AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
-GRANT SELECT ON webhooks.held_back TO webhooks_reader;
+GRANT SELECT ON webhooks.held_back TO webhooks_reader, webhooks_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100,
                                                 p_interval interval DEFAULT '10 seconds') RETURNS jsonb

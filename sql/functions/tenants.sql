@@ -11,6 +11,8 @@
 -- The claim enforces the first three fleet-wide (acquire() in claim.sql). Every audit row carries
 -- its endpoint's tenant (fill_log_tenant), as every queue row does (fill_idempotency_key).
 -- The name `other` is reserved: the metrics label the tenants past their label limit so.
+-- register_tenant() and update_tenant() are granted to webhooks_admin (the HTTP API's admin
+-- requests), which writes no table itself.
 
 -- A tenant's id by name; an unknown name is an error that names it.
 CREATE OR REPLACE FUNCTION webhooks.tenant_id(p_name text) RETURNS bigint
@@ -62,7 +64,10 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION webhooks.register_tenant(p_name text, p_limits jsonb DEFAULT '{}') RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 DECLARE
     v_id bigint;
 BEGIN
@@ -77,9 +82,13 @@ BEGIN
     RETURN v_id;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.register_tenant(text, jsonb) TO webhooks_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.update_tenant(p_name text, p_limits jsonb) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
 DECLARE
     v_id bigint := webhooks.tenant_id(p_name);
 BEGIN
@@ -87,6 +96,7 @@ BEGIN
     RETURN v_id;
 END;
 $$;
+GRANT EXECUTE ON FUNCTION webhooks.update_tenant(text, jsonb) TO webhooks_admin;
 
 -- max_endpoints holds however an endpoint is inserted: the tenant's row is locked, so two
 -- registrations at once cannot both take the last place.
@@ -148,4 +158,4 @@ SELECT t.id, t.name, t.rate_limit_per_second, t.rate_limit_burst, t.max_in_fligh
 FROM webhooks.tenants t
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
 WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR t.id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader;
+GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader, webhooks_admin;

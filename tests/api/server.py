@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import yaml
 
-from tests.support import LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, eventually
+from tests.support import LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, api_dsn, eventually
 from worker.api import tokens
 from worker.api.app import ApiState, build_state, create_app, create_metrics_app
 from worker.api.serving import GUARD, ConnectionGuard, Listeners
@@ -36,10 +36,12 @@ class Answer:
         return json.loads(self.body)
 
 
-def api_config(dsn: str, **api: Any) -> Config:
+def api_config(dsn: str, as_owner: bool = False, **api: Any) -> Config:
+    """The API's configuration over the database `dsn` (the owner's): it logs in as the API's own
+    login unless as_owner, as docs/security.md deploys it."""
     return Config.model_validate(
         {
-            "database": {"url": dsn, "pool_max_size": 4},
+            "database": {"url": dsn if as_owner else api_dsn(dsn), "pool_max_size": 4},
             "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, **api},
             "security": {"allow_networks": LOOPBACK},
         }
@@ -149,9 +151,10 @@ def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = N
 class ApiProcess:
     """`python -m worker api --config FILE` as a subprocess, as it runs in production."""
 
-    def __init__(self, dsn: str, workdir: Path, open_files: int | None = None, **api: Any) -> None:
+    def __init__(self, dsn: str, workdir: Path, open_files: int | None = None, as_owner: bool = False,
+                 **api: Any) -> None:
         config = {
-            "database": {"url": dsn},
+            "database": {"url": dsn if as_owner else api_dsn(dsn)},
             "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0, **api},
             "logging": {"level": "info", "format": "json"},
             "security": {"allow_networks": LOOPBACK},

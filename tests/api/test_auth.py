@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.api.server import ApiProcess, ApiServer, api_config, make_token
-from tests.support import query
+from tests.support import API_LOGIN, query
 from worker.api import tokens
 from worker.api.app import API_SCHEMA_VERSION
 from worker.api.limits import FailedAuthLimiter
@@ -47,9 +47,9 @@ def test_without_a_valid_token_a_request_gets_401_as_a_problem_document(api, hea
     assert problem["status"] == 401 and problem["type"].endswith("/unauthorized") and problem["detail"]
 
 
-def test_the_api_is_not_ready_on_a_schema_older_than_the_columns_it_reads(api, db):
-    # as on a database not yet migrated to the newest the API reads: the worker would still run
-    # there, the API not
+def test_the_api_is_not_ready_on_a_schema_older_than_what_it_reads_and_switches_to(api, db):
+    # as on a database not yet migrated to the newest the API needs (the roles of 007, the columns
+    # of 011): the worker would still run there, the API not
     query(db, "DELETE FROM webhooks.schema_migrations WHERE version >= %s RETURNING 1", (API_SCHEMA_VERSION,))
     ready = api.get("/ready")
     assert ready.status == 503
@@ -277,25 +277,39 @@ def test_a_role_runs_under_its_database_role(api, db):
             cur = await conn.execute("SELECT current_user, session_user")
             return await cur.fetchone()
 
-    [(owner,)] = query(db, "SELECT current_user")
-    expected_users = {"producer": "webhooks_producer", "reader": "webhooks_reader", "admin": owner}
+    async def resting():
+        async with api.state.db.connection() as conn:
+            cur = await conn.execute("SELECT current_user, session_user")
+            return await cur.fetchone()
+
+    expected_users = {"producer": "webhooks_producer", "reader": "webhooks_reader", "admin": "webhooks_admin"}
     for role, expected in expected_users.items():
-        user, _session = asyncio.run_coroutine_threadsafe(current_user(role), api._loop).result(10)
-        assert user == expected
+        user, session = asyncio.run_coroutine_threadsafe(current_user(role), api._loop).result(10)
+        assert (user, session) == (expected, API_LOGIN)
+    # between requests (token and session checks) the login rests as webhooks_authenticator
+    assert asyncio.run_coroutine_threadsafe(resting(), api._loop).result(10) == (
+        "webhooks_authenticator", API_LOGIN)
 
 
 def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db):
-    # api_publish is the producers'; the token and operation functions are the owner's alone
-    # (sql/functions/api.sql)
+    # api_publish is the producers' and admins'; checking a token the authenticator's (the API's
+    # login between requests); operations and deleting endpoints the admins'; creating, revoking
+    # and listing tokens the owner's alone (sql/functions/api.sql)
     rows = query(
         db,
         "SELECT p.proname, r.rolname, has_function_privilege(r.rolname, p.oid, 'EXECUTE')"
         " FROM pg_proc p CROSS JOIN pg_roles r"
         " WHERE p.pronamespace = 'webhooks'::regnamespace AND p.proname LIKE 'api\\_%'"
-        " AND r.rolname IN ('webhooks_worker', 'webhooks_producer', 'webhooks_reader')",
+        " AND r.rolname IN ('webhooks_worker', 'webhooks_producer', 'webhooks_reader', 'webhooks_admin',"
+        "                   'webhooks_authenticator')",
     )
     granted = {(name, role) for name, role, allowed in rows if allowed}
-    assert granted == {("api_publish", "webhooks_producer")}
+    assert granted == {
+        ("api_publish", "webhooks_producer"), ("api_publish", "webhooks_admin"),
+        ("api_token_role", "webhooks_authenticator"),
+        *((name, "webhooks_admin") for name in ("api_delete_endpoint", "api_start_replay", "api_replay_step",
+                                                "api_fail_operation", "api_running_operations")),
+    }
     assert query(db, "SELECT has_table_privilege('webhooks_reader', 'webhooks.api_tokens', 'SELECT')") == [
         (False,)
     ]
@@ -326,6 +340,12 @@ def test_the_database_refuses_what_a_role_may_not_do_even_past_the_api_s_check(a
     assert run("producer", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
     assert run("reader", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
     assert run("admin", "SELECT * FROM webhooks.delivery(%s)") == "done"
+    # an admin changes things through the administration functions only
+    assert run("admin", "SELECT url FROM webhooks.endpoints WHERE id = %s") == "refused"
+    assert run("admin", "UPDATE webhooks.alert_delivery_queue SET attempts = 0 WHERE delivery_id = %s") \
+        == "refused"
+    assert run("admin", "UPDATE webhooks.endpoints SET active = false WHERE id = (SELECT webhook_id"
+                        " FROM webhooks.alert_delivery_queue WHERE delivery_id = %s)") == "refused"
 
 
 def test_a_console_mounted_under_console_does_its_own_login_with_verify_token(db):

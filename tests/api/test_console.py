@@ -353,15 +353,17 @@ def test_bad_input_gets_a_page_naming_the_field(console, db):
 
 
 def test_the_session_functions_are_the_api_logins_alone(db):
+    # the API's login calls them between requests, resting as webhooks_authenticator
     rows = query(db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
                      " WHERE pronamespace = 'webhooks'::regnamespace AND proname LIKE 'console_%'")
     assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session"}
     for name, definer, settings in rows:
         assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
-    for group in ("webhooks_reader", "webhooks_producer", "webhooks_worker"):
+    for group in ("webhooks_reader", "webhooks_producer", "webhooks_worker", "webhooks_admin",
+                  "webhooks_authenticator"):
         allowed = query(db, "SELECT has_function_privilege(%s, 'webhooks.console_session(bytea)', 'EXECUTE'),"
                             " has_table_privilege(%s, 'webhooks.console_sessions', 'SELECT')", (group, group))
-        assert allowed == [(False, False)], group
+        assert allowed == [(group == "webhooks_authenticator", False)], group
 
 
 def test_a_session_past_its_lifetime_ends(console, db):

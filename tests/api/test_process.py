@@ -56,3 +56,6 @@ def test_a_producer_publishes_and_a_reader_follows_it_to_delivered(api_process, 
         assert token not in log and token not in metrics
     assert "/orders" not in log  # an endpoint URL's path never reaches a log line
     assert '"level": "error"' not in log, log
+    # its own login (tests/api/server.py), as docs/security.md has it: checked, nothing to warn about
+    assert '"api login checked"' in log and '"problems": 0' in log, log
+    assert "more rights than it needs" not in log and "lacks a group role" not in log, log

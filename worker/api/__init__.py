@@ -20,7 +20,8 @@ How the pieces fit, and how the console plugs in:
   server-side, not the role): a revoked token must stop at once.
 - Database work for a caller: `async with state.db.transaction(caller) as conn:` runs one
   transaction under the caller's database role (webhooks_reader for reader, webhooks_producer for
-  producer, the API's own login for admin). Call the SQL functions by name inside it; the helpers
-  in worker.api.queries answer the same questions the /v1 routes do.
+  producer, webhooks_admin for admin). Call the SQL functions by name inside it; the helpers
+  in worker.api.queries answer the same questions the /v1 routes do. `state.db.connection()` is
+  the login resting as webhooks_authenticator: token and session checks only.
 - Errors: raise `worker.api.problems.Problem` (or its helpers) for RFC 9457 documents.
 """

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 from worker import schema
 from worker.api import forwarded, serving, tokens
-from worker.api.data import READY_TIMEOUT_SECONDS, Database
+from worker.api.data import READY_TIMEOUT_SECONDS, Database, login_problems
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
@@ -29,8 +29,9 @@ from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
 
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
-# operational_all_tenants (006_operational_events_tenant.sql) and operations' cancelled_by
-# (011_operation_cancel.sql); the worker needs less.
+# operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
+# requests and rests as webhooks_authenticator (007_api_login.sql), and reads operations'
+# cancelled_by and next_step_at (011_operation_cancel.sql); the worker needs less.
 API_SCHEMA_VERSION = 11
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
@@ -303,22 +304,52 @@ def create_app(
     return app
 
 
-BACKGROUND = web.AppKey("webhook_api_background", asyncio.Task[None])
+BACKGROUND = web.AppKey("webhook_api_background", list[asyncio.Task[None]])
+# How often the start-up check of the login asks again while the database is unreachable.
+LOGIN_CHECK_RETRY_SECONDS = 5.0
+
+
+async def check_login(state: ApiState) -> None:
+    """Once the database answers with the group roles made, say loudly what is wrong with the login
+    the API runs as: the schema owner, a superuser or CREATEROLE (the API still serves: existing
+    deployments run so), or a group role it cannot switch to (those requests fail until granted)."""
+    log = get_logger()
+    while not state.stopping.is_set():
+        try:
+            async with state.db.connection() as conn:
+                problems = await login_problems(conn)
+        except (psycopg.Error, psycopg_pool.PoolTimeout, TimeoutError):
+            problems = None
+        if problems is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LOGIN_CHECK_RETRY_SECONDS):
+                    await state.stopping.wait()
+            continue
+        for problem, missing in problems:
+            if missing:
+                log.error("api login lacks a group role", problem=problem,
+                          advice="docs/security.md, HTTP API")
+            else:
+                log.warning("api login has more rights than it needs", problem=problem,
+                            advice="give the API a login of its own (docs/security.md, HTTP API)")
+        log.info("api login checked", problems=len(problems))
+        return
 
 
 async def _start_background(app: web.Application) -> None:
     from worker.api.operations import run_operations
 
-    app[BACKGROUND] = asyncio.create_task(run_operations(app[STATE]))
+    app[BACKGROUND] = [asyncio.create_task(run_operations(app[STATE])),
+                       asyncio.create_task(check_login(app[STATE]))]
 
 
 async def _stop_background(app: web.Application) -> None:
-    task = app[BACKGROUND]
     app[STATE].stopping.set()
     app[STATE].operations_wakeup.set()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for task in app[BACKGROUND]:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await app[STATE].db.close()
 
 

@@ -13,14 +13,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from worker.api.tokens import Caller, Role
 
-# The group role each token role runs as; admin keeps the API's own login (the schema owner's
-# privileges), as the operator CLI does. The grants then enforce what the API checks
-# (sql/functions/roles.sql).
-DATABASE_ROLES: dict[Role, str | None] = {
+# The group role each token role runs as, so the grants enforce what the API checks
+# (sql/functions/roles.sql). Admin rights are what webhooks_admin is granted: the API's login is
+# neither the schema owner nor able to create roles (sql/migrations/007_api_login.sql).
+DATABASE_ROLES: dict[Role, str] = {
     "producer": "webhooks_producer",
     "reader": "webhooks_reader",
-    "admin": None,
+    "admin": "webhooks_admin",
 }
+# What the API's login rests as between requests: token and session checks, the schema version.
+AUTHENTICATOR_ROLE = "webhooks_authenticator"
 APPLICATION_NAME = "webhook-worker api"
 # While the database is known to be unreachable, a request answers 503 at once rather than wait the
 # pool's timeout for a connection that will not come; one request this often tries it again, and
@@ -33,6 +35,60 @@ READY_TIMEOUT_SECONDS = 0.8
 class DatabaseUnavailable(psycopg.OperationalError):
     """The database failed the last connection and is not tried again yet: answered as the
     OperationalError it stands for (503 with Retry-After), without waiting."""
+
+
+async def _rest_as_authenticator(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Each new connection rests as webhooks_authenticator, so whatever runs outside a caller's
+    transaction holds only the token and session checks, whatever the login inherits; a
+    transaction's SET LOCAL ROLE switches from there (membership is the login's, not the current
+    role's). A login that is not a member (an older schema, a missing grant) stays itself: the
+    start-up check says so."""
+    await conn.execute(
+        "SELECT set_config('role', r.rolname, false) FROM pg_roles r"
+        " WHERE r.rolname = %s AND pg_has_role(session_user, r.oid, 'MEMBER')", (AUTHENTICATOR_ROLE,))
+
+
+# Each a problem with the login the API runs as: more rights than it needs, or a group role it
+# cannot switch to. Rows: (problem, whether it is a missing right rather than one too many).
+_LOGIN_CHECKS = """
+    SELECT format('the login %%I is the schema owner%%s: every table and function is its to change, and it'
+                  ' bypasses row-level security', session_user,
+                  CASE WHEN n.nspowner <> l.oid THEN format(' (it is a member of %%I)', n.nspowner::regrole)
+                  ELSE '' END), false
+    FROM pg_roles l, pg_namespace n
+    WHERE l.rolname = session_user AND n.nspname = 'webhooks' AND NOT l.rolsuper
+      AND pg_has_role(l.oid, n.nspowner, 'MEMBER')
+    UNION ALL
+    SELECT format('the login %%I is a superuser', session_user), false
+    FROM pg_roles l WHERE l.rolname = session_user AND l.rolsuper
+    UNION ALL
+    SELECT format('the login %%I has CREATEROLE: it can grant itself pg_execute_server_program and run'
+                  ' programs as the database server''s OS user', session_user), false
+    FROM pg_roles l WHERE l.rolname = session_user AND l.rolcreaterole AND NOT l.rolsuper
+    UNION ALL
+    SELECT format('the login %%I is not a member of %%s: GRANT %%s TO %%I', session_user, g.name, g.name,
+                  session_user), true
+    FROM unnest(%(groups)s::text[]) g(name)
+    WHERE NOT coalesce(pg_has_role(session_user, to_regrole(g.name), 'MEMBER'), false)
+"""
+
+
+API_GROUPS = (AUTHENTICATOR_ROLE, *DATABASE_ROLES.values())
+
+
+async def login_problems(conn: psycopg.AsyncConnection[Any], groups: tuple[str, ...] = API_GROUPS
+                         ) -> list[tuple[str, bool]] | None:
+    """What is wrong with the API's login: (problem, missing) pairs, missing meaning a group role it
+    cannot switch to (those requests fail), else a right it should not hold. None while a group
+    role does not exist yet (the database is not migrated: /ready says so), so as not to blame
+    the login for it."""
+    cur = await conn.execute("SELECT bool_and(to_regrole(g) IS NOT NULL) FROM unnest(%s::text[]) g",
+                             (list(groups),))
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return None
+    cur = await conn.execute(_LOGIN_CHECKS, {"groups": list(groups)})
+    return [(str(problem), bool(missing)) for problem, missing in await cur.fetchall()]
 
 
 class Database:
@@ -48,6 +104,7 @@ class Database:
             reconnect_timeout=5.0, name="webhook-worker-api",
             kwargs={"autocommit": True, "application_name": APPLICATION_NAME,
                     "connect_timeout": max(1, int(connect_timeout))},
+            configure=_rest_as_authenticator,
         ))
 
     async def open(self) -> None:
@@ -79,18 +136,17 @@ class Database:
 
     @asynccontextmanager
     async def connection(self, wait: float | None = None) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A connection as the API's own login, for token checks and probes (autocommit)."""
+        """A connection resting as webhooks_authenticator, for token and session checks and probes
+        (autocommit)."""
         async with self._pooled(wait) as conn:
             yield conn
 
     @asynccontextmanager
     async def transaction(self, caller: Caller) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """One transaction under the caller's database role; SET LOCAL ends with it, so the pooled
-        connection goes back as the API's login."""
+        connection goes back resting as webhooks_authenticator."""
         async with self._pooled() as conn, conn.transaction():
-            role = DATABASE_ROLES[caller.role]
-            if role is not None:
-                await conn.execute(psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(role)))
+            await set_local_role(conn, DATABASE_ROLES[caller.role])
             if caller.tenant_id is not None:
                 # for this transaction only: row-level security and the views keep to this tenant
                 await conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(caller.tenant_id),))
@@ -107,6 +163,15 @@ def _unreachable(exc: Exception) -> bool:
         return True
     sqlstate = getattr(exc, "sqlstate", None)
     return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
+def local_role(role: str) -> psycopg.sql.Composed:
+    """The statement after which the rest of a transaction runs as `role`."""
+    return psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(role))
+
+
+async def set_local_role(conn: psycopg.AsyncConnection[Any], role: str) -> None:
+    await conn.execute(local_role(role))
 
 
 async def fetch_all(conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None) -> list[dict[str, Any]]:

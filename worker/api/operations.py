@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from worker.api.data import DATABASE_ROLES, set_local_role
 from worker.observability import get_logger
 
 if TYPE_CHECKING:
@@ -29,16 +30,30 @@ def step_plan(step_rows: int, rate: float | None) -> tuple[int, float]:
     return rows, rows / rate
 
 
+# Operations are admin requests carried on: each step runs as webhooks_admin, which is granted the
+# operation functions; the API's login itself is not.
+RUNS_AS = DATABASE_ROLES["admin"]
+
+
+async def _as_admin(conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None
+                    ) -> list[tuple[Any, ...]]:
+    """One statement in a transaction of its own under webhooks_admin."""
+    async with conn.transaction():
+        await set_local_role(conn, RUNS_AS)
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall()
+
+
 async def _step(conn: psycopg.AsyncConnection[Any], operation_id: int, rows: int) -> tuple[Any, ...] | None:
     """One step: (status, processed), or None while another session steps it. An operation that
     cannot go on ends as failed, with why, so that the others still go on."""
     try:
-        cur = await conn.execute("SELECT status, processed FROM webhooks.api_replay_step(%s, %s)",
-                                 (operation_id, rows))
-        return await cur.fetchone()
+        stepped = await _as_admin(conn, "SELECT status, processed FROM webhooks.api_replay_step(%s, %s)",
+                                  (operation_id, rows))
+        return stepped[0] if stepped else None
     except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
         error = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
-        await conn.execute("SELECT webhooks.api_fail_operation(%s, %s)", (operation_id, error))
+        await _as_admin(conn, "SELECT webhooks.api_fail_operation(%s, %s)", (operation_id, error))
         get_logger().warning("api operation failed", operation_id=operation_id, error=error)
         return ("failed", None)
 
@@ -50,8 +65,7 @@ async def run_operations(state: ApiState) -> None:
     while not state.stopping.is_set():
         try:
             async with state.db.connection() as conn:
-                cur = await conn.execute("SELECT id, rate FROM webhooks.api_running_operations()")
-                running: list[tuple[Any, ...]] = await cur.fetchall()
+                running = await _as_admin(conn, "SELECT id, rate FROM webhooks.api_running_operations()")
                 now = time.monotonic()
                 for operation_id, rate in running:
                     if due.get(operation_id, 0.0) > now:

@@ -20,6 +20,7 @@ from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
 from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
+from worker.api.data import DATABASE_ROLES, local_role
 from worker.api.inputs import (
     BIGINT_MAX,
     INTEGER_MAX,
@@ -347,10 +348,13 @@ def _keyring(state: ApiState) -> Any:
 
 async def _sync(state: ApiState, work: Callable[[psycopg.Connection[Any]], T]) -> T:
     """The operator functions of worker.operations (sealing credentials bound to the endpoint's id) on a
-    connection of their own, in a thread: the same code the CLI runs, as the API's own login."""
+    connection of their own, in a thread: the same code the CLI runs, in one transaction as
+    webhooks_admin (admin routes only)."""
 
     def run() -> T:
-        with operator_queries.connect(state.config, application_name="webhook-worker api") as conn:
+        with (operator_queries.connect(state.config, application_name="webhook-worker api") as conn,
+              conn.transaction()):
+            conn.execute(local_role(DATABASE_ROLES["admin"]))
             return work(conn)
 
     return await asyncio.to_thread(run)

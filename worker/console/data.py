@@ -65,7 +65,8 @@ async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
         "       count(*) FILTER (WHERE l.outcome = ANY(%(failed)s)) AS failed"
         " FROM webhooks.alert_delivery_log l"
         " WHERE l.logged_at >= %(now)s - %(window)s"
-        # a tenant filter on an admin's page: the owner is not bound by row-level security
+        # a tenant filter on an admin's page even for a login row-level security does not bind (an
+        # API still logging in as the owner)
         "   AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL"
         "        OR l.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint)"
         " GROUP BY 1",
