@@ -308,6 +308,7 @@ def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db
         ("api_publish", "webhooks_producer"), ("api_publish", "webhooks_admin"),
         ("api_token_role", "webhooks_authenticator"),
         *((name, "webhooks_admin") for name in ("api_delete_endpoint", "api_start_replay", "api_replay_step",
+                                                "api_cancel_operation",
                                                 "api_fail_operation", "api_running_operations")),
     }
     assert query(db, "SELECT has_table_privilege('webhooks_reader', 'webhooks.api_tokens', 'SELECT')") == [
