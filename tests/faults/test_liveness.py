@@ -85,6 +85,34 @@ def test_a_killed_worker_s_rows_come_back_within_seconds_not_a_lease(db, receive
                      " WHERE delivery_id = ANY(%s)", ([d for d, *_ in reclaimed],)) == [(2,)]
 
 
+def test_a_killed_worker_s_rows_are_resent_before_the_backlog_that_waited_behind_them(db, receiver, spawn):
+    # Issue 32: reclaimed rows went to the back of their endpoint's queue, so under a backlog they
+    # were resent after everything that had been waiting behind them. The order of arrival says it,
+    # whatever the machine's speed: the cap keeps the rescuer idle until the victim's rows are back.
+    endpoint = add_endpoint(db, receiver.url("/backlog"), max_in_flight=5)
+    receiver.script("/backlog", Reply(hold=True))
+    ids = enqueue(db, endpoint, count=305)
+    victim = spawn(db, name="victim", worker={"concurrency": 5})
+    eventually(lambda: receiver.holding == 5, message="the victim holds the endpoint's 5 slots")
+    lost = {r.delivery_id for r in receiver.to("/backlog")}
+    assert len(lost) == 5
+    rescuer = spawn(db, name="rescuer", worker={"concurrency": 5})
+    started(rescuer)
+    receiver.script("/backlog", Reply(200))
+    victim.signal(signal.SIGKILL)
+    victim.process.wait(10)
+    receiver.release()
+    eventually(lambda: all_final(db, ids), timeout=120, message="every row final")
+
+    after_the_kill = [r.delivery_id for r in receiver.to("/backlog")][len(lost):]
+    resent_at = [n for n, delivery in enumerate(after_the_kill) if delivery in lost]
+    report("SIGKILL under a backlog", backlog=len(ids) - len(lost), resent_at_request=resent_at)
+    assert len(after_the_kill) == len(ids)
+    # the first claim after the reclaim takes them (the cap's 5 slots); a little slack for a resend
+    # that leaves the rescuer after a later row's request
+    assert len(resent_at) == 5 and max(resent_at) < 15, resent_at
+
+
 def test_a_second_worker_under_a_running_worker_s_id_is_refused_at_start(db, receiver, spawn):
     endpoint = add_endpoint(db, receiver.url("/twins"))
     first = spawn(db, name="twin")

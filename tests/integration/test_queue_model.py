@@ -157,14 +157,12 @@ class QueueModel(RuleBasedStateMachine):
         [(released,)] = self.worker.execute("SELECT webhooks.release(%s, %s)",
                                             (WORKER, json.dumps(leases))).fetchall()
         assert released == len(chosen)
-        now = self.tick()
         for delivery_id in chosen:
             row = self.rows[delivery_id]
             first_try = row.attempts <= 1 and row.failure_category is None
             row.status = "pending" if first_try else "retrying"
             row.attempts -= 1
-            row.due_at = now
-            row.log_rows += 1
+            row.log_rows += 1  # it keeps its due time: its place ahead of what waited behind it
             self._end_lease(row)
 
     @precondition(lambda self: self.in_flight())
@@ -177,13 +175,11 @@ class QueueModel(RuleBasedStateMachine):
                            " WHERE delivery_id = ANY(%s)", (chosen,))
         [(reaped,)] = self.owner.execute("SELECT webhooks.reap_expired_leases()").fetchall()
         assert reaped == len(chosen)
-        now = self.tick()
         for delivery_id in chosen:
             row = self.rows[delivery_id]
             row.status = "dead_letter" if row.attempts >= MAX_ATTEMPTS else "retrying"
             row.failure_category = "internal"
-            row.due_at = now
-            row.log_rows += 1
+            row.log_rows += 1  # it keeps its due time, as a released row does
             self._end_lease(row)
 
     @precondition(lambda self: any(r.status in FINAL for r in self.rows.values()))

@@ -6,7 +6,7 @@ import threading
 import psycopg
 import pytest
 
-from tests.support import add_endpoint, enqueue, eventually, query
+from tests.support import add_endpoint, enqueue, eventually, query, worker_dsn
 
 OK = {"outcome": "delivered", "http_status": 200, "latency_ms": 3}
 
@@ -500,6 +500,68 @@ def test_expired_leases_and_a_lost_worker_s_rows_come_back_by_the_same_rule_with
          True),
         (lost_last, 2, "lease_expired",
          "lease expired on the last attempt: its worker was lost (database session ended)", "gone", True)]
+
+
+def _lose_the_worker(db, worker, liveness):
+    """The worker's process dies: its session ends, and the fleet's liveness check reclaims its rows."""
+    liveness.close()
+    # the first call that sees the lock gone marks the worker lost, the next one past the grace
+    # (none here) reclaims; the server drops the lock a moment after the session closes
+    eventually(lambda: query(db, "SELECT webhooks.reclaim_lost_workers(0)")[0][0] > 0,
+               message=f"{worker}'s rows reclaimed")
+
+
+def _expire_the_lease(db, worker, liveness):
+    """The worker stalls past its lease: the next claim reaps it."""
+    query(db, "UPDATE webhooks.alert_delivery_queue SET locked_until = now() - interval '1 s'"
+              " WHERE locked_by = %s RETURNING 1", (worker,))
+
+
+@pytest.mark.parametrize("claim_path", ["auto", "full"])
+@pytest.mark.parametrize("lost", [_lose_the_worker, _expire_the_lease])
+def test_rows_reclaimed_from_a_lost_worker_keep_their_place_ahead_of_the_backlog(db, lost, claim_path):
+    # Under a backlog, reclaimed rows that went to the back of their endpoint's queue were resent
+    # only after everything that was waiting behind them (issue 32): 12.7 s later, not 1.4 s.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10_000)
+    backlog = enqueue(db, endpoint, count=2_000) + enqueue(db, endpoint, count=3_000)
+    with psycopg.connect(worker_dsn(db), autocommit=True) as liveness:
+        assert liveness.execute("SELECT registered FROM webhooks.register_worker('a', gen_random_uuid())"
+                                ).fetchone() == (True,)
+        lost_rows = sorted(c[0] for c in acquire(db, "a", batch=10))
+        assert lost_rows == backlog[:10]
+        lost(db, "a", liveness)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.claim_path', %s, false)", (claim_path,))
+        claimed = [r[0] for r in conn.execute(
+            "SELECT delivery_id FROM webhooks.acquire('b', 10, 30)").fetchall()]
+    assert sorted(claimed) == lost_rows
+    assert {row(db, d, "attempts, locked_by") for d in lost_rows} == {(2, "b")}
+
+
+def test_rows_released_at_shutdown_keep_their_place_ahead_of_the_backlog(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10_000)
+    backlog = enqueue(db, endpoint, count=2_000)
+    claimed = acquire(db, "a", batch=5)
+    assert sorted(c[0] for c in claimed) == backlog[:5]
+    query(db, "SELECT webhooks.release('a', %s)", (json.dumps([
+        {"delivery_id": d, "lease_token": str(t)} for d, t, _ in claimed]),))
+    assert sorted(c[0] for c in acquire(db, "b", batch=5)) == backlog[:5]
+
+
+def test_a_reclaimed_digest_member_claimed_before_it_was_due_is_due_now(db):
+    # A failed digest goes again as one request, its members whether due or not (their jitter may
+    # differ): a member lost with its worker comes back due now, not at a due time still to come.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10)
+    head, member = enqueue(db, endpoint, count=2)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET digest_id = nextval('webhooks.digest_id_seq'),"
+              " status = 'retrying', attempts = 1 WHERE delivery_id = %s RETURNING 1", (head,))
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'retrying', attempts = 1,"
+              " next_retry_at = now() + interval '1 hour', digest_id = (SELECT digest_id FROM"
+              " webhooks.alert_delivery_queue WHERE delivery_id = %s) WHERE delivery_id = %s RETURNING 1",
+          (head, member))
+    assert sorted(c[0] for c in acquire(db, "a", batch=1)) == [head, member]
+    assert query(db, "SELECT webhooks.reclaim_rows_of('a')") == [(2,)]
+    assert row(db, member, "status, next_retry_at <= now()") == ("retrying", True)
 
 
 def test_functions_granted_to_a_role_run_as_the_owner_with_a_fixed_search_path(db):
