@@ -31,8 +31,8 @@ from worker.observability import get_logger
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
 # operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
 # requests and rests as webhooks_authenticator (007_api_login.sql), and reads operations'
-# cancelled_by and next_step_at (011_operation_cancel.sql); the worker needs less.
-API_SCHEMA_VERSION = 11
+# cancelled_by and next_step_at (010_operation_cancel.sql); the worker needs less.
+API_SCHEMA_VERSION = 10
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)
