@@ -16,6 +16,7 @@ import psycopg
 import yaml
 
 from worker import signing
+from worker.config import DatabaseConfig
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role, role_dsn
@@ -62,6 +63,9 @@ def proc_cpu(pid: int) -> float:
 # from its work. What a test claims about time it measures itself, against the product's own timers.
 HANG_SECONDS = 60.0
 STALL_SECONDS = 30.0
+# How long a worker waits for a database connection unless configured: the pace of its retries
+# while the database is down.
+CONNECT_TIMEOUT_SECONDS: float = DatabaseConfig.model_fields["connect_timeout_seconds"].default
 # A drain's cap per row: about a hundred times what one delivery costs a loaded machine, so it only
 # ever stops a drain that moves and never ends.
 SECONDS_PER_ROW = 0.1

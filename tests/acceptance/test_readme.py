@@ -54,8 +54,9 @@ MACHINE = {
 }
 # README's curl examples address the API here; they are sent to the `webhook-worker api` it started.
 README_API = "http://localhost:8000"
-WORKER_READY_SECONDS = 30.0
-COMMAND_SECONDS = 60.0
+# Hang guards for a process's start-up and a command's run, generous enough for a loaded machine.
+WORKER_READY_SECONDS = 120.0
+COMMAND_SECONDS = 120.0
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
 from tests.receiver import Reply
 from tests.support import (
+    CONNECT_TIMEOUT_SECONDS,
+    HANG_SECONDS,
     TEST_KEYRING,
     WORKER_LOGIN,
     add_endpoint,
@@ -27,6 +29,7 @@ from tests.support import (
     query,
     statuses,
     wait_final,
+    wait_started,
     worker_dsn,
 )
 from worker import encryption
@@ -135,7 +138,7 @@ def test_a_database_restart_mid_run_loses_nothing_and_no_worker_exits(own_pg, re
     restarted = time.monotonic()
     own_pg.restart(mode)
     outage = time.monotonic() - restarted  # down no longer than pg_ctl restart took
-    eventually(lambda: all_final(db, ids), timeout=90, interval=0.5, message="every row final")
+    wait_final(db, ids, message="every row final")
     dup, seen = duplicates(receiver, "/restart")
     [(stale, expired)] = query(db, "SELECT count(*) FILTER (WHERE stale),"
                                    " count(*) FILTER (WHERE outcome = 'lease_expired')"
@@ -157,10 +160,13 @@ def test_a_database_restart_mid_run_loses_nothing_and_no_worker_exits(own_pg, re
 def test_a_worker_started_before_its_database_waits_and_then_delivers(unstarted_pg, receiver, spawn):
     # the worker's login role can only be created once the cluster runs
     worker = spawn(login_dsn(unstarted_pg.url, WORKER_LOGIN), as_role=False, delivery=QUICK_LEASE)
-    eventually(lambda: worker.logged("database not reachable; retrying"), message="a clear log line")
+    eventually(lambda: worker.logged("database not reachable; retrying"), progress=worker.activity,
+               message="a clear log line")
+    # each retry line follows a wait for a connection of up to the connect timeout
     eventually(lambda: sum(1 for line in worker.log_lines()
                            if line.get("event") == "database not reachable; retrying") >= 3,
-               timeout=30, message="retries with backoff")
+               timeout=HANG_SECONDS + 3 * CONNECT_TIMEOUT_SECONDS, progress=worker.activity,
+               message="retries with backoff")
     assert worker.process.poll() is None  # no crash loop: the same process waits
     delays = [line["retry_in"] for line in worker.log_lines()
               if line.get("event") == "database not reachable; retrying"]
@@ -173,7 +179,7 @@ def test_a_worker_started_before_its_database_waits_and_then_delivers(unstarted_
     worker_dsn(unstarted_pg.url)
     endpoint = add_endpoint(unstarted_pg.url, receiver.url("/late"))
     [delivery] = enqueue(unstarted_pg.url, endpoint)
-    eventually(lambda: statuses(unstarted_pg.url, [delivery])[delivery] == "delivered", timeout=30,
+    eventually(lambda: statuses(unstarted_pg.url, [delivery])[delivery] == "delivered",
                message="delivered once the database is there")
     report("database late", retries_logged=len(delays), backoff_seconds=delays[:5])
 
@@ -187,7 +193,7 @@ def test_connections_cut_between_claim_and_finish_are_retried(db, receiver, spaw
     cut = query(db, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                     " WHERE application_name LIKE 'webhook-worker%%'")[0][0]
     receiver.release()
-    eventually(lambda: all_final(db, ids), message="every row final")
+    wait_final(db, ids, message="every row final")
     dup, seen = duplicates(receiver, "/cut")
     history = Counter(query(db, "SELECT outcome, stale FROM webhooks.alert_delivery_log"))
     report("connections cut", deliveries=len(ids), connections_cut=cut, lost=len(set(ids) - set(seen)),
@@ -225,7 +231,7 @@ def test_outcomes_held_while_the_database_is_down_past_the_lease(own_pg, receive
                         " WHERE status = 'delivering' AND locked_until < now()")
     reaped = query(db, "SELECT webhooks.reap_expired_leases()")
     query(db, f"ALTER ROLE {WORKER_LOGIN} LOGIN")
-    eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+    wait_final(db, ids, message="every row final")
     rows = query(db, "SELECT delivery_id, array_agg(outcome || CASE WHEN stale THEN '(stale)' ELSE '' END"
                      " ORDER BY log_id) FROM webhooks.alert_delivery_log GROUP BY 1")
     histories = Counter(tuple(h) for _, h in rows)
@@ -256,10 +262,10 @@ def test_a_paused_worker_s_late_outcomes_are_fenced_off(db, receiver, spawn):
     receiver.script("/paused", Reply(200))
     receiver.release()  # the answers wait in the stopped worker's sockets
     spawn(db, name="rescuer", delivery=QUICK_LEASE)
-    eventually(lambda: all_final(db, ids), timeout=30, message="reclaimed and delivered after the lease")
+    wait_final(db, ids, message="reclaimed and delivered after the lease")
     sleeper.signal(signal.SIGCONT)
     eventually(lambda: query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE stale")[0][0] == 10,
-               timeout=30, message="the sleeper's late outcomes arrive, fenced off")
+               progress=sleeper.activity, message="the sleeper's late outcomes arrive, fenced off")
     histories = Counter(tuple(h) for _, h in query(
         db, "SELECT delivery_id, array_agg(worker_id || ':' || outcome || CASE WHEN stale THEN '(stale)'"
             " ELSE '' END ORDER BY log_id) FROM webhooks.alert_delivery_log GROUP BY 1"))
@@ -294,8 +300,8 @@ def test_misbehaving_receivers_are_classified_and_others_keep_flowing(db, receiv
         bad_ids = enqueue(db, bad, count=5)
         worker = spawn(db, delivery=QUICK_LEASE)
         good_ids = enqueue(db, good, count=50)
-        eventually(lambda: all_final(db, good_ids), message="the healthy endpoint keeps flowing")
-        eventually(lambda: all_final(db, bad_ids), timeout=30, message="the misbehaving one dead-lettered")
+        wait_final(db, good_ids, message="the healthy endpoint keeps flowing")
+        wait_final(db, bad_ids, message="the misbehaving one dead-lettered")
         categories = Counter(query(db, "SELECT failure_category FROM webhooks.alert_delivery_log"
                                        " WHERE webhook_id = %s", (bad,)))
         report(behaviour, categories=dict(categories), connections=server.connections)
@@ -314,7 +320,7 @@ def test_a_receiver_sending_5_mb_is_read_only_up_to_the_limit(db, spawn):
         endpoint = add_endpoint(db, server.url(), max_in_flight=1)
         ids = enqueue(db, endpoint, count=3)
         worker = spawn(db)
-        eventually(lambda: all_final(db, ids), timeout=30, message="every row final")
+        wait_final(db, ids, message="every row final")
         excerpts = query(db, "SELECT octet_length(response_excerpt) FROM webhooks.alert_delivery_log"
                              " WHERE webhook_id = %s", (endpoint,))
         report("5 MB answers", connections=server.connections, excerpt_bytes=sorted(excerpts))
@@ -334,7 +340,7 @@ def test_a_receiver_closing_keepalive_connections_at_random_still_gets_everythin
         endpoint = add_endpoint(db, server.url(), retry_schedule=FAST_RETRY, max_in_flight=20)
         ids = enqueue(db, endpoint, count=300)
         spawn(db)
-        eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+        wait_final(db, ids, message="every row final")
         retried = query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE attempts > 1")[0][0]
         report("keep-alive closed at random", deliveries=len(ids), connections=server.connections,
                reused=receiver.reused_connections, hung_up=receiver.hung_up,
@@ -361,7 +367,7 @@ def test_a_poison_row_is_dead_lettered_as_internal_and_the_worker_keeps_going(db
     pid = worker.pid
     eventually(lambda: statuses(db, [bad])[bad] == "dead_letter", message="poison row dead-lettered")
     good = enqueue(db, healthy, count=20)
-    eventually(lambda: all_final(db, good), message="other deliveries flow")
+    wait_final(db, good, message="other deliveries flow")
 
     [(category, reason, attempts)] = query(
         db, "SELECT failure_category, dead_letter_reason, attempts FROM webhooks.alert_delivery_queue"
@@ -378,15 +384,14 @@ def test_a_rolling_restart_loses_nothing_and_duplicates_nothing(db, receiver, sp
     receiver.script("/rollout", Reply(200, delay=0.3))
     ids = enqueue(db, endpoint, count=2000)
     old = [spawn(db, name=f"old-{n}", worker={"concurrency": 200}) for n in range(3)]
-    for worker in old:
-        eventually(lambda w=worker: w.logged("worker started"), message=f"{worker.name} started")
+    wait_started(old)
     eventually(lambda: delivering(db) >= 400, message="hundreds in flight")
     in_flight = delivering(db)
     for worker in old:
         worker.signal(signal.SIGTERM)
     new = [spawn(db, name=f"new-{n}", worker={"concurrency": 200}) for n in range(3)]
-    exits = [worker.process.wait(40) for worker in old]
-    eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+    exits = [worker.process.wait(HANG_SECONDS) for worker in old]
+    wait_final(db, ids, message="every row final")
     dup, seen = duplicates(receiver, "/rollout")
     report("rolling restart", deliveries=len(ids), in_flight_at_sigterm=in_flight,
            lost=len(set(ids) - set(seen)), duplicates=dup)
