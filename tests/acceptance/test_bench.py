@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
@@ -20,6 +22,7 @@ LADDER = ("features-free", "audit row", "fencing", "health row", "rate limit", "
           "full acquire()+finish()")
 
 
+@pytest.mark.timeout(QUICK_RUN_HANG_SECONDS + 60)
 def test_quick_run_reports_every_section(tmp_path):
     out = tmp_path / "results"
     result = subprocess.run(

@@ -476,6 +476,9 @@ def test_readme_shows_commands_of_every_kind() -> None:
     assert any(s.text.startswith(f"{PROGRAM} endpoints add") for s in found)
 
 
+# Dozens of commands and processes one after another: the per-test hang guard (pyproject's 300 s)
+# sized for this much work on a loaded machine.
+@pytest.mark.timeout(1200)
 def test_every_command_readme_shows_runs_as_written(session: Run):
     failures: list[str] = []
     handled: dict[Snippet, str] = {}
