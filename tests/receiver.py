@@ -6,7 +6,6 @@ import asyncio
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -103,13 +102,6 @@ class Receiver:
     def to(self, path: str) -> list[Received]:
         with self._lock:
             return [r for r in self.requests if r.path == path]
-
-    def wait_until(self, condition: Callable[[], bool], timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError("receiver: condition not met before the deadline")
-            time.sleep(0.02)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

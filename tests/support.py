@@ -17,6 +17,7 @@ import yaml
 
 from worker import signing
 from worker.api.data import API_GROUPS
+from worker.config import DatabaseConfig
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role, role_dsn
@@ -65,17 +66,45 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def eventually(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05,
-               message: str = "condition") -> T:
-    """Return check()'s first truthy value, or fail when the deadline passes."""
-    deadline = time.monotonic() + timeout
+# Deadlines are for hangs, not for speed: a loaded machine (CI, a shared box) slows the suite and
+# must not fail it. A wait on one event with nothing to watch gives up after HANG_SECONDS; a wait
+# that can watch its progress fails once nothing has moved for STALL_SECONDS, under a cap sized
+# from its work. What a test claims about time it measures itself, against the product's own timers.
+HANG_SECONDS = 60.0
+STALL_SECONDS = 30.0
+# How long a worker waits for a database connection unless configured: the pace of its retries
+# while the database is down.
+CONNECT_TIMEOUT_SECONDS: float = DatabaseConfig.model_fields["connect_timeout_seconds"].default
+# A drain's cap per row: about a hundred times what one delivery costs a loaded machine, so it only
+# ever stops a drain that moves and never ends.
+SECONDS_PER_ROW = 0.1
+
+
+def eventually(check: Callable[[], T], timeout: float = HANG_SECONDS, interval: float = 0.05,
+               message: str = "condition", *, progress: Callable[[], object] | None = None,
+               stall: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> T:
+    """Return check()'s first truthy value. Fail once `timeout` has passed (a hang guard); with
+    `progress`, fail as soon as its value has stayed the same for `stall` seconds while check()
+    is still falsy: nothing moved, so nothing will. (clock and sleep: for testing this helper.)"""
+    started = clock()
+    seen, moved_at = (progress() if progress is not None else None), started
     while True:
         value = check()
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} not met within {timeout} s (last value: {value!r})")
-        time.sleep(interval)
+        now = clock()
+        if progress is not None:
+            latest = progress()
+            if latest != seen:
+                seen, moved_at = latest, now
+            elif now - moved_at > stall:
+                raise AssertionError(f"{message} not met: nothing moved for {stall} s (progress: {seen!r},"
+                                     f" last value: {value!r}, {now - started:.1f} s in all)")
+        if now - started > timeout:
+            raise AssertionError(f"{message} not met within {timeout} s (last value: {value!r}"
+                                 + (f", progress: {seen!r}" if progress is not None else "") + ")")
+        sleep(interval)
 
 
 def add_endpoint(dsn: str, url: str, name: str | None = None, **overrides: Any) -> int:
@@ -128,6 +157,31 @@ def statuses(dsn: str, ids: list[int]) -> dict[int, str]:
 def all_final(dsn: str, ids: list[int]) -> bool:
     found = statuses(dsn, ids)
     return len(found) == len(ids) and all(s in ("delivered", "dead_letter") for s in found.values())
+
+
+def drain_progress(dsn: str, ids: list[int]) -> tuple[int, int, object]:
+    """(rows final, rows found, their latest change) for these rows: a claim, a deferral, a release
+    or an outcome moves the last, so a drain that is alive shows here even before a row ends."""
+    [(final, found, changed)] = query(
+        dsn, "SELECT count(*) FILTER (WHERE status IN ('delivered', 'dead_letter')), count(*),"
+             " max(updated_at) FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s)", (ids,))
+    return final, found, changed
+
+
+def wait_final(dsn: str, ids: list[int], message: str = "every row final", stall: float = STALL_SECONDS,
+               per_row: float = SECONDS_PER_ROW) -> None:
+    """Wait until every row of `ids` is delivered or dead-lettered. Fails when none of them has
+    changed for `stall` seconds (give more where a test makes rows wait: a lease, a long retry), or
+    once HANG_SECONDS + per_row × rows have passed."""
+    latest: tuple[int, int, object] = (0, 0, None)
+
+    def done() -> bool:
+        nonlocal latest
+        latest = drain_progress(dsn, ids)
+        return latest[0] == latest[1] == len(ids)
+
+    eventually(done, timeout=HANG_SECONDS + per_row * len(ids), interval=0.05 if len(ids) <= 100 else 0.5,
+               message=f"{message} ({len(ids)} rows)", progress=lambda: latest, stall=stall)
 
 
 # What the tests shorten so that they wait less; the benchmark keeps production's values.
@@ -243,10 +297,18 @@ class WorkerProcess:
         """CPU seconds (user + system) it has used so far; 0 once it is gone."""
         return proc_cpu(self.pid)
 
+    def activity(self) -> tuple[float, int]:
+        """(CPU seconds, bytes logged): a progress measure for waits on what it is doing."""
+        try:
+            logged = self.log_path.stat().st_size
+        except OSError:
+            logged = 0
+        return self.cpu(), logged
+
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = HANG_SECONDS) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
@@ -265,13 +327,14 @@ class WorkerProcess:
         self.process.wait(10)
 
 
-def wait_started(workers: list[WorkerProcess], timeout: float = 60.0) -> None:
-    """Wait until every worker has logged "worker started"; fail early when one exits."""
-    deadline = time.monotonic() + timeout
-    while not all(w.started() for w in workers):
+def wait_started(workers: list[WorkerProcess], timeout: float = 300.0, stall: float = STALL_SECONDS) -> None:
+    """Wait until every worker has logged "worker started"; fail early when one exits, or when none
+    of those still starting has used any CPU or written any log for `stall` seconds."""
+    def started() -> bool:
         for w in workers:
-            if w.process.poll() is not None:
+            if w.process.poll() is not None and not w.started():
                 raise RuntimeError(f"{w.name} exited with {w.process.returncode}; see {w.log_path}")
-        if time.monotonic() > deadline:
-            raise RuntimeError("workers did not start in time")
-        time.sleep(0.05)
+        return all(w.started() for w in workers)
+
+    eventually(started, timeout=timeout, message=f"{', '.join(w.name for w in workers)} started",
+               progress=lambda: [w.activity() for w in workers if not w.started()], stall=stall)

@@ -8,21 +8,26 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
             "features")
+# A hang guard, not a speed: the quick run does timed work, which a loaded machine stretches.
+QUICK_RUN_HANG_SECONDS = 1200
 # The feature-price ladder's steps in order, each the one before plus one feature, then the product.
 LADDER = ("features-free", "audit row", "fencing", "health row", "rate limit", "concurrency cap", "circuit",
           "full acquire()+finish()")
 
 
+@pytest.mark.timeout(QUICK_RUN_HANG_SECONDS + 60)
 def test_quick_run_reports_every_section(tmp_path):
     out = tmp_path / "results"
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=360, cwd=ROOT, check=False,
+        capture_output=True, text=True, timeout=QUICK_RUN_HANG_SECONDS, cwd=ROOT, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())

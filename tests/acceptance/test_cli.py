@@ -75,6 +75,7 @@ def test_a_bad_config_exits_non_zero_with_one_line_and_no_traceback(tmp_path, co
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.timeout(900)  # a build and an install, each with its own 300 s hang guard
 def test_migrate_works_from_a_wheel_installed_outside_the_checkout(tmp_path, fresh_db):
     dist = tmp_path / "dist"
     # --no-build-isolation: the build backend comes from the dev install, nothing is fetched

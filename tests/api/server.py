@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import yaml
 
-from tests.support import LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, api_dsn, eventually
+from tests.support import HANG_SECONDS, LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, api_dsn, eventually, proc_cpu
 from worker.api import tokens
 from worker.api.app import ApiState, build_state, create_app, create_metrics_app
 from worker.api.serving import GUARD, ConnectionGuard, Listeners
@@ -179,7 +179,9 @@ class ApiProcess:
                 env=env,
                 cwd=ROOT,
             )
-        self.port, self.metrics_port = eventually(self._ports, message="api listening")
+        # a start-up: it fails only when the process has stopped using CPU and writing its log
+        self.port, self.metrics_port = eventually(self._ports, timeout=300, progress=self._activity,
+                                                  message="api listening")
         self.client = ApiServer.__new__(ApiServer)
         self.client.port = self.port
         self.client.metrics_port = self.metrics_port
@@ -194,7 +196,10 @@ class ApiProcess:
             raise AssertionError(f"api exited: {self.log_path.read_text()}")
         return None
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def _activity(self) -> tuple[float, int]:
+        return proc_cpu(self.process.pid), self.log_path.stat().st_size
+
+    def stop(self, timeout: float = HANG_SECONDS) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)

@@ -15,13 +15,14 @@ from playwright.sync_api import Page, sync_playwright
 from tests.api.console_client import ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.receiver import Reply
-from tests.support import add_endpoint, enqueue, eventually, statuses
+from tests.support import HANG_SECONDS, add_endpoint, enqueue, eventually, statuses
 
 # Playwright's own browser download is not used: the system's chromium (scripts/bootstrap.sh installs it).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Set to a directory (docs/) to keep the screenshots README shows.
 SCREENSHOTS_ENV = "WEBHOOK_CONSOLE_SCREENSHOTS"
-WAIT_MS = 30_000
+# a hang guard for each page wait: a browser on a loaded machine is slow, not broken
+WAIT_MS = int(HANG_SECONDS * 1000)
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def test_a_producer_publishes_and_a_reader_follows_it_to_delivered(api_process, 
         answer = client.get(f"/v1/deliveries/{delivery['delivery_id']}", reader)
         return answer.json["status"] == "delivered" and answer
 
-    done = eventually(delivered, timeout=30, message="delivered")
+    done = eventually(delivered, message="delivered")
     assert [a["outcome"] for a in done.json["attempts_history"]] == ["delivered"]
     [request] = receiver.requests
     assert request.path == "/orders" and request.headers["webhook-id"] == "order-42-paid"

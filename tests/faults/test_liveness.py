@@ -8,23 +8,29 @@ import asyncio
 import signal
 import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 
 from tests.receiver import Reply
 from tests.support import (
+    HANG_SECONDS,
     TEST_KEYRING,
     add_endpoint,
-    all_final,
     enqueue,
     eventually,
     query,
     statuses,
+    wait_final,
+    wait_started,
     worker_dsn,
 )
 from worker.queue import LIVENESS_SERVER_SETTINGS, Queue
 
 DEFAULT_LEASE_SECONDS = 60
+# Requests held at the receiver stay open while a case sets its scene, however long a loaded machine
+# takes to (the default 10 s timeout would end them first); still inside the default lease.
+HELD_TIMEOUT_MS = (DEFAULT_LEASE_SECONDS - 10) * 1000
 
 
 def report(name, **figures):
@@ -44,13 +50,13 @@ def histories(db):
 
 
 def started(worker):
-    eventually(lambda: worker.logged("worker started"), message=f"{worker.name} started")
+    wait_started([worker])
 
 
 def test_a_killed_worker_s_rows_come_back_within_seconds_not_a_lease(db, receiver, spawn):
     # The endpoint's cap is taken by the victim's five requests: nothing else moves until they
     # come back, which is what a crash used to cost for a whole lease.
-    endpoint = add_endpoint(db, receiver.url("/crash"), max_in_flight=5)
+    endpoint = add_endpoint(db, receiver.url("/crash"), max_in_flight=5, timeout_ms=HELD_TIMEOUT_MS)
     receiver.script("/crash", Reply(hold=True))
     ids = enqueue(db, endpoint, count=25)
     victim = spawn(db, name="victim", worker={"concurrency": 5})
@@ -69,7 +75,7 @@ def test_a_killed_worker_s_rows_come_back_within_seconds_not_a_lease(db, receive
 
     eventually(resent, timeout=DEFAULT_LEASE_SECONDS + 15, message="the victim's rows sent again")
     first_resent = min(resent())  # as the receiver saw it
-    eventually(lambda: all_final(db, ids), timeout=30, message="every row final")
+    wait_final(db, ids, message="every row final")
     finished = time.monotonic() - killed
     report("SIGKILL, default lease", lease_seconds=DEFAULT_LEASE_SECONDS,
            seconds_to_first_resend=round(first_resent, 2), seconds_to_all_delivered=round(finished, 2),
@@ -102,7 +108,7 @@ def test_a_killed_worker_s_rows_are_resent_before_the_backlog_that_waited_behind
     victim.signal(signal.SIGKILL)
     victim.process.wait(10)
     receiver.release()
-    eventually(lambda: all_final(db, ids), timeout=120, message="every row final")
+    wait_final(db, ids, message="every row final")
 
     after_the_kill = [r.delivery_id for r in receiver.to("/backlog")][len(lost):]
     resent_at = [n for n, delivery in enumerate(after_the_kill) if delivery in lost]
@@ -118,7 +124,7 @@ def test_a_second_worker_under_a_running_worker_s_id_is_refused_at_start(db, rec
     first = spawn(db, name="twin")
     started(first)
     second = spawn(db, name="twin-2", worker={"id": "twin"})  # its own config and log files
-    code = second.process.wait(30)
+    code = second.process.wait(HANG_SECONDS)
     said = second.log_path.read_text()
     report("duplicate worker.id", exit_code=code,
            error=[line for line in said.splitlines() if "worker.id" in line])
@@ -127,12 +133,12 @@ def test_a_second_worker_under_a_running_worker_s_id_is_refused_at_start(db, rec
     assert not second.logged("worker started")
     # the first one is untouched
     ids = enqueue(db, endpoint, count=5)
-    eventually(lambda: all_final(db, ids), message="the first worker keeps delivering")
+    wait_final(db, ids, message="the first worker keeps delivering")
     assert first.process.poll() is None
 
 
 def test_a_worker_whose_liveness_connection_is_cut_keeps_its_rows(db, receiver, spawn):
-    endpoint = add_endpoint(db, receiver.url("/cut"), max_in_flight=5)
+    endpoint = add_endpoint(db, receiver.url("/cut"), max_in_flight=5, timeout_ms=HELD_TIMEOUT_MS)
     receiver.script("/cut", Reply(hold=True))
     ids = enqueue(db, endpoint, count=5)
     holder = spawn(db, name="holder", worker={"concurrency": 5})
@@ -141,15 +147,18 @@ def test_a_worker_whose_liveness_connection_is_cut_keeps_its_rows(db, receiver, 
     started(reaper)
     [(cut,)] = query(db, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                          " WHERE application_name = 'webhook-worker holder liveness'")
-    cut_at = time.monotonic()
-    eventually(lambda: holder.logged("liveness registered again; claiming"), message="re-registered")
-    registered_again = time.monotonic() - cut_at
+    cut_at, cut_at_wall = time.monotonic(), time.time()
+    [again] = eventually(lambda: [line for line in holder.log_lines()
+                                  if line.get("event") == "liveness registered again; claiming"],
+                         message="re-registered")
+    # as the worker logged it, not as this test's polling saw it
+    registered_again = datetime.fromisoformat(again["timestamp"]).timestamp() - cut_at_wall
     # The reaper runs every half second and trusts a missing lock after 1 s: give it several
     # chances to take the rows (it must not).
     eventually(lambda: time.monotonic() - cut_at > 4, timeout=6, interval=0.2, message="time passes")
     receiver.script("/cut", Reply(200))
     receiver.release()
-    eventually(lambda: all_final(db, ids), message="every row final")
+    wait_final(db, ids, message="every row final")
     audit = histories(db)
     report("liveness connection cut", connections_cut=cut,
            seconds_to_register_again=round(registered_again, 3), audit=dict(audit))
@@ -173,7 +182,7 @@ def test_a_paused_worker_keeps_its_lock_and_only_the_lease_reclaims_its_rows(db,
         started(rescuer)
         receiver.script("/stopped", Reply(200))
         receiver.release()
-        eventually(lambda: all_final(db, ids), timeout=lease + 20, message="reclaimed after the lease")
+        wait_final(db, ids, message="reclaimed after the lease")
         [(held_for,)] = query(db, "SELECT min(l.logged_at - q.created_at) FROM webhooks.alert_delivery_log l"
                                   " JOIN webhooks.alert_delivery_queue q USING (delivery_id)"
                                   " WHERE l.outcome = 'lease_expired'")
@@ -192,7 +201,7 @@ def test_a_paused_worker_keeps_its_lock_and_only_the_lease_reclaims_its_rows(db,
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_after_a_database_restart_rows_stay_with_their_living_worker(own_pg, receiver, spawn, mode):
     db = own_pg.url
-    endpoint = add_endpoint(db, receiver.url("/restart"), max_in_flight=5)
+    endpoint = add_endpoint(db, receiver.url("/restart"), max_in_flight=5, timeout_ms=HELD_TIMEOUT_MS)
     # the first five requests are held; any request after them (a duplicate) is answered at once
     receiver.script("/restart", *[Reply(hold=True)] * 5, Reply(200))
     ids = enqueue(db, endpoint, count=5)
@@ -205,7 +214,7 @@ def test_after_a_database_restart_rows_stay_with_their_living_worker(own_pg, rec
     holder.signal(signal.SIGSTOP)
     try:
         own_pg.restart(mode)
-        eventually(lambda: other.logged("liveness registered again; claiming"), timeout=30,
+        eventually(lambda: other.logged("liveness registered again; claiming"),
                    message="the other worker registered again")
         back_at = time.monotonic()
         eventually(lambda: time.monotonic() - back_at > 4, timeout=6, interval=0.2, message="time passes")
@@ -213,7 +222,7 @@ def test_after_a_database_restart_rows_stay_with_their_living_worker(own_pg, rec
     finally:
         holder.signal(signal.SIGCONT)
     receiver.release()
-    eventually(lambda: all_final(db, ids), timeout=30, message="every row final")
+    wait_final(db, ids, message="every row final")
     audit = histories(db)
     report(f"restart -m {mode} with the holder stopped", rows_still_with_holder=taken,
            requests=len(receiver.to("/restart")), audit=dict(audit))
@@ -246,11 +255,11 @@ def test_a_worker_started_before_the_schema_is_migrated_waits_for_it(fresh_db, r
 
     db = fresh_db(False)
     worker = spawn(db, name="early")
-    eventually(lambda: worker.logged(SCHEMA_TOO_OLD), message="a clear log line")
+    eventually(lambda: worker.logged(SCHEMA_TOO_OLD), progress=worker.activity, message="a clear log line")
     schema.migrate(db)
     endpoint = add_endpoint(db, receiver.url("/later"))
     ids = enqueue(db, endpoint, count=3)
-    eventually(lambda: all_final(db, ids), timeout=30, message="delivered once migrated")
+    wait_final(db, ids, message="delivered once migrated")
     report("schema not migrated", waited_for_migration=True, delivered=len(ids))
     assert worker.process.poll() is None
 
@@ -269,7 +278,7 @@ def test_a_restarted_process_under_the_same_id_takes_back_what_its_predecessor_l
     before.process.wait(10)
     receiver.release()
     after = spawn(db, name="pod-a-restarted", worker={"id": "pod-a"})
-    eventually(lambda: all_final(db, ids), timeout=30, message="every row final")
+    wait_final(db, ids, message="every row final")
     resent = min(r.at - killed_at for r in receiver.to("/again") if r.headers["webhook-attempt"] == "2")
     report("restart under the same id", seconds_to_resend=round(resent, 2), audit=dict(histories(db)))
     assert after.logged("reclaimed the rows an earlier process under this worker id left in flight")

@@ -5,7 +5,18 @@ import json
 import psycopg
 
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses, worker_dsn
+from tests.support import (
+    HANG_SECONDS,
+    add_endpoint,
+    all_final,
+    drain_progress,
+    enqueue,
+    eventually,
+    query,
+    statuses,
+    wait_started,
+    worker_dsn,
+)
 
 FAST_RETRY = {"delays": [0.1]}
 # Opens after 5 failed attempts of 5; sleeps long enough that a wrongly opened circuit shows.
@@ -25,7 +36,7 @@ def circuit(db, endpoint):
 
 def start(spawn, db):
     worker = spawn(db)
-    eventually(lambda: worker.logged("worker started"), message="worker started")
+    wait_started([worker])
     return worker
 
 
@@ -36,8 +47,10 @@ def test_a_429_with_retry_after_pauses_the_endpoint_and_leaves_the_circuit_close
     ids = enqueue(db, endpoint, count=20)
     start(spawn, db)
 
-    # Wait for the end either way: every row delivered, or the circuit opened (the bug).
-    eventually(lambda: all_final(db, ids) or "circuit_opened" in changes(db, endpoint), timeout=60,
+    # Wait for the end either way: every row delivered, or the circuit opened (the bug). Up to 20
+    # pauses of 2 s on the way, each a deferral that moves the rows.
+    eventually(lambda: all_final(db, ids) or "circuit_opened" in changes(db, endpoint),
+               timeout=HANG_SECONDS + 20 * 2, progress=lambda: drain_progress(db, ids),
                message="the rows delivered or the circuit opened")
     assert changes(db, endpoint) == []  # no circuit_opened, no half-open probing
     assert circuit(db, endpoint) == "closed"
@@ -58,7 +71,7 @@ def test_a_429_without_retry_after_still_opens_the_circuit(db, receiver, spawn):
     receiver.script("/rude", Reply(429))
     enqueue(db, endpoint, count=10)
     start(spawn, db)
-    eventually(lambda: "circuit_opened" in changes(db, endpoint), timeout=30, message="the circuit opened")
+    eventually(lambda: "circuit_opened" in changes(db, endpoint), message="the circuit opened")
     assert circuit(db, endpoint) == "open"
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE outcome = 'deferred'") == [(0,)]
 

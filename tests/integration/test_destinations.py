@@ -6,7 +6,7 @@ import psycopg
 
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses, wait_final
 from worker import signing
 
 FAST_RETRY = {"delays": [0.1]}
@@ -97,7 +97,7 @@ def test_an_expired_delivery_is_never_sent(db, receiver, spawn):
             " now() + interval '2 seconds') RETURNING delivery_id", (endpoint,)).fetchone()[0]
     [by_ttl] = enqueue(db, with_ttl, deliver_after=2.0)
     spawn(db)
-    eventually(lambda: all_final(db, [explicit, by_ttl]), message="both final")
+    wait_final(db, [explicit, by_ttl], message="both final")
     final = query(db, "SELECT DISTINCT status, failure_category, dead_letter_reason"
                       " FROM webhooks.alert_delivery_queue")
     assert final == [("dead_letter", "expired", "expired before delivery")]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import add_endpoint, enqueue, eventually, query, statuses, wait_final
 
 # The errors a producer may see from enqueue, each naming its problem; anything else is a bug.
 CLEAR_ERRORS = {
@@ -188,7 +188,7 @@ def test_hostile_payloads_are_delivered_as_they_were_queued_and_the_worker_keeps
     ids = [query(db, "SELECT webhooks.enqueue(%s, 'alert.created', %s::jsonb)", (endpoint, p))[0][0]
            for p in payloads]
     worker = spawn(db)
-    eventually(lambda: all_final(db, ids), message="every payload final")
+    wait_final(db, ids, message="every payload final")
     assert set(statuses(db, ids).values()) == {"delivered"}
     received = sorted(receiver.to("/payloads"), key=lambda r: r.delivery_id)
     assert [_numbers_as_floats(json.loads(r.body)) for r in received] == [
@@ -205,7 +205,7 @@ def test_a_payload_too_deep_to_render_is_a_dead_letter_at_once_and_the_worker_ke
     [fine] = enqueue(db, endpoint, {"ok": True})
     worker = spawn(db)
     worker.expect_errors("payload cannot be rendered")
-    eventually(lambda: all_final(db, [too_deep, fine]), message="both rows final")
+    wait_final(db, [too_deep, fine], message="both rows final")
     assert statuses(db, [too_deep, fine]) == {too_deep: "dead_letter", fine: "delivered"}
     [(attempts, reason)] = query(db, "SELECT attempts, last_error FROM webhooks.alert_delivery_queue"
                                  " WHERE delivery_id = %s", (too_deep,))

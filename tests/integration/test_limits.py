@@ -5,9 +5,21 @@ import time
 from collections import Counter, defaultdict
 
 import psycopg
+import pytest
 
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import (
+    HANG_SECONDS,
+    SECONDS_PER_ROW,
+    add_endpoint,
+    drain_progress,
+    enqueue,
+    eventually,
+    query,
+    statuses,
+    wait_final,
+    wait_started,
+)
 
 FAST_RETRY = {"delays": [0.1]}
 
@@ -21,8 +33,7 @@ def spread_allowance(workers: int, burst: int) -> int:
 
 def start_fleet(spawn, db, count=3, **sections):
     workers = [spawn(db, name=f"worker-{n}", **sections) for n in range(1, count + 1)]
-    for worker in workers:
-        eventually(lambda w=worker: w.logged("worker started"), message=f"{worker.name} started")
+    wait_started(workers)
     return workers
 
 
@@ -36,7 +47,7 @@ def test_a_rate_limit_holds_across_the_fleet(db, receiver, spawn):
                             max_in_flight=100)
     ids = enqueue(db, endpoint, count=600)
     start_fleet(spawn, db)
-    eventually(lambda: all_final(db, ids), timeout=90, message="600 delivered")
+    wait_final(db, ids, message="600 delivered")
 
     arrivals = sorted(r.at for r in receiver.to("/rated"))
     assert len(arrivals) == 600
@@ -60,7 +71,7 @@ def test_a_concurrency_cap_holds_across_the_fleet(db, receiver, spawn):
     receiver.script("/capped", Reply(200, delay=0.3))
     ids = enqueue(db, endpoint, count=20)
     start_fleet(spawn, db)
-    eventually(lambda: all_final(db, ids), timeout=60, message="20 delivered")
+    wait_final(db, ids, message="20 delivered")
     print(f"concurrency cap 2: at most {receiver.max_open['/capped']} open at the receiver")
     assert receiver.max_open["/capped"] == 2
     assert query(db, "SELECT max(attempts), count(*) FILTER (WHERE status = 'delivered')"
@@ -77,7 +88,7 @@ def test_the_circuit_opens_probes_reopens_and_closes(db, receiver, spawn):
     start_fleet(spawn, db)
 
     eventually(lambda: [e for e in endpoint_events(db, endpoint) if e[0] == "circuit_opened"][1:],
-               timeout=60, message="the circuit opened, probed and reopened")
+               progress=lambda: drain_progress(db, ids), message="the circuit opened, probed and reopened")
     events = endpoint_events(db, endpoint)
     opened, half_open, reopened = events[0], events[1], events[2]
     assert [opened[0], half_open[0], reopened[0]] == ["circuit_opened", "circuit_half_open", "circuit_opened"]
@@ -93,7 +104,7 @@ def test_the_circuit_opens_probes_reopens_and_closes(db, receiver, spawn):
     assert "probes failed" in reopened[1]
 
     receiver.script("/flaky", Reply(200))  # the receiver recovers
-    eventually(lambda: all_final(db, ids), timeout=60, message="the backlog drains once it closes")
+    wait_final(db, ids, message="the backlog drains once it closes")
     changes = [e[0] for e in endpoint_events(db, endpoint)]
     assert changes[-1] == "circuit_closed"
     print("circuit: " + " → ".join(f"{e[0]} at +{float(e[4]) - float(opened[4]):.1f} s"
@@ -109,7 +120,7 @@ def test_retry_after_pauses_the_endpoint_for_every_worker(db, receiver, spawn):
     receiver.script("/busy", Reply(429, headers={"Retry-After": "2"}), Reply(200))
     ids = enqueue(db, endpoint, count=5)
     start_fleet(spawn, db)
-    eventually(lambda: all_final(db, ids), timeout=30, message="5 delivered")
+    wait_final(db, ids, message="5 delivered")
 
     requests = receiver.to("/busy")
     assert len(requests) == 6
@@ -153,7 +164,7 @@ def subprocess_cli(db, *args):
     import sys
 
     result = subprocess.run([sys.executable, "-m", "worker", *args], capture_output=True, text=True,
-                            env={**os.environ, "DATABASE_URL": db}, timeout=60, check=True)
+                            env={**os.environ, "DATABASE_URL": db}, timeout=HANG_SECONDS, check=True)
     return result.stdout
 
 
@@ -164,7 +175,7 @@ def test_a_dead_endpoint_s_backlog_does_not_hold_up_a_healthy_one(db, receiver, 
     dead_ids = enqueue(db, dead, count=5000)
     healthy_ids = enqueue(db, healthy, count=500)  # inserted after the whole dead backlog
     start_fleet(spawn, db, delivery={"timeout_seconds": 1, "lease_seconds": 6})
-    eventually(lambda: all_final(db, healthy_ids), timeout=60, message="the healthy endpoint's 500 rows")
+    wait_final(db, healthy_ids, message="the healthy endpoint's 500 rows")
     [(untouched, tried)] = query(
         db, "SELECT count(*) FILTER (WHERE attempts = 0), count(*) FILTER (WHERE attempts > 0)"
             " FROM webhooks.alert_delivery_queue WHERE webhook_id = %s", (dead,))
@@ -192,18 +203,20 @@ def test_ordering_key_rows_go_one_at_a_time_in_order_and_other_keys_flow(db, rec
     receiver.script_delivery(failing_first, Reply(500), Reply(500), Reply(200, hold=True))
     start_fleet(spawn, db)
     # the other key is not held back: all of it is delivered while alert-1's head is still unfinished
-    eventually(lambda: all_final(db, other), timeout=30, message="alert-2 delivered")
+    wait_final(db, other, message="alert-2 delivered")
     assert statuses(db, [failing_first])[failing_first] != "delivered"
     # ...and nothing of alert-1 has overtaken its unfinished head
     assert {r.delivery_id for r in receiver.requests if r.delivery_id in keyed} == {failing_first}
     receiver.release()  # the gate stays open, so a third attempt still to come is answered at once
-    eventually(lambda: all_final(db, keyed + other), timeout=60, message="all delivered")
+    wait_final(db, keyed + other, message="all delivered")
 
     order = [r.delivery_id for r in receiver.requests if r.delivery_id in keyed]
     assert order == [failing_first] * 3 + keyed[1:]
     assert len([r for r in receiver.requests if r.delivery_id in other]) == 10
 
 
+# The per-test hang guard above the drain's own cap for 20,000 rows.
+@pytest.mark.timeout(2700)
 def test_many_endpoints_and_workers_never_deadlock(db, receiver, spawn, pg_server):
     healthy = [add_endpoint(db, receiver.url(f"/ok/{n}"), max_in_flight=20) for n in range(80)]
     rejecting = [add_endpoint(db, receiver.url(f"/bad/{n}")) for n in range(10)]
@@ -221,9 +234,16 @@ def test_many_endpoints_and_workers_never_deadlock(db, receiver, spawn, pg_serve
             "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
     started = time.monotonic()
     workers = start_fleet(spawn, db, count=4, worker={"concurrency": 100})
-    eventually(lambda: query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue"
-                                 " WHERE status NOT IN ('delivered', 'dead_letter')")[0][0] == 0,
-               timeout=240, interval=0.5, message="20,000 rows final")
+    left = -1
+
+    def final() -> bool:
+        nonlocal left
+        [(left,)] = query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue"
+                              " WHERE status NOT IN ('delivered', 'dead_letter')")
+        return left == 0
+
+    eventually(final, timeout=HANG_SECONDS + SECONDS_PER_ROW * 20_000, interval=0.5, progress=lambda: left,
+               message="20,000 rows final")
     elapsed = time.monotonic() - started
     counts = dict(query(db, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
     deadlocks = query(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")[0][0]

@@ -7,14 +7,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receiver import Reply
 from tests.support import (
+    CONNECT_TIMEOUT_SECONDS,
+    HANG_SECONDS,
     ROOT,
     WORKER_LOGIN,
     add_endpoint,
-    all_final,
     enqueue,
     eventually,
     login_dsn,
     query,
+    wait_final,
+    wait_started,
     worker_dsn,
 )
 from worker.observability import DATABASE_OPERATIONS
@@ -52,7 +55,7 @@ def test_metrics_after_a_known_sequence_of_deliveries(db, receiver, spawn):
     receiver.script("/bad", Reply(400))
     ids = enqueue(db, ok, count=3) + enqueue(db, flaky) + enqueue(db, bad)
     worker = spawn(db)
-    eventually(lambda: all_final(db, ids), message="all final")
+    wait_final(db, ids, message="all final")
     eventually(lambda: sampled(scrape(worker), "webhook_worker_queue_depth", status="delivered") == 4,
                message="the queue statistics sampled")
     samples = scrape(worker)
@@ -113,10 +116,10 @@ def test_probes_follow_the_database(own_pg, receiver, spawn):
     assert worker.get("/health")[0] == 200  # alive: restarting it would not help
 
     own_pg.start()
-    eventually(lambda: worker.get("/ready")[0] == 200, timeout=30, message="ready again")
+    eventually(lambda: worker.get("/ready")[0] == 200, message="ready again")
     endpoint = add_endpoint(own_pg.url, receiver.url("/after"))
     [delivery] = enqueue(own_pg.url, endpoint)
-    eventually(lambda: all_final(own_pg.url, [delivery]), message="delivering again")
+    wait_final(own_pg.url, [delivery], message="delivering again")
     assert worker.process.poll() is None
 
 
@@ -137,7 +140,7 @@ def test_without_a_database_a_worker_is_started_and_alive_but_not_ready(unstarte
     unstarted_pg.start()
     schema.migrate(unstarted_pg.url)
     worker_dsn(unstarted_pg.url)
-    eventually(lambda: worker.get("/ready")[0] == 200, timeout=30, message="ready")
+    eventually(lambda: worker.get("/ready")[0] == 200, message="ready")
 
 
 def test_sigterm_makes_the_worker_unready_at_once(db, receiver, spawn):
@@ -154,12 +157,12 @@ def test_sigterm_makes_the_worker_unready_at_once(db, receiver, spawn):
     status, body = worker.get("/ready")
     assert (status, json.loads(body)["reason"]) == (503, "shutting down")
     receiver.release()
-    assert worker.process.wait(30) == 0
+    assert worker.process.wait(HANG_SECONDS) == 0
 
 
 def test_a_fresh_worker_exports_every_database_error_operation_at_zero(db, spawn):
     worker = spawn(db)
-    eventually(lambda: worker.logged("worker started"), message="started")
+    wait_started([worker])
     samples = scrape(worker)
     exported = {dict(labels).get("operation") for name, labels in samples
                 if name == "webhook_worker_database_errors_total"}
@@ -177,11 +180,14 @@ def test_every_database_error_operation_counted_is_one_initialised_at_zero():
 
 def test_with_json_logging_every_line_is_one_json_object_while_the_database_is_down(unstarted_pg, spawn):
     worker = spawn(login_dsn(unstarted_pg.url, WORKER_LOGIN), as_role=False)
+    # Each retry line follows a wait for a connection of up to the connect timeout: the cap is sized
+    # from those waits, and the wait fails early only if the worker stops doing anything at all.
     eventually(lambda: sum(1 for line in worker.log_lines()
                            if line.get("event") == "database not reachable; retrying") >= 2,
-               timeout=30, message="the worker waiting for its database")
+               timeout=HANG_SECONDS + 2 * CONNECT_TIMEOUT_SECONDS, progress=worker.activity,
+               message="the worker waiting for its database")
     # psycopg-pool logs each failed connection attempt through the standard logging module
-    eventually(lambda: "error connecting" in worker.log_path.read_text(), timeout=30,
+    eventually(lambda: "error connecting" in worker.log_path.read_text(),
                message="the connection pool's own messages")
     assert worker.stop() == 0
     lines = worker.log_path.read_text().splitlines()

@@ -15,7 +15,16 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses, worker_dsn
+from tests.support import (
+    add_endpoint,
+    enqueue,
+    eventually,
+    query,
+    statuses,
+    wait_final,
+    wait_started,
+    worker_dsn,
+)
 from worker import schema
 
 # A failure the circuit counts; far in the future, so the failed rows are not due again in the test.
@@ -109,7 +118,7 @@ def test_a_receiver_answering_400_to_everything_leaves_the_circuit_closed(db, re
     receiver.script("/strict", Reply(400))
     ids = enqueue(db, endpoint, count=20)
     spawn(db)
-    eventually(lambda: all_final(db, ids), message="every row answered")
+    wait_final(db, ids, message="every row answered")
     assert set(statuses(db, ids).values()) == {"dead_letter"}
     assert len(receiver.to("/strict")) == 20  # each sent once: nothing held back by a circuit
     assert health(db, endpoint, "circuit_state, window_attempts, window_failures") == ("closed", 20, 0)
@@ -243,7 +252,7 @@ def test_ready_accepts_exactly_the_supported_schema_versions(db, spawn):
         assert query(db, "SELECT webhooks.schema_version()") == [(version,)]
 
     worker = spawn(db)
-    eventually(lambda: worker.logged("worker started"), message="worker started")
+    wait_started([worker])
     seen = {}
     for version in (low, high, high + 1, low - 1, low):
         if version < low:
@@ -305,7 +314,7 @@ def test_held_back_deliveries_by_reason_and_circuit_labels_for_at_most_the_label
                 "rate_limited": 4}
 
     worker = spawn(db, http={"endpoint_label_limit": 2})
-    eventually(lambda: worker.logged("worker started"), message="worker started")
+    wait_started([worker])
 
     def held_back():
         samples = scrape(worker)
@@ -329,7 +338,7 @@ def test_database_errors_total_counts_each_failed_claim_finish_stats_and_houseke
     purge = "FUNCTION webhooks.purge(integer)"
     endpoint = add_endpoint(db, receiver.url("/held"))
     worker = spawn(db, housekeeping={"interval_seconds": 0.2, "purge_budget_seconds": 0.2})
-    eventually(lambda: worker.logged("worker started"), message="worker started")
+    wait_started([worker])
 
     def errors():
         return {dict(labels)["operation"]: value for (name, labels), value in scrape(worker).items()
@@ -354,6 +363,6 @@ def test_database_errors_total_counts_each_failed_claim_finish_stats_and_houseke
     eventually(lambda: errors()["finish"] > 0 and errors()["stats"] > 0,
                message="failed finishes and statistics counted")
     own_pg.start()
-    eventually(lambda: all_final(db, ids), timeout=60, message="delivered once the database is back")
+    wait_final(db, ids, message="delivered once the database is back")
     assert statuses(db, ids) == {ids[0]: "delivered"}
     assert worker.process.poll() is None

@@ -9,7 +9,7 @@ import trustme
 
 from tests.integration.test_coalescing import coalesce
 from tests.receiver import Receiver, Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query
+from tests.support import add_endpoint, enqueue, query, wait_final
 
 # The path's token, a query value and the password; each is in the URL in a spelling that yarl
 # (what aiohttp sends) changes: %2B stays, %41 becomes A, %40 is the password's @.
@@ -60,7 +60,7 @@ def test_an_answer_echoing_the_url_is_stored_without_its_secret_parts_and_with_t
     receiver.script_delivery(delivered, Reply(200, echo_url='{"url": "{url}", "auth": "{authorization}"}'))
     ids = [lost, redirected, delivered]
     worker = spawn(db)
-    eventually(lambda: all_final(db, ids), message="all final")
+    wait_final(db, ids, message="all final")
 
     # the receiver did get (and so could echo) every secret part
     assert {r.delivery_id for r in receiver.requests} == set(ids)
@@ -88,7 +88,7 @@ def test_a_digest_s_echoed_url_is_stored_without_its_secret_parts_for_every_memb
     receiver.script(PATH.replace("%2B", "+").replace("%41", "A"), Reply(404, echo_url=EXPRESS_404))
     ids = enqueue(db, endpoint, {"title": "link down"}, count=4)
     spawn(db)
-    eventually(lambda: all_final(db, ids), timeout=30, message="4 dead-lettered")
+    wait_final(db, ids, message="4 dead-lettered")
 
     [request] = receiver.requests
     assert "webhook-digest-id" in request.headers and "SECRETPATH" in request.path
@@ -109,7 +109,7 @@ def test_failed_connections_store_no_secret_part_of_the_url_in_their_error(db, r
         refused = add_endpoint(db, f"http://{USERINFO}@127.0.0.1:1{PATH}?{QUERY}", max_attempts=1)
         ids = [enqueue(db, e)[0] for e in (tls, refused)]
         worker = spawn(db)
-        eventually(lambda: all_final(db, ids), message="both dead-lettered")
+        wait_final(db, ids, message="both dead-lettered")
     finally:
         untrusted.stop()
     assert query(db, "SELECT failure_category FROM webhooks.alert_delivery_queue ORDER BY delivery_id"

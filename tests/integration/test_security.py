@@ -12,17 +12,19 @@ import pytest
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
 from tests.support import (
+    HANG_SECONDS,
     PRODUCER_LOGIN,
     READER_LOGIN,
     TEST_KEYRING,
     TEST_KEYS,
     add_endpoint,
-    all_final,
     enqueue,
     eventually,
     login_as,
     query,
     statuses,
+    wait_final,
+    wait_started,
     worker_dsn,
 )
 from worker import schema, signing
@@ -86,14 +88,14 @@ def test_keys_are_rotated_while_workers_deliver(db, receiver, spawn):
     assert rotated.returncode == 0, rotated.stderr
     assert json.loads(rotated.stdout)["credentials_by_key"] == {new_id: 2}  # the URL and the secret
     during = enqueue(db, endpoint, count=50)
-    eventually(lambda: all_final(db, before + during), message="every row final")
+    wait_final(db, before + during, message="every row final")
     assert set(statuses(db, before + during).values()) == {"delivered"}
 
     second = spawn(db, name="new-key-only", keys=new_key)
-    eventually(lambda: second.logged("worker started"), message="second worker started")
+    wait_started([second])
     first.stop()
     after = enqueue(db, endpoint, count=20)
-    eventually(lambda: all_final(db, after), message="delivered by the new-key worker")
+    wait_final(db, after, message="delivered by the new-key worker")
     assert set(statuses(db, after).values()) == {"delivered"}
     for request in receiver.to("/rotating"):
         signing.verify(secret, request.headers, request.body)  # decrypted correctly throughout
@@ -102,12 +104,12 @@ def test_keys_are_rotated_while_workers_deliver(db, receiver, spawn):
 
     # a worker given only the retired key refuses to start, in one line, instead of failing deliveries
     stale = spawn(db, name="old-key-only", keys=TEST_KEYS)
-    assert stale.process.wait(30) == 2
+    assert stale.process.wait(HANG_SECONDS) == 2
     text = stale.log_path.read_text()
     assert f"sealed with key(s) {new_id}" in text and "Traceback" not in text
     assert TEST_KEYS not in text and new_key not in text
     keyless = spawn(db, name="no-key", keys="")
-    assert keyless.process.wait(30) == 2
+    assert keyless.process.wait(HANG_SECONDS) == 2
     assert "encryption key missing" in keyless.log_path.read_text()
 
 
@@ -137,7 +139,7 @@ def test_private_destinations_are_refused_and_leave_the_endpoint_health_alone(db
         endpoints[add_endpoint(db, url, retry_schedule=FAST_RETRY)] = url
     ids = [enqueue(db, endpoint)[0] for endpoint in endpoints]
     spawn(db, security={"allow_networks": []})  # the default policy: nothing private allowed
-    eventually(lambda: all_final(db, ids), message="every row final")
+    wait_final(db, ids, message="every row final")
 
     rows = query(db, "SELECT webhook_id, status, attempts, failure_category, dead_letter_reason"
                      " FROM webhooks.alert_delivery_queue ORDER BY webhook_id")
@@ -156,7 +158,7 @@ def test_require_https_refuses_plain_http(db, receiver, spawn):
     endpoint = add_endpoint(db, receiver.url("/plain"))
     [delivery] = enqueue(db, endpoint)
     spawn(db, security={"require_https": True})
-    eventually(lambda: all_final(db, [delivery]), message="final")
+    wait_final(db, [delivery], message="final")
     assert query(db, "SELECT status, failure_category, dead_letter_reason FROM webhooks.alert_delivery_queue"
                  ) == [("dead_letter", "blocked", "https is required (security.require_https)")]
     assert receiver.requests == []
@@ -167,7 +169,7 @@ def test_a_redirect_is_a_failure_and_its_target_receives_nothing(db, receiver, s
     endpoint = add_endpoint(db, receiver.url("/moved"), max_attempts=1)
     [delivery] = enqueue(db, endpoint)
     spawn(db)
-    eventually(lambda: all_final(db, [delivery]), message="final")
+    wait_final(db, [delivery], message="final")
     assert query(db, "SELECT status, failure_category, last_http_status FROM webhooks.alert_delivery_queue"
                  ) == [("dead_letter", "redirect", 302)]
     assert receiver.to("/target") == [] and len(receiver.to("/moved")) == 1

@@ -6,7 +6,7 @@ import threading
 import psycopg
 import pytest
 
-from tests.support import add_endpoint, enqueue, eventually, query, worker_dsn
+from tests.support import HANG_SECONDS, add_endpoint, enqueue, eventually, query, worker_dsn
 
 OK = {"outcome": "delivered", "http_status": 200, "latency_ms": 3}
 
@@ -70,7 +70,7 @@ def test_lease_fencing_a_late_finish_changes_nothing_but_is_logged_as_stale(db):
     [delivery] = enqueue(db, endpoint)
     [first] = acquire(db, "worker-a", lease=1)
     # B can claim the row only once A's lease has really expired in database time.
-    second = eventually(lambda: acquire(db, "worker-b", lease=60), timeout=10, interval=0.1,
+    second = eventually(lambda: acquire(db, "worker-b", lease=60), interval=0.1,
                         message="the row is claimable again after A's lease")
     [second] = second
     assert second[0] == delivery and second[2] == 2 and second[1] != first[1]
@@ -142,7 +142,7 @@ def test_last_attempt_lost_to_an_expired_lease_is_a_dead_letter(db):
     acquire(db, "crashed", lease=1)
     eventually(lambda: row(db, delivery, "status")[0] == "delivering" and
                query(db, "SELECT webhooks.reap_expired_leases()")[0][0] == 1,
-               timeout=10, interval=0.1, message="the expired lease is reaped")
+               interval=0.1, message="the expired lease is reaped")
     assert row(db, delivery, "status, dead_letter_reason") == ("dead_letter", "lease expired")
 
 
@@ -227,14 +227,14 @@ def test_concurrent_duplicate_enqueue_commits_both_transactions_and_queues_one(d
         first.execute(insert, (endpoint,))
         thread = threading.Thread(target=second_producer)
         thread.start()
-        second_started.wait(10)
+        second_started.wait(HANG_SECONDS)
         # the second producer is now blocked on the same key (or about to be)
         eventually(lambda: query(db, "SELECT count(*) FROM pg_stat_activity"
                                      " WHERE wait_event_type = 'Lock'"
                                      " AND datname = current_database()")[0][0],
-                   timeout=10, message="second producer waits on the key")
+                   message="second producer waits on the key")
         first.commit()
-    thread.join(10)
+    thread.join(HANG_SECONDS)
     assert errors == []
     assert query(db, "SELECT note FROM app_alerts ORDER BY id") == [("first",), ("second",)]
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(1,)]

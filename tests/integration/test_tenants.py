@@ -10,7 +10,7 @@ import pytest
 
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import add_endpoint, enqueue, eventually, query, statuses, wait_final
 from worker.observability import Metrics
 
 
@@ -163,13 +163,13 @@ def test_a_worker_pool_delivers_only_its_tenants_rows_and_the_rest_waits_for_the
     shared = add_endpoint(db, receiver.url("/shared"))
     own_rows, shared_rows = enqueue(db, own, count=3), enqueue(db, shared, count=3)
     spawn(db, "big-pool", worker={"tenants": ["big"]})
-    eventually(lambda: all_final(db, own_rows), message="the pool delivers its tenant's rows")
+    wait_final(db, own_rows, message="the pool delivers its tenant's rows")
     assert set(statuses(db, shared_rows).values()) == {"pending"}
     # rows no live pool serves are visible, and why
     assert query(db, "SELECT reason, webhook_id, rows FROM webhooks.held_back") == [("no_pool", shared, 3)]
     assert {r.path for r in receiver.requests} == {"/own"}
     spawn(db, "the-rest", worker={"exclude_tenants": ["big"]})
-    eventually(lambda: all_final(db, shared_rows), message="the other pool delivers the rest")
+    wait_final(db, shared_rows, message="the other pool delivers the rest")
 
 
 def test_queue_statistics_by_tenant_are_bounded_like_the_endpoint_label(db):
@@ -203,7 +203,7 @@ def test_the_delivery_counter_counts_each_tenant_bounded_like_the_queue_depth_la
             + enqueue(db, endpoints["zeta"], count=3))
     # the first two tenants by id (default, acme) by name, zeta as `other`
     worker = spawn(db, http={"endpoint_label_limit": 2})
-    eventually(lambda: all_final(db, rows), message="every tenant's rows delivered")
+    wait_final(db, rows, message="every tenant's rows delivered")
 
     def delivered() -> dict[tuple[str, str], float]:
         status, body = worker.get("/metrics")

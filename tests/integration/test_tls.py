@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from tests.receiver import Receiver
-from tests.support import add_endpoint, all_final, enqueue, eventually, query
+from tests.support import add_endpoint, enqueue, query, wait_final
 from worker.config import load_config
 from worker.errors import ConfigError
 
@@ -64,7 +64,7 @@ def test_only_a_certificate_valid_for_the_host_from_a_trusted_ca_delivers(
     rows = {case: enqueue(db, add_endpoint(db, receiver.url("/tls"), max_attempts=1))[0]
             for case, receiver in receivers.items()}
     spawn(db, security={"ca_bundle_file": ca_file, "require_https": True})
-    eventually(lambda: all_final(db, list(rows.values())), message="every row final")
+    wait_final(db, list(rows.values()), message="every row final")
     assert {case: outcome(db, row) for case, row in rows.items()} == {
         "valid": ("delivered", None),
         "untrusted CA": ("dead_letter", "tls"),
@@ -80,7 +80,7 @@ def test_a_private_ca_is_not_trusted_unless_configured(db, spawn, ca, https_rece
     receiver = serve(https_receivers, ca.issue_cert("127.0.0.1"))
     [row] = enqueue(db, add_endpoint(db, receiver.url("/tls"), max_attempts=1))
     spawn(db)
-    eventually(lambda: all_final(db, [row]), message="row final")
+    wait_final(db, [row], message="row final")
     assert outcome(db, row) == ("dead_letter", "tls")
     assert receiver.requests == []
 

@@ -6,7 +6,7 @@ import json
 from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import add_endpoint, enqueue, query, statuses, wait_final
 
 FAST_RETRY = {"delays": [0.1]}
 LEAKS = ("SECRETPATH", "SECRETQUERY", "/services/T0")
@@ -21,7 +21,7 @@ def test_the_keepalive_race_costs_no_attempt_and_puts_no_url_into_error_columns_
                                 max_in_flight=1, retry_schedule=FAST_RETRY)
         ids = enqueue(db, endpoint, count=80)
         worker = spawn(db)
-        eventually(lambda: all_final(db, ids), timeout=90, message="every row final")
+        wait_final(db, ids, message="every row final")
         assert set(statuses(db, ids).values()) == {"delivered"}
         queue_errors = query(db, "SELECT last_error, dead_letter_reason FROM webhooks.alert_delivery_queue")
         log_errors = query(db, "SELECT error FROM webhooks.alert_delivery_log")
@@ -50,7 +50,7 @@ def test_a_request_dropped_with_its_reused_connection_is_sent_again_on_a_new_one
         endpoint = add_endpoint(db, server.url("/hook"), max_in_flight=1, retry_schedule=FAST_RETRY)
         ids = enqueue(db, endpoint, count=20)
         spawn(db)
-        eventually(lambda: all_final(db, ids), timeout=60, message="every row final")
+        wait_final(db, ids, message="every row final")
         print(f"reused connections dropped under a request: {len(receiver.dropped)}")
 
         assert receiver.dropped, "no kept-alive connection was closed under a request"
@@ -75,9 +75,9 @@ def test_a_receivers_cookie_is_never_sent_back_nor_to_another_endpoint_on_its_ho
     receiver.script("/sets-cookie", Reply(headers={"Set-Cookie": "session=from-endpoint-a; Path=/"}))
     first = enqueue(db, setter)
     spawn(db)
-    eventually(lambda: all_final(db, first), message="the cookie-setting delivery done")
+    wait_final(db, first, message="the cookie-setting delivery done")
     later = enqueue(db, setter) + enqueue(db, other)
-    eventually(lambda: all_final(db, later), message="the later deliveries done")
+    wait_final(db, later, message="the later deliveries done")
     assert set(statuses(db, first + later).values()) == {"delivered"}
     requests = receiver.to("/sets-cookie") + receiver.to("/other")
     assert len(requests) == 3

@@ -10,6 +10,8 @@ from worker.queue import NOTIFY_CHANNEL
 
 NOTIFY_ONLY = "webhooks_test_connect_only"
 NOTIFICATIONS = 150
+# The worker's poll, long enough that a delivery well inside it was woken by NOTIFY.
+LONG_POLL = 60
 
 
 def claims(worker) -> int:
@@ -30,7 +32,7 @@ def test_a_notify_storm_from_a_role_with_only_connect_costs_a_few_claims(db, rec
               " EXCEPTION WHEN duplicate_object THEN NULL; END $$")
     attacker = role_dsn(db, NOTIFY_ONLY, LOGIN_PASSWORD)
     endpoint = add_endpoint(db, receiver.url("/after-storm"))
-    worker = spawn(db, worker={"poll_interval_seconds": 60}, logging={"level": "debug"})
+    worker = spawn(db, worker={"poll_interval_seconds": LONG_POLL}, logging={"level": "debug"})
     eventually(lambda: idle(db, worker), message="worker idle")
     before = claims(worker)
 
@@ -55,13 +57,15 @@ def test_a_notify_storm_from_a_role_with_only_connect_costs_a_few_claims(db, rec
         previous, seen = seen, claims(worker)
         return previous == seen
 
-    eventually(settled, timeout=15, interval=0.6, message="no more claims")
+    eventually(settled, interval=0.6, message="no more claims")
     made = claims(worker) - before
     print(f"{NOTIFICATIONS} NOTIFYs over {storm_seconds:.2f} s: {made} claims")
     assert made <= 25
 
-    # and an insert still wakes it at once, long before the 60 s poll
+    # and an insert still wakes it at once, long before the poll (half of it leaves a loaded
+    # machine room: the claim is NOTIFY against the poll, not a speed)
     inserted = time.time()
     [delivery] = enqueue(db, endpoint)
-    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", timeout=10, message="delivered")
-    assert receiver.to("/after-storm")[0].at - inserted < 5
+    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", timeout=LONG_POLL / 2,
+               message="delivered")
+    assert receiver.to("/after-storm")[0].at - inserted < LONG_POLL / 2

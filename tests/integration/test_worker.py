@@ -4,7 +4,7 @@ import json
 from collections import Counter
 
 from tests.receiver import Reply
-from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses
+from tests.support import add_endpoint, enqueue, eventually, query, statuses, wait_final, wait_started
 from worker import signing
 
 FAST_RETRY = {"delays": [0.2]}
@@ -47,7 +47,7 @@ def test_500_then_200_is_delivered_on_attempt_2_with_the_same_key(db, receiver, 
     receiver.script("/flaky", Reply(500), Reply(200))
     [delivery] = enqueue(db, endpoint)
     spawn(db)
-    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered", timeout=30,
+    eventually(lambda: statuses(db, [delivery])[delivery] == "delivered",
                message="delivered on the retry")
 
     first, second = receiver.to("/flaky")
@@ -127,11 +127,11 @@ def test_no_transaction_or_row_lock_is_held_while_requests_are_in_flight(db, rec
     eventually(lambda: query(db, "SELECT l.locktype, l.mode, a.application_name LIKE '%% liveness'"
                                  " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
                                  " WHERE a.application_name LIKE 'webhook-worker%%'") == expected,
-               timeout=5, message="only the liveness lock held while the requests are open")
+               message="only the liveness lock held while the requests are open")
     assert Counter(statuses(db, ids).values()) == {"delivering": 100}
 
     receiver.release()
-    eventually(lambda: all_final(db, ids), message="all delivered")
+    wait_final(db, ids, message="all delivered")
     assert Counter(statuses(db, ids).values()) == {"delivered": 100}
 
 
@@ -139,7 +139,7 @@ def test_outcomes_are_written_in_batches(db, receiver, spawn):
     endpoint = add_endpoint(db, receiver.url("/fast"), max_in_flight=100)
     ids = enqueue(db, endpoint, count=1000)
     spawn(db, worker={"concurrency": 100}, delivery={"claim_batch_size": 100, "finish_batch_size": 100})
-    eventually(lambda: all_final(db, ids), timeout=60, message="1000 delivered")
+    wait_final(db, ids, message="1000 delivered")
 
     # Each webhooks.finish() call is one transaction, so its log rows share one xmin.
     [(finish_calls, logged)] = query(
@@ -154,10 +154,9 @@ def test_two_workers_deliver_each_row_exactly_once_and_share_the_work(db, receiv
     endpoint = add_endpoint(db, receiver.url("/shared"), max_in_flight=100)
     receiver.script("/shared", Reply(200, delay=0.01))
     workers = [spawn(db, name=f"worker-{n}", worker={"concurrency": 50}) for n in (1, 2)]
-    for worker in workers:
-        eventually(lambda w=worker: w.logged("worker started"), message=f"{worker.name} started")
+    wait_started(workers)
     ids = enqueue(db, endpoint, count=2000)
-    eventually(lambda: all_final(db, ids), timeout=120, message="2000 delivered")
+    wait_final(db, ids, message="2000 delivered")
     sentinel_endpoint = add_endpoint(db, receiver.url("/sentinel"))
     [sentinel] = enqueue(db, sentinel_endpoint, deliver_after=0.5)
     eventually(lambda: statuses(db, [sentinel])[sentinel] == "delivered", message="sentinel")
@@ -196,7 +195,7 @@ def test_urls_and_secrets_never_reach_logs_or_error_columns(db, receiver, spawn)
                              max_attempts=2)
     ids = [enqueue(db, e)[0] for e in (failing, refused, malformed)]
     worker = spawn(db, logging={"level": "debug"})
-    eventually(lambda: all_final(db, ids), message="all dead-lettered")
+    wait_final(db, ids, message="all dead-lettered")
     assert set(statuses(db, ids).values()) == {"dead_letter"}
 
     stored = json.dumps(query(db, "SELECT q.last_error, q.dead_letter_reason, l.error, l.response_excerpt"

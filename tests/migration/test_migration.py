@@ -15,7 +15,7 @@ import pytest
 
 from tests.migration.catalog import differences, partitions_missing_triggers, snapshot
 from tests.migration.make_fixture import FIXTURE_KEYS
-from tests.support import eventually, query, statuses
+from tests.support import drain_progress, eventually, query, statuses
 from worker import encryption, schema
 from worker.encryption import KEYS_ENV, Keyring
 from worker.localpg import _find_binary
@@ -113,7 +113,8 @@ def test_a_worker_finishes_the_rows_that_were_in_flight_and_waiting(old_db, rece
                 " WHERE q.status IN ('pending', 'retrying') AND e.active AND q.next_retry_at < now()")]
     assert in_flight and len(waiting) >= 5
     spawn(old_db, keys=FIXTURE_KEYS)
-    eventually(lambda: set(statuses(old_db, in_flight + waiting).values()) == {"delivered"}, timeout=60,
+    eventually(lambda: set(statuses(old_db, in_flight + waiting).values()) == {"delivered"},
+               progress=lambda: drain_progress(old_db, in_flight + waiting),
                message="every row in flight or due delivered")
 
 
