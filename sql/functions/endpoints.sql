@@ -34,7 +34,8 @@ CREATE OR REPLACE TRIGGER create_health_row
 -- The endpoint an operator's or a caller's ENDPOINT argument names: all digits is always an id
 -- (names cannot be all digits: endpoints_name_not_numeric), anything else a name. One rule for the
 -- CLI, the API and api_publish(), so a name can never capture the id it spells. It runs as its caller:
--- row-level security keeps a scoped reader to its tenant's endpoints.
+-- row-level security keeps a scoped reader to its tenant's endpoints. A name migration 008 renamed
+-- names no endpoint until its row in endpoint_renamed_names is deleted.
 CREATE OR REPLACE FUNCTION webhooks.endpoint_ref(p_ref text) RETURNS bigint
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, webhooks, pg_temp
@@ -43,6 +44,10 @@ BEGIN
     IF p_ref ~ '^[0-9]+$' THEN
         -- beyond bigint no id exists: not found, rather than an error for a well-formed argument
         IF length(ltrim(p_ref, '0')) > 18 THEN
+            RETURN NULL;
+        END IF;
+        -- a name 008 renamed: its old callers must not reach the endpoint whose id it spells
+        IF EXISTS (SELECT 1 FROM webhooks.endpoint_renamed_names r WHERE r.name = p_ref) THEN
             RETURN NULL;
         END IF;
         RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.id = p_ref::bigint);

@@ -38,7 +38,8 @@ GRANT SELECT (delivery_id, webhook_id, idempotency_key) ON webhooks.alert_delive
 
 GRANT SELECT ON webhooks.alert_delivery_queue, webhooks.alert_delivery_log, webhooks.webhook_health_metrics,
                 webhooks.endpoint_events, webhooks.delivery_config, webhooks.stats_sample,
-                webhooks.schema_migrations, webhooks.worker_liveness, webhooks.tenants
+                webhooks.schema_migrations, webhooks.worker_liveness, webhooks.tenants,
+                webhooks.endpoint_renamed_names
     TO webhooks_reader, webhooks_admin;
 GRANT SELECT (id, name, url_display, active, disabled_reason, disabled_at, event_types, body_format,
               max_attempts, retry_schedule, timeout_ms, rate_limit_per_second, rate_limit_burst,

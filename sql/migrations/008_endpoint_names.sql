@@ -2,7 +2,20 @@
 -- digits always means an id (webhooks.endpoint_ref()). A name such as '2' used to capture the
 -- endpoint whose id is 2 in the CLI, the API's paths and publishes: calls meant for one endpoint
 -- reached another. Existing such names become 'endpoint-<name>' (with a number appended if that is
--- taken), and `webhook-worker migrate` prints a note for each rename.
+-- taken), and `webhook-worker migrate` prints a note for each rename. Each old name is kept in
+-- endpoint_renamed_names: a caller still using it (a producer's `"endpoint": "2"`) is refused as
+-- naming no endpoint, rather than sent to the endpoint whose id it spells, until the operator
+-- deletes that row.
+
+CREATE TABLE webhooks.endpoint_renamed_names (
+    name       text        PRIMARY KEY,
+    webhook_id bigint      NOT NULL,
+    new_name   text        NOT NULL,
+    renamed_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE webhooks.endpoint_renamed_names IS
+    'All-digit endpoint names renamed by 008: endpoint_ref() answers no endpoint for them, not the id '
+    'they spell, until the row is deleted.';
 
 DO $$
 DECLARE
@@ -18,8 +31,11 @@ BEGIN
             v_name := 'endpoint-' || v_endpoint.name || '-' || v_suffix;
         END LOOP;
         UPDATE webhooks.endpoints SET name = v_name, updated_at = now() WHERE id = v_endpoint.id;
-        RAISE NOTICE 'endpoint % was named ''%'', which reads as an id: renamed ''%''',
-            v_endpoint.id, v_endpoint.name, v_name;
+        INSERT INTO webhooks.endpoint_renamed_names (name, webhook_id, new_name)
+        VALUES (v_endpoint.name, v_endpoint.id, v_name);
+        RAISE NOTICE 'endpoint % was named ''%'', which reads as an id: renamed ''%''; until its row in '
+                     'webhooks.endpoint_renamed_names is deleted, ''%'' names no endpoint (not id %)',
+            v_endpoint.id, v_endpoint.name, v_name, v_endpoint.name, v_endpoint.name;
     END LOOP;
 END;
 $$;

@@ -44,13 +44,20 @@ def test_migrating_renames_an_all_digit_name_and_says_so(db):
         conn.execute("ALTER TABLE webhooks.endpoints DROP CONSTRAINT endpoints_name_not_numeric")
         conn.execute("UPDATE webhooks.endpoints SET name = '3' WHERE id = %s", (ids[4],))
         conn.execute("UPDATE webhooks.endpoints SET name = 'endpoint-3' WHERE id = %s", (ids[0],))
+        conn.execute("DROP TABLE webhooks.endpoint_renamed_names")
         conn.execute("DELETE FROM webhooks.schema_migrations WHERE version = 8")
     notes: list[str] = []
     assert schema.migrate(db, on_notice=notes.append) == ["migrations/008_endpoint_names.sql"]
     assert query(db, "SELECT name FROM webhooks.endpoints WHERE id = %s", (ids[4],)) == [("endpoint-3-2",)]
-    assert notes == [f"endpoint {ids[4]} was named '3', which reads as an id: renamed 'endpoint-3-2'"]
+    assert notes == [f"endpoint {ids[4]} was named '3', which reads as an id: renamed 'endpoint-3-2';"
+                     " until its row in webhooks.endpoint_renamed_names is deleted, '3' names no endpoint"
+                     " (not id 3)"]
     with pytest.raises(psycopg.errors.CheckViolation):
         query(db, "UPDATE webhooks.endpoints SET name = '3' WHERE id = %s", (ids[4],))
+    # a caller still using the old name is refused, not sent to the endpoint whose id it spells
+    assert 3 in ids and query(db, "SELECT webhooks.endpoint_ref('3')") == [(None,)]
+    query(db, "DELETE FROM webhooks.endpoint_renamed_names WHERE name = '3'")
+    assert query(db, "SELECT webhooks.endpoint_ref('3')") == [(3,)]
 
 
 def test_the_api_refuses_an_all_digit_name_and_an_integer_always_addresses_the_id(api, role_tokens, db):
