@@ -42,6 +42,7 @@ NAMES_NOTHING = {
     ("api",): "serves the API",
     ("tokens", "list"): "names nothing",
     ("tenants", "list"): "names nothing",
+    ("operations", "list"): "names nothing",
 }
 MISSING = {
     ("endpoints", "add"): ["--name", "taken", "--url", "https://hooks.example.test/x"],  # name taken
@@ -62,12 +63,13 @@ MISSING = {
     ("tenants", "add"): ["default"],  # the default tenant exists
     ("tenants", "show"): ["nosuch"],
     ("tenants", "update"): ["nosuch", "--max-queued", "10"],
+    ("operations", "cancel"): ["99999"],
 }
 # Well-formed arguments that reach the database (for the unreachable-database case).
 MINIMAL = {
     ("migrate",): [], ("endpoints", "list"): [], ("status",): [], ("config", "show"): [],
     ("keys", "status"): [], ("keys", "rotate"): [], ("config", "set"): ["max_attempts", "5"],
-    ("tokens", "list"): [], ("tenants", "list"): [],
+    ("tokens", "list"): [], ("tenants", "list"): [], ("operations", "list"): [],
     **{command: args for command, args in MISSING.items() if args is not None},
 }
 # Commands that never reach the database with the arguments above, and why.

@@ -131,4 +131,4 @@ def test_registration_with_verify_enables_only_an_endpoint_that_echoes_the_chall
     challenge = json.loads(receiver.to("/echo")[0].body)
     assert challenge["type"] == "webhook.endpoint.verification" and len(challenge["challenge"]) >= 24
     long_url = cli("endpoints", "add", "--name", "long", "--url", "https://x.test/" + "a" * 8200, env=env)
-    assert long_url.returncode == 2 and "8192" in long_url.stderr
+    assert long_url.returncode == 2 and "longer than 2,048 characters" in long_url.stderr
