@@ -82,9 +82,10 @@ $$;
 
 -- publishing ----------------------------------------------------------------------------------------
 
--- One event to one endpoint (p_endpoint: its id, or its name: endpoint_ref(); refused with SQLSTATE P0002 when there is
--- none) or, when it is NULL, to every active endpoint subscribed to the event type, as publish()
--- fans out. A named endpoint gets the delivery even while disabled: its rows wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
+-- One event to one endpoint (p_endpoint: its id, or its name: endpoint_ref(); refused with SQLSTATE
+-- P0002 when there is none) or, when it is NULL, to every active endpoint subscribed to the event
+-- type, as publish() fans out. A named endpoint gets the delivery even while disabled: its rows
+-- wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
 -- delivery's key and event id, so publishing the same key again queues nothing and answers with
 -- the existing deliveries (created = false).
 CREATE FUNCTION webhooks.api_publish(
