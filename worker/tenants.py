@@ -35,6 +35,8 @@ def name_problem(name: str) -> str | None:
         return f"must be 1 to {MAX_NAME} characters"
     if any(not c.isprintable() or c.isspace() for c in name):
         return "must be printable, without spaces"
+    if name.isascii() and name.isdigit():
+        return "must not be all digits (an all-digit tenant in a path always means an id)"
     return None
 
 

@@ -89,3 +89,25 @@ def test_the_cli_refuses_an_all_digit_name_and_reads_digits_as_an_id(db):
     shown = cli("endpoints", "show", str(ids[1]), "--json", env={"DATABASE_URL": db})
     assert shown.returncode == 0, shown.stderr
     assert '"name": "ep-1"' in shown.stdout
+
+
+def test_a_tenant_named_with_digits_is_refused_and_migrated_and_digits_address_the_id(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    refused = api.post("/v1/tenants", admin, {"name": "2"})
+    assert refused.status == 422 and refused.json["field"] == "name"
+    assert "all digits" in refused.json["detail"]
+    cli_refused = cli("tenants", "add", "2", env={"DATABASE_URL": db})
+    assert cli_refused.returncode == 2 and "all digits" in cli_refused.stderr
+    [(acme,)] = query(db, "SELECT webhooks.register_tenant('acme')")
+    [(globex,)] = query(db, "SELECT webhooks.register_tenant('globex')")
+    # as a database before 011 could hold it: globex named with acme's id
+    query(db, "ALTER TABLE webhooks.tenants DROP CONSTRAINT tenants_name_not_numeric")
+    query(db, "UPDATE webhooks.tenants SET name = %s WHERE id = %s", (str(acme), globex))
+    assert api.get(f"/v1/tenants/{acme}", admin).json["name"] == "acme"  # the id, not the name
+    query(db, "DELETE FROM webhooks.schema_migrations WHERE version = 11")
+    notes: list[str] = []
+    assert schema.migrate(db, on_notice=notes.append) == ["migrations/011_tenant_names.sql"]
+    assert notes == [f"tenant {globex} was named '{acme}', which reads as an id: renamed 'tenant-{acme}'"]
+    assert query(db, "SELECT name FROM webhooks.tenants WHERE id = %s", (globex,)) == [(f"tenant-{acme}",)]
+    with pytest.raises(psycopg.errors.CheckViolation):
+        query(db, "UPDATE webhooks.tenants SET name = '7' WHERE id = %s", (globex,))

@@ -222,9 +222,14 @@ async def tenants(conn: Conn) -> list[dict[str, Any]]:
 
 
 async def tenant(conn: Conn, name_or_id: str) -> dict[str, Any] | None:
-    return await fetch_one(
-        conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary WHERE name = %s OR id::text = %s"
-              " ORDER BY name = %s DESC LIMIT 1", (name_or_id, name_or_id, name_or_id))
+    """A tenant by id (all digits) or by name (anything else: names cannot be all digits)."""
+    if name_or_id.isascii() and name_or_id.isdigit():
+        if len(name_or_id.lstrip("0")) > 18:
+            return None  # beyond bigint: no such id
+        return await fetch_one(conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary WHERE id = %s",
+                               (int(name_or_id),))
+    return await fetch_one(conn, f"SELECT {TENANT_COLUMNS} FROM webhooks.tenant_summary WHERE name = %s",
+                           (name_or_id,))
 
 
 async def add_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
