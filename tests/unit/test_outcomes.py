@@ -74,3 +74,24 @@ def test_the_worker_s_own_failure_is_an_internal_retry_on_the_schedule_within_bo
     finished = outcomes.internal_failure(claimed(), "internal error: " + "y" * 1000)
     assert finished.outcome is Outcome.RETRY and finished.failure_category == "internal"
     assert finished.retry_after_s == 10.0 and len(finished.error or "") == outcomes.MAX_TEXT
+
+
+def test_every_outcome_names_its_row_lease_attempt_and_tenant():
+    # the tenant and rank make the delivery counter's label; the lease token is the fencing token
+    row = claimed(attempt=3, tenant="acme", tenant_rank=4)
+    for finished in (outcomes.from_attempt(row, Sent(AttemptResult(status=500), 5, "")),
+                     outcomes.from_attempt(row, Sent(AttemptResult(status=200), 5, "")),
+                     outcomes.interrupted(row, 2.0, 5),
+                     outcomes.cannot_render(row, "no title"),
+                     outcomes.internal_failure(row, "boom")):
+        assert (finished.delivery_id, finished.lease_token, finished.attempt, finished.tenant,
+                finished.tenant_rank) == (7, row.lease_token, 3, "acme", 4)
+
+
+def test_only_a_non_2xx_status_becomes_the_error_and_a_dead_letter_keeps_its_reason():
+    def error(status):
+        return outcomes.from_attempt(claimed(), Sent(AttemptResult(status=status), 1, "")).error
+
+    assert [error(s) for s in (199, 200, 299, 300)] == ["HTTP 199", None, None, "HTTP 300"]
+    gone = outcomes.from_attempt(claimed(), Sent(AttemptResult(status=404), 1, ""))
+    assert (gone.outcome, gone.reason, gone.error) == (Outcome.DEAD_LETTER, "HTTP 404", "HTTP 404")
