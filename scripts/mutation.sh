@@ -36,7 +36,7 @@ for module in "${modules[@]}"; do
         echo "[mutmut]"
         echo "source_paths=worker"
         echo "only_mutate=worker/$module.py"
-        echo "tests_dir=${tests// /$'\n    '}"
+        echo "pytest_add_cli_args_test_selection=${tests// /$'\n    '}"
         echo "also_copy=tests"
         echo "    sql"
         echo "    pyproject.toml"

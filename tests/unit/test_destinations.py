@@ -373,8 +373,11 @@ def test_display_url_never_raises(url):
 
 
 def test_turning_block_private_off_allows_private_addresses():
-    assert OPEN.block_private is False
-    assert address_blocked("10.0.0.1", OPEN) is None and url_problem("http://127.0.0.1:8080/", OPEN) is None
+    # made here, not at import: what the settings give now is what is checked
+    policy = DestinationPolicy.from_settings(False, [], False)
+    assert policy.block_private is False
+    assert address_blocked("10.0.0.1", policy) is None
+    assert url_problem("http://127.0.0.1:8080/", policy) is None
 
 
 def test_an_address_with_an_ipv6_zone_id_is_judged_without_it():
@@ -382,6 +385,7 @@ def test_an_address_with_an_ipv6_zone_id_is_judged_without_it():
 
 
 def test_a_legacy_ipv4_literal_in_capitals_is_still_an_address():
+    assert ip_literal("0X7F.1") == ipaddress.ip_address("127.0.0.1")
     assert url_problem("http://0X7F.1/", DEFAULT) == "destination 127.0.0.1 is not a public address"
 
 
