@@ -289,6 +289,24 @@ def test_a_failed_digest_is_sent_again_with_the_same_webhook_id_and_members(db, 
         ("delivered", 2)]
 
 
+def test_a_digest_the_worker_sends_counts_once_per_request_in_the_endpoints_health(db, receiver, spawn):
+    # finish() given outcomes by hand is tested above; this is the worker naming the one member
+    # that reports each request: eight rows, two requests (a 503, then a 200), two attempts
+    endpoint = add_endpoint(db, receiver.url("/health"), body_format="envelope", rate_limit_per_second=5,
+                            rate_limit_burst=1, retry_schedule=FAST_RETRY)
+    coalesce(db, endpoint, 10)
+    receiver.script("/health", Reply(503), Reply(200))
+    ids = enqueue(db, endpoint, {"title": "link down"}, count=8)
+    spawn(db)
+    wait_final(db, ids, message="8 delivered")
+    requests = receiver.to("/health")
+    assert len(requests) == 2 and all(alerts_in(r) == alerts_in(requests[0]) for r in requests)
+    assert len(alerts_in(requests[0])) == 8
+    health = query(db, "SELECT total_attempts, successes, failures, consecutive_failures"
+                       " FROM webhooks.webhook_health_metrics WHERE webhook_id = %s", (endpoint,))
+    assert health == [(2, 1, 1, 0)]
+
+
 def test_a_lone_alert_on_an_idle_coalescing_endpoint_goes_at_once_and_alone(db, receiver, spawn):
     endpoint = add_endpoint(db, receiver.url("/quiet"), body_format="envelope", rate_limit_per_second=1)
     window = 60

@@ -53,3 +53,35 @@ def test_changing_a_coalescing_endpoint_to_a_format_that_never_coalesces_is_refu
     with pytest.raises(ValueError, match="--format raw: the endpoint coalesces"):
         policy_changes(None, None, "raw", stored_max=50)
     assert policy_changes(None, None, "raw", stored_max=None) == {}
+
+
+def test_a_digests_webhook_id_is_stable_across_releases():
+    # a receiver deduplicates a digest sent again by this id, possibly by a worker of a newer release
+    members = [Row(2, "alert-2"), Row(1, "alert-1")]
+    assert digest_webhook_id(members) == "digest_3acd2fc7913681cf0269a7358c458b18"
+
+
+@pytest.mark.parametrize(("args", "fields"), [
+    ((2, None, "slack"), {"coalesce_max": 2}),
+    ((1000, None, "slack"), {"coalesce_max": 1000}),
+    ((2, 0, "slack"), {"coalesce_max": 2, "coalesce_window": "0 seconds"}),
+    ((2, 3600, "slack"), {"coalesce_max": 2, "coalesce_window": "3600 seconds"}),
+])
+def test_the_policy_bounds_are_inclusive(args, fields):
+    assert policy_changes(*args) == fields
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((1, None, "slack"), "--coalesce-max: must be between 2 and 1000 rows per request, not 1"),
+    ((10, 3601, "slack"), "--coalesce-window: must be between 0 and 3600 seconds, not 3601"),
+    ((None, 5, "slack"), "--coalesce-window: needs --coalesce-max (how many rows one request may carry)"),
+    ((10, None, "raw"), "--coalesce-max: format raw is never coalesced (only slack, mattermost, envelope "
+                        "bodies can carry several alerts)"),
+    ((0, 5, "slack"), "--coalesce-window: not with --coalesce-max 0 (which turns coalescing off)"),
+    ((None, None, "raw", 50), "--format raw: the endpoint coalesces, and raw bodies never are; turn "
+                              "coalescing off first (--coalesce-max 0)"),
+])
+def test_each_policy_error_reads_in_full(args, message):
+    with pytest.raises(ValueError) as raised:
+        policy_changes(*args)
+    assert str(raised.value) == message

@@ -367,3 +367,34 @@ def test_url_problem_never_raises_for_url_shaped_text(scheme, authority, rest):
 @settings(max_examples=200, deadline=None)
 def test_display_url_never_raises(url):
     assert isinstance(display_url(url), str)
+
+
+# --- issue 32: mutants that survived ---------------------------------------------------------------
+
+
+def test_turning_block_private_off_allows_private_addresses():
+    # made here, not at import: what the settings give now is what is checked
+    policy = DestinationPolicy.from_settings(False, [], False)
+    assert policy.block_private is False
+    assert address_blocked("10.0.0.1", policy) is None
+    assert url_problem("http://127.0.0.1:8080/", policy) is None
+
+
+def test_an_address_with_an_ipv6_zone_id_is_judged_without_it():
+    assert address_blocked("fe80::1%eth0", DEFAULT) == "destination fe80::1 is not a public address"
+
+
+def test_a_legacy_ipv4_literal_in_capitals_is_still_an_address():
+    assert ip_literal("0X7F.1") == ipaddress.ip_address("127.0.0.1")
+    assert url_problem("http://0X7F.1/", DEFAULT) == "destination 127.0.0.1 is not a public address"
+
+
+@pytest.mark.parametrize(("url", "policy", "problem"), [
+    ("http://x.test:99999/", DEFAULT, "not a valid URL"),
+    ("x.test/a", DEFAULT, "scheme '(none)' is not allowed: only http and https"),
+    ("http://x.test/", DestinationPolicy(require_https=True), "https is required (security.require_https)"),
+    ("http:///a", DEFAULT, "URL has no host"),
+    ("http://x.test/a b", DEFAULT, "URL contains whitespace or control characters"),
+])
+def test_each_url_problem_reads_in_full(url, policy, problem):
+    assert url_problem(url, policy) == problem

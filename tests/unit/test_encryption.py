@@ -341,3 +341,60 @@ def test_the_keyring_keeps_no_opened_value():
     sealed = keyring.seal("https://x.test/hook/tok3n", encryption.URL, 5)
     assert keyring.open(sealed, encryption.URL, 5) == "https://x.test/hook/tok3n"
     assert not hasattr(Keyring._open, "cache_info")
+
+
+def test_key_ids_and_url_fingerprints_are_stable_across_releases():
+    # stored envelopes name their key by this id, and stored URL fingerprints are compared with new
+    # ones: a change of derivation would orphan both
+    assert encryption.key_id(bytes(32)) == "49ad0599"
+    ring = Keyring([bytes(32), bytes([1]) * 32])
+    assert ring.fingerprint("https://x.test/a") == "e42e269b"
+    assert ring.fingerprint("https://x.test/b") != ring.fingerprint("https://x.test/a")
+    # derived from the primary key only
+    assert Keyring([bytes([1]) * 32]).fingerprint("https://x.test/a") != "e42e269b"
+
+
+def test_missing_names_the_key_ids_in_use_the_keyring_lacks_in_order():
+    ring = Keyring([bytes(32)])
+    assert ring.missing(["plaintext", "ffff0000", "49ad0599", "0000ffff"]) == ["0000ffff", "ffff0000"]
+    assert ring.missing(["plaintext", "49ad0599"]) == []
+
+
+def test_settings_and_headers_open_plaintext_only_when_allowed():
+    ring = Keyring([bytes(32)])
+    assert ring.open_settings({"token": "plain"}, 1, allow_plaintext=True) == {"token": "plain"}
+    assert ring.open_headers({"X-Key": "plain"}, 1, allow_plaintext=True) == {"X-Key": "plain"}
+    with pytest.raises(encryption.UnsealedValue):
+        ring.open_settings({"token": "plain"}, 1)
+    with pytest.raises(encryption.UnsealedValue):
+        ring.open_headers({"X-Key": "plain"}, 1)
+
+
+def test_keyring_errors_say_what_is_wrong_in_their_own_words():
+    with pytest.raises(KeyringError) as raised:
+        Keyring([])
+    assert str(raised.value) == "no encryption key"
+    with pytest.raises(KeyringError) as raised:
+        Keyring.parse(base64.b64encode(bytes(16)).decode(), "test")
+    assert str(raised.value) == ("test: key 1 is 16 bytes; a key is 32 random bytes in base64 "
+                                 "(`webhook-worker keys generate`)")
+    sealed = Keyring([bytes(32)]).seal("x", "url")
+    with pytest.raises(DecryptionError) as raised:
+        Keyring([bytes(32)]).open(sealed, "signing_secret")
+    assert str(raised.value) == ("a value sealed with key 49ad0599 does not open (tampered or moved from "
+                                 "another field or endpoint)")
+    with pytest.raises(encryption.UnsealedValue) as raised:
+        Keyring([bytes(32)]).open("plain", "url")
+    assert str(raised.value) == ("url is stored unsealed and security.require_sealed refuses plaintext; "
+                                 "run `webhook-worker keys rotate` to seal it")
+
+
+def test_load_keyring_errors_say_how_to_make_a_key(tmp_path):
+    with pytest.raises(KeyringError) as raised:
+        load_keyring(None, {})
+    assert str(raised.value).endswith("(make one with `webhook-worker keys generate`)")
+    raw = tmp_path / "keys"
+    raw.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(KeyringError) as raised:
+        load_keyring(str(raw), {})
+    assert str(raised.value).endswith("is not text; keys are base64 (`openssl rand -base64 32`)")

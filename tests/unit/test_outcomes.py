@@ -102,3 +102,24 @@ def test_the_worker_s_own_texts_lose_the_url_s_secret_parts_even_where_cut_to_th
     unrendered = outcomes.cannot_render(row, "payload.title: SECRETQUERYVALUE is not a title")
     assert unrendered.reason == unrendered.error == (
         "cannot render as raw: payload.title: [redacted] is not a title")
+
+
+def test_every_outcome_names_its_row_lease_attempt_and_tenant():
+    # the tenant and rank make the delivery counter's label; the lease token is the fencing token
+    row = claimed(attempt=3, tenant="acme", tenant_rank=4)
+    for finished in (outcomes.from_attempt(row, Sent(AttemptResult(status=500), 5, "")),
+                     outcomes.from_attempt(row, Sent(AttemptResult(status=200), 5, "")),
+                     outcomes.interrupted(row, 2.0, 5),
+                     outcomes.cannot_render(row, "no title"),
+                     outcomes.internal_failure(row, "boom")):
+        assert (finished.delivery_id, finished.lease_token, finished.attempt, finished.tenant,
+                finished.tenant_rank) == (7, row.lease_token, 3, "acme", 4)
+
+
+def test_only_a_non_2xx_status_becomes_the_error_and_a_dead_letter_keeps_its_reason():
+    def error(status):
+        return outcomes.from_attempt(claimed(), Sent(AttemptResult(status=status), 1, "")).error
+
+    assert [error(s) for s in (199, 200, 299, 300)] == ["HTTP 199", None, None, "HTTP 300"]
+    gone = outcomes.from_attempt(claimed(), Sent(AttemptResult(status=404), 1, ""))
+    assert (gone.outcome, gone.reason, gone.error) == (Outcome.DEAD_LETTER, "HTTP 404", "HTTP 404")

@@ -7,10 +7,15 @@ from worker.destinations import DestinationPolicy
 from worker.registration import (
     MAX_URL_CHARS,
     PRODUCT_HEADERS,
+    TOKEN_CHARS,
+    VALUE_CHARS,
+    endpoint_name_problem,
     header_problem,
     headers_problem,
     is_reserved,
     registration_url_problem,
+    sendable_headers,
+    url_has_userinfo,
 )
 
 FRAMING = ["Transfer-Encoding", "transfer-encoding", "Connection", "Keep-Alive", "TE", "Trailer",
@@ -102,3 +107,54 @@ def test_the_length_is_checked_before_the_destination_rules():
     policy = DestinationPolicy()
     assert "scheme" in (registration_url_problem("ftp://example.com/x", policy) or "")
     assert "longer than" in (registration_url_problem("ftp://example.com/" + "x" * 3000, policy) or "")
+
+
+# --- the edges of each rule (issue 32: mutants that survived) -------------------------------------
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("payments", None),
+    ("Zahlungen – EU", None),
+    ("x" * 200, None),
+    ("x" * 201, "at most 200 characters"),
+    ("  ", "must not be empty"),
+    ("a\tb", "must be printable"),
+    ("1234", "must not be all digits (an all-digit ENDPOINT always means an id)"),
+    ("١٢٣", None),  # Arabic-Indic digits are not an id
+    ("v2", None),
+])
+def test_an_endpoint_name_is_checked_in_full(name, problem):
+    assert endpoint_name_problem(name) == problem
+
+
+def test_header_limits_are_inclusive():
+    every_token_char = "".join(sorted(TOKEN_CHARS))
+    assert header_problem(every_token_char, "v") is None
+    assert header_problem("x" * 256, "v") is None
+    assert header_problem("X-Big", "v" * 8192) is None
+    every_value_char = "!" + "".join(sorted(VALUE_CHARS)) + "!"
+    assert header_problem("X-All", every_value_char) is None
+    assert header_problem("X-Key", "XkeyX") is None  # only spaces and tabs count as padding
+    assert headers_problem("https://x.test/", {f"X-H{i}": "v" for i in range(50)}) is None
+    too_many = {f"X-H{i}": "v" for i in range(51)}
+    assert headers_problem("https://x.test/", too_many) == "at most 50 custom headers"
+
+
+def test_header_errors_read_in_full():
+    assert header_problem("", "v") == "a header name must not be empty"
+    assert header_problem("X Key", "v") == ("a header name must be an HTTP token (RFC 9110): ASCII letters, "
+                                            "digits and !#$%&'*+-.^_`|~, without spaces")
+    assert headers_problem("https://u:p@x.test/", {"Authorization": "Basic x"}) == (
+        "Authorization: the URL carries credentials (user:password@host) as well; give them in one "
+        "place only")
+
+
+def test_only_the_headers_the_rules_allow_are_sent():
+    stored = {"X-Key": "k", "Transfer-Encoding": "chunked", "Bad Name": "v", "X-Ctl": "a\nb"}
+    assert sendable_headers(stored) == {"X-Key": "k"}
+
+
+def test_a_url_that_does_not_parse_carries_no_credentials():
+    assert url_has_userinfo("http://[::1/") is False
+    assert url_has_userinfo("https://user@x.test/") is True
+    assert url_has_userinfo("https://x.test/") is False

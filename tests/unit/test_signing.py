@@ -92,3 +92,35 @@ def test_a_signing_secret_that_is_not_whsec_and_24_to_64_bytes_of_base64_is_refu
 def test_a_standard_webhooks_secret_of_24_to_64_bytes_is_accepted(secret):
     assert signing.secret_problem(secret) is None
     assert signing.secret_problem(signing.generate_secret()) is None
+
+
+@pytest.mark.parametrize("skew", [-300, 300])
+def test_verify_accepts_a_timestamp_exactly_at_the_tolerance(skew):
+    signing.verify(VECTOR_SECRET, headers(VECTOR_SIGNATURE), VECTOR_BODY, now=VECTOR_TIMESTAMP + skew)
+
+
+def test_verify_reads_the_clock_when_not_given_a_time():
+    import time
+
+    now = int(time.time())
+    body = b'{"now": true}'
+    signed = headers(signing.sign(VECTOR_SECRET, VECTOR_ID, now, body), timestamp=now)
+    signing.verify(VECTOR_SECRET, signed, body)
+    with pytest.raises(signing.VerificationError, match="tolerance"):
+        signing.verify(VECTOR_SECRET, headers(VECTOR_SIGNATURE), VECTOR_BODY)  # 2021's vector
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"webhook-id": None}, "missing header webhook-id"),
+    ({"webhook-signature": None}, "missing header webhook-signature"),
+    ({"webhook-timestamp": "soon"}, "webhook-timestamp is not an integer"),
+    ({}, "webhook-timestamp is outside the tolerance"),
+    ({"webhook-signature": "v1,AAAA"}, "no matching signature"),
+])
+def test_each_verification_failure_says_which(changes, message):
+    given = {k: v for k, v in {**headers(VECTOR_SIGNATURE), **changes}.items() if v is not None}
+    now = None if not changes else VECTOR_TIMESTAMP  # the vector's time is long past by the clock
+    with pytest.raises(signing.VerificationError) as raised:
+        signing.verify(VECTOR_SECRET, given, VECTOR_BODY, now=now)
+    assert str(raised.value) == message
+

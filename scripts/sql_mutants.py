@@ -1,0 +1,233 @@
+# ruff: noqa: E501 - the mutants are a table of SQL lines, kept one to a line
+"""Hand-made mutants of sql/functions/ (issue 32): each plants one realistic one-line bug in a
+function that guards a promise, runs the tests that should notice, and puts the file back.
+
+    .venv/bin/python scripts/sql_mutants.py            # every mutant, one after another
+    .venv/bin/python scripts/sql_mutants.py 3 17       # some of them, by number
+    .venv/bin/python scripts/sql_mutants.py --list     # what each one changes
+Each mutant runs the tests listed for it, then tests/integration/test_sql_guards.py (the fast SQL
+tests written for the mutants the others missed); `--also PATH` names another file for that second
+run. A mutant is caught when either run fails.
+
+Caught: the tests failed (pytest exit code 1). Survived: they passed. A mutant whose original
+line is no longer in its file is reported as `gone` (the function changed: update the list). Not
+part of scripts/test.sh: each mutant starts its own PostgreSQL and takes a while. The file is
+restored even when interrupted (Ctrl-C), and the run refuses to start over uncommitted SQL.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FUNCTIONS = ROOT / "sql" / "functions"
+PER_MUTANT_TIMEOUT = 900
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str
+    original: str
+    mutated: str
+    tests: tuple[str, ...]  # pytest arguments (one -k expression at most): paths, node ids, -k expressions
+    what: str
+    nth: int = 1  # which occurrence of `original` (for a line that appears more than once)
+
+
+def k(path: str, expression: str) -> tuple[str, ...]:
+    return (path, "-k", expression)
+
+
+SQL = "tests/integration/test_sql.py"
+PROMISES = "tests/integration/test_promises.py"
+TENANTS = "tests/integration/test_tenants.py"
+COALESCING = "tests/integration/test_coalescing.py"
+
+MUTANTS: list[Mutant] = [
+    # --- claim.sql: which rows and endpoints a claim may take ---
+    Mutant("claim.sql", "WHERE q.status IN ('pending', 'retrying')\n  AND (q.ordering_key IS NULL",
+           "WHERE q.status IN ('pending', 'retrying', 'dead_letter')\n  AND (q.ordering_key IS NULL",
+           (SQL,), "claimable: dead letters are claimable"),
+    Mutant("claim.sql", "        AND o.delivery_id < q.delivery_id\n",
+           "        AND o.delivery_id > q.delivery_id\n",
+           k(SQL, "ordering"), "claimable: the last row of an ordering key goes first"),
+    Mutant("claim.sql", "        WHERE q.status = 'delivering' AND q.locked_until < now()\n",
+           "        WHERE q.status = 'delivering' AND q.locked_until > now()\n",
+           k(SQL, "lease"), "reaper: live leases are ended, expired ones kept"),
+    Mutant("claim.sql", "               t.max_in_flight - t.flying,\n", "               t.max_in_flight,\n",
+           k(SQL, "cap or crowd"), "quota: rows in flight do not count against max_in_flight"),
+    Mutant("claim.sql", "ELSE floor(t.tokens_now)::integer END", "ELSE round(t.tokens_now)::integer END",
+           k(COALESCING, "rate or token"), "quota: a fractional rate token rounds up to a request"),
+    Mutant("claim.sql", "CASE t.circuit_state WHEN 'open' THEN t.probes",
+           "CASE t.circuit_state WHEN 'open' THEN p_batch_size",
+           k(PROMISES, "probe or circuit"), "quota: an open circuit whose sleep is over sends a batch, not probes"),
+    Mutant("claim.sql", "WHEN 'half_open' THEN t.probes - t.probe_results - t.flying",
+           "WHEN 'half_open' THEN t.probes - t.probe_results",
+           k(PROMISES, "probe or circuit"), "quota: probes in flight not counted in half-open"),
+    Mutant("claim.sql", "              AND (h2.paused_until IS NULL OR h2.paused_until <= now())\n",
+           "              AND (h2.paused_until IS NULL OR h2.paused_until >= now())\n",
+           k(SQL, "deferral or pause"), "endpoints: a Retry-After pause is ignored (first check)"),
+    Mutant("claim.sql", "              AND h2.circuit_state <> 'forced_open'\n", "",
+           (*k(SQL, "circuit"), *k(PROMISES, "circuit")), "endpoints: a forced-open circuit still sends (first check)"),
+    Mutant("claim.sql", "            attempts = q.attempts + 1,\n", "            attempts = q.attempts,\n",
+           k(SQL, "attempts or lease"), "full claim: the attempt is not counted when claimed", nth=2),
+    Mutant("claim.sql", "                    WHEN NOT t.id = ANY (coalesce(v_tenants, '{}')) THEN 0\n",
+           "                    WHEN NOT t.id = ANY (coalesce(v_tenants, '{}')) THEN p_batch_size\n",
+           k(TENANTS, "rate_limit or in_flight"), "tenant quota: a limited tenant held by another claim is unlimited"),
+    Mutant("claim.sql", "                               t.max_in_flight - f.flying,\n",
+           "                               t.max_in_flight,\n",
+           k(TENANTS, "in_flight"), "tenant quota: rows in flight do not count against the tenant cap"),
+    Mutant("claim.sql", "OR e.tenant_id IN (SELECT t.id FROM webhooks.tenants t WHERE t.name = ANY (p_tenants)))",
+           "OR e.tenant_id IN (SELECT t.id FROM webhooks.tenants t WHERE NOT t.name = ANY (p_tenants)))",
+           k(TENANTS, "pool"), "pools: a pool claims the other tenants' rows"),
+    Mutant("claim.sql", "          AND q.lease_token = l.lease_token\n", "",
+           k(SQL, "release"), "release: any lease of the row is released, not only the worker's own"),
+    Mutant("claim.sql", "            attempts = q.attempts - 1,\n", "            attempts = q.attempts,\n",
+           k(SQL, "release"), "release: the attempt is not given back"),
+    # --- finish.sql: fencing, decisions, the endpoint's health ---
+    Mutant("finish.sql", "AND q.delivery_id = t.delivery_id AND q.lease_token = t.lease_token",
+           "AND q.delivery_id = t.delivery_id",
+           k(SQL, "fencing or lease or stale"), "fencing: a finish under an old lease token is applied"),
+    Mutant("finish.sql", "left(t.response_excerpt, 1024), p_worker_id, t.lease_token, a.delivery_id IS NULL,",
+           "left(t.response_excerpt, 1024), p_worker_id, t.lease_token, false,",
+           k(SQL, "fencing or stale"), "fencing: a late outcome is not marked stale in the audit log"),
+    Mutant("finish.sql", "WHEN q.attempts >= coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts)",
+           "WHEN q.attempts > coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts)",
+           k(SQL, "max_attempts or dead_letter"), "finish: one attempt more than max_attempts"),
+    Mutant("finish.sql", "WHEN o.outcome = 'deferred' AND q.deferrals < cfg.max_deferrals THEN 'deferred'",
+           "WHEN o.outcome = 'deferred' AND q.deferrals <= cfg.max_deferrals THEN 'deferred'",
+           k(PROMISES, "deferral"), "finish: one deferral more than max_deferrals"),
+    Mutant("finish.sql", "attempts = CASE WHEN t.decision = 'deferred' THEN q.attempts - 1 ELSE q.attempts END,",
+           "attempts = q.attempts,",
+           k(SQL, "deferral"), "finish: a deferral does not give its attempt back"),
+    Mutant("finish.sql", "          AND t.reports_request\n", "",
+           k(COALESCING, "counts_once"), "digests: each member counts in the endpoint's health"),
+    Mutant("finish.sql", "              AND l.worker_id = p_worker_id AND NOT l.stale\n",
+           "              AND l.worker_id = p_worker_id\n",
+           k(SQL, "sent_again or fencing"), "finish: a stale outcome of this worker is answered as applied"),
+    Mutant("finish.sql", "OR coalesce(p_http_status IN (408, 429) OR p_http_status >= 500, false);",
+           "OR coalesce(p_http_status IN (408, 429) OR p_http_status >= 400, false);",
+           k(PROMISES, "400"), "circuit: a 4xx counts as the receiver being unavailable"),
+    # --- replay.sql ---
+    Mutant("replay.sql", "SET status = 'pending', attempts = 0, deferrals = 0, replays = q.replays + 1,",
+           "SET status = 'pending', deferrals = 0, replays = q.replays + 1,",
+           (*k(SQL, "replay"), *k(PROMISES, "replay")), "replay: attempts are not reset"),
+    Mutant("replay.sql", "WHERE q.delivery_id = ANY(p_delivery_ids) AND q.status IN ('dead_letter', 'delivered')",
+           "WHERE q.delivery_id = ANY(p_delivery_ids) AND q.status IN ('dead_letter', 'delivered', 'delivering')",
+           k(SQL, "replay"), "replay: a row in flight is put back in the queue"),
+    Mutant("replay.sql", "            digest_id = NULL\n", "            digest_id = q.digest_id\n",
+           k(COALESCING, "failed_digest"), "replay: a replayed member goes back into its digest"),
+    # --- tenants in views and functions ---
+    Mutant("replay.sql",
+           "          AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = "
+           "nullif(current_setting('webhooks.tenant', true), '')::bigint)\n", "",
+           k(TENANTS, "replay"), "replay --all --tenant T replays every tenant's dead letters"),
+    Mutant("replay.sql",
+           "WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = "
+           "nullif(current_setting('webhooks.tenant', true), '')::bigint;",
+           "WHERE true;",
+           ("tests/api/test_tenant_isolation.py",), "delivery_overview shows every tenant's rows"),
+    # --- api.sql and console.sql: tokens and sessions ---
+    Mutant("api.sql", "      AND (t.expires_at IS NULL OR t.expires_at > now());",
+           "      AND (t.expires_at IS NULL OR t.expires_at > now() - interval '1 day');",
+           k("tests/api/test_auth.py", "expired or revoked"), "tokens: an expired token works for a day more"),
+    Mutant("api.sql", "    WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL",
+           "    WHERE t.token_hash = p_token_hash",
+           k("tests/api/test_auth.py", "expired or revoked"), "tokens: a revoked token still works"),
+    Mutant("console.sql", "    WHERE s.session_hash = p_session_hash AND s.expires_at > now();",
+           "    WHERE s.session_hash = p_session_hash;",
+           k("tests/api/test_console.py", "session"), "console: a session past its lifetime still works"),
+    # --- enqueue.sql: idempotency ---
+    Mutant("enqueue.sql", "    IF NEW.idempotency_key IS NULL THEN\n        NEW.idempotency_key := NEW.event_id;",
+           "    IF NEW.idempotency_key IS NULL THEN\n        NEW.idempotency_key := gen_random_uuid()::text;",
+           k(SQL, "idempotency or duplicate"), "enqueue: a plain insert's key is not its event id"),
+    # --- retention.sql ---
+    Mutant("retention.sql", "        WHERE q.status = 'delivered' AND q.delivered_at < now() - cfg.delivered_retention\n",
+           "        WHERE q.status IN ('delivered', 'dead_letter') AND q.delivered_at < now() - cfg.delivered_retention\n",
+           ("tests/acceptance/test_operator_cli.py", "-k", "retention"), "purge: dead letters go with delivered rows"),
+    Mutant("retention.sql",
+           "          AND to_date(right(c.relname, 8), 'YYYYMMDD') + 1 <= (now() - cfg.log_retention)::date\n",
+           "          AND to_date(right(c.relname, 8), 'YYYYMMDD') <= (now() - cfg.log_retention)::date\n",
+           ("tests/acceptance/test_operator_cli.py", "-k", "retention"),
+           "purge: the partition of the day still inside retention is dropped"),
+]
+
+
+def pytest(args: list[str]) -> tuple[str, str]:
+    """Run the tests on the tree as it is now: (verdict, pytest's last line)."""
+    try:
+        proc = subprocess.run([str(ROOT / ".venv/bin/pytest"), "-q", "-x", "-p", "no:cacheprovider", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=PER_MUTANT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+    verdict = {0: "SURVIVED", 1: "caught", 5: "no tests ran"}.get(proc.returncode, f"error (exit {proc.returncode})")
+    return verdict, (proc.stdout.strip().splitlines()[-1:] or [""])[0]
+
+
+def run(numbers: list[int], also: str | None) -> int:
+    # a kill ends the run through the `finally` that puts the file back
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    dirty = subprocess.run(["git", "status", "--porcelain", "sql/functions"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout
+    if dirty.strip():
+        print(f"sql/functions has uncommitted changes; commit or stash them first:\n{dirty}", file=sys.stderr)
+        return 2
+    results: list[tuple[int, Mutant, str, float]] = []
+    for number in numbers:
+        mutant = MUTANTS[number - 1]
+        path = FUNCTIONS / mutant.file
+        text = path.read_text()
+        at = -1
+        for _ in range(mutant.nth):
+            at = text.find(mutant.original, at + 1)
+            if at < 0:
+                break
+        if at < 0:
+            results.append((number, mutant, "gone", 0.0))
+            print(f"#{number} gone: its original line is no longer in {mutant.file}", flush=True)
+            continue
+        started = time.monotonic()
+        extra = ""
+        try:
+            path.write_text(text[:at] + mutant.mutated + text[at + len(mutant.original):])
+            verdict, last = pytest(list(mutant.tests))
+            if also:
+                second, _ = pytest([also])
+                extra = f"; {also}: " + second.replace("SURVIVED", "not caught")
+                if second == "caught":
+                    verdict = "caught" if verdict == "caught" else f"caught (only by {Path(also).name})"
+        finally:
+            path.write_text(text)
+        took = time.monotonic() - started
+        results.append((number, mutant, verdict, took))
+        print(f"#{number} {verdict} ({took:.0f} s) {mutant.file}: {mutant.what} -- {last}{extra}", flush=True)
+    print("\nfile             mutants caught survived")
+    for file in sorted({m.file for _, m, _, _ in results}):
+        mine = [v for _, m, v, _ in results if m.file == file]
+        print(f"{file:16} {len(mine):7} {sum(v.startswith('caught') for v in mine):6} {mine.count('SURVIVED'):8}")
+    caught = sum(v.startswith("caught") for *_, v, _ in results)
+    print(f"all              {len(results):7} {caught:6} {sum(v == 'SURVIVED' for *_, v, _ in results):8}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--list"]:
+        for number, m in enumerate(MUTANTS, 1):
+            print(f"#{number} {m.file}: {m.what}\n    - {m.original.strip()}\n    + {m.mutated.strip()}")
+        return 0
+    also: str | None = "tests/integration/test_sql_guards.py"
+    if "--also" in argv:
+        at = argv.index("--also")
+        also = argv[at + 1]
+        argv = argv[:at] + argv[at + 2:]
+    numbers = [int(a) for a in argv] or list(range(1, len(MUTANTS) + 1))
+    return run(numbers, also)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

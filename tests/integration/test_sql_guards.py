@@ -1,0 +1,117 @@
+"""The conditions in sql/functions that guard a promise, each pinned by a short SQL-level test: the
+hand-made mutants of scripts/sql_mutants.py that no fast test caught (issue 32)."""
+
+import json
+
+import psycopg
+
+from tests.support import add_endpoint, enqueue, query
+
+
+def acquire(dsn, batch=10, worker="w"):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT delivery_id, lease_token::text, attempt FROM webhooks.acquire(%s, %s, 30)"
+                            " ORDER BY delivery_id", (worker, batch)).fetchall()
+
+
+def finish(dsn, worker, *outcomes):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT delivery_id, applied, status FROM webhooks.finish(%s, %s)",
+                            (worker, json.dumps(list(outcomes)))).fetchall()
+
+
+def circuit(dsn, endpoint, state, seconds_from_now=-1):
+    query(dsn, "UPDATE webhooks.webhook_health_metrics SET circuit_state = %s,"
+               " circuit_open_until = now() + make_interval(secs => %s) WHERE webhook_id = %s",
+          (state, seconds_from_now, endpoint))
+
+
+def test_an_open_circuit_whose_sleep_is_over_sends_its_probes_only_and_no_more_while_they_fly(db):
+    query(db, "UPDATE webhooks.delivery_config SET circuit_probes = 2")
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint, count=6)
+    circuit(db, endpoint, "open")
+    assert len(acquire(db)) == 2  # the probes, not a batch
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics") == [("half_open",)]
+    assert acquire(db) == []  # half-open: both probes still in flight, no place for a third
+
+
+def test_an_endpoint_whose_pause_is_over_sends_again(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint, count=2)
+    query(db, "UPDATE webhooks.webhook_health_metrics SET paused_until = now() + interval '1 hour'")
+    assert acquire(db) == []
+    query(db, "UPDATE webhooks.webhook_health_metrics SET paused_until = now() - interval '1 second'")
+    assert len(acquire(db)) == 2
+
+
+def test_the_full_claim_counts_each_attempt_when_it_claims(db):
+    # two endpoints: the full claim, not the short one of a single plain endpoint
+    first = add_endpoint(db, "http://127.0.0.1:9/a")
+    second = add_endpoint(db, "http://127.0.0.1:9/b")
+    ids = enqueue(db, first) + enqueue(db, second)
+    assert [a for *_, a in acquire(db)] == [1, 1]
+    assert query(db, "SELECT attempts FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s)",
+                 (ids,)) == [(1,), (1,)]
+
+
+def test_a_limited_tenant_held_by_another_claim_sends_nothing_in_this_one(db):
+    tenant = int(query(db, "SELECT webhooks.register_tenant('acme', %s)",
+                       (json.dumps({"rate_limit_per_second": 100}),))[0][0])
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = %s WHERE id = %s", (tenant, endpoint))
+    enqueue(db, endpoint, count=2)
+    with psycopg.connect(db) as other, psycopg.connect(db, autocommit=True) as claim:
+        other.execute("SELECT 1 FROM webhooks.tenants WHERE id = %s FOR UPDATE", (tenant,))  # another claim
+        # a claim never waits for another: were it to, this fails at once rather than hanging
+        claim.execute("SET lock_timeout = '2s'")
+        assert claim.execute("SELECT delivery_id FROM webhooks.acquire('w', 10, 30)").fetchall() == []
+    assert len(acquire(db)) == 2
+
+
+def test_release_gives_back_only_the_lease_it_names(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    [(_, token, _)] = acquire(db)
+    wrong = [{"delivery_id": delivery, "lease_token": "00000000-0000-0000-0000-000000000000"}]
+    assert query(db, "SELECT webhooks.release('w', %s)", (json.dumps(wrong),)) == [(0,)]
+    assert query(db, "SELECT status, lease_token::text FROM webhooks.alert_delivery_queue") == [
+        ("delivering", token)]
+
+
+def test_a_late_outcome_sent_again_is_still_stale_not_a_repeat_of_an_applied_one(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    [(_, token, attempt)] = acquire(db)
+    query(db, "SELECT webhooks.release('w', %s)",
+          (json.dumps([{"delivery_id": delivery, "lease_token": token}]),))
+    late = {"delivery_id": delivery, "lease_token": token, "attempt": attempt, "outcome": "delivered",
+            "http_status": 200}
+    assert finish(db, "w", late) == [(delivery, False, "stale")]
+    # the same batch again (its answer lost): the stale row in the log is no earlier write of it
+    assert finish(db, "w", late) == [(delivery, False, "stale")]
+    assert query(db, "SELECT status FROM webhooks.alert_delivery_queue") == [("pending",)]
+
+
+def test_a_row_in_flight_is_not_replayed(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    [delivery] = enqueue(db, endpoint)
+    [(_, token, _)] = acquire(db)
+    assert query(db, "SELECT webhooks.replay(%s)", (delivery,)) == [(False,)]
+    assert query(db, "SELECT status, attempts, lease_token::text FROM webhooks.alert_delivery_queue") == [
+        ("delivering", 1, token)]
+
+
+def test_a_bulk_replay_in_a_tenant_s_session_replays_only_that_tenant_s_dead_letters(db):
+    acme = int(query(db, "SELECT webhooks.register_tenant('acme')")[0][0])
+    mine = add_endpoint(db, "http://127.0.0.1:9/acme")
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = %s WHERE id = %s", (acme, mine))
+    theirs = add_endpoint(db, "http://127.0.0.1:9/default")
+    ids = enqueue(db, mine) + enqueue(db, theirs)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', dead_letter_reason = 'x',"
+              " dead_lettered_at = now()")
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme),))
+        assert conn.execute("SELECT webhooks.replay_dead_letters()").fetchone() == (1,)
+    after = query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
+    assert after == [(ids[0], "pending"), (ids[1], "dead_letter")]
