@@ -48,7 +48,8 @@ def logged_in(console: ConsoleServer, db: str, role: str, name: str | None = Non
 
 
 def test_pages_need_a_session(console):
-    for path in ("/console/", "/console/dead-letters", "/console/endpoints", "/console/deliveries/1"):
+    for path in ("/console/", "/console/dead-letters", "/console/endpoints", "/console/operations",
+                 "/console/deliveries/1"):
         answer = Browserless(console).get(path)
         assert answer.status == 303 and answer.headers["location"] == "/console/login", path
     assert Browserless(console).post("/console/dead-letters/replay", {"delivery_id": "1"}).status == 303
@@ -177,7 +178,8 @@ def test_every_page_carries_a_strict_csp_and_no_inline_script_or_style(console, 
     delivery_id = dead_letter(db)
     person = logged_in(console, db, "admin")
     pages = ["/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
-             f"/console/deliveries/{delivery_id}", "/console/deliveries/999999", "/console/nowhere"]
+             "/console/operations", f"/console/deliveries/{delivery_id}", "/console/deliveries/999999",
+             "/console/nowhere"]
     for path in pages:
         answer = person.get(path)
         assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
@@ -398,3 +400,24 @@ def test_dead_letters_are_listed_in_one_order_by_the_api_the_cli_and_the_console
     page = logged_in(console, db, "reader").get("/console/dead-letters").body.decode()
     shown = [int(n) for n in re.findall(r'href="/console/deliveries/(\d+)"', page)]
     assert list(dict.fromkeys(shown)) == oldest_first
+
+
+def test_a_running_bulk_replay_is_cancelled_from_the_console_by_an_admin_only(console, db):
+    [(running,)] = query(db, "SELECT webhooks.api_start_replay('{}', 0.01, NULL, 'api:ops')")
+    [(done,)] = query(db, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'api:ops')")
+    query(db, "SELECT webhooks.api_replay_step(%s, 10)", (done,))  # nothing to replay: done
+    reader = logged_in(console, db, "reader")
+    page = reader.get("/console/operations").body.decode()
+    assert f"<td>{running}</td>" in page and "Cancel</button>" not in page
+    assert reader.post(f"/console/operations/{running}/cancel", {"csrf": reader.csrf()}).status == 403
+    admin = logged_in(console, db, "admin", name="alice")
+    page = admin.get("/console/operations").body.decode()
+    assert page.count("Cancel</button>") == 1  # the running one only
+    answer = admin.post(f"/console/operations/{running}/cancel", {"csrf": admin.csrf()})
+    assert answer.status == 303 and "notice=operation_cancelled" in answer.headers["location"]
+    cancelled = query(db, "SELECT status, cancelled_by FROM webhooks.api_operations WHERE id = %s",
+                      (running,))
+    assert cancelled == [("cancelled", "alice (console)")]
+    again = admin.post(f"/console/operations/{done}/cancel", {"csrf": admin.csrf()})
+    assert again.status == 303 and "notice=operation_finished" in again.headers["location"]
+    assert admin.post("/console/operations/999999/cancel", {"csrf": admin.csrf()}).status == 404

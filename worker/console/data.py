@@ -169,3 +169,19 @@ def payload_text(payload: Any) -> tuple[str, bool]:
     if len(text) > PAYLOAD_SHOWN_CHARS:
         return text[:PAYLOAD_SHOWN_CHARS], True
     return text, False
+
+
+async def operations(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    """The bulk replays started over the API, newest first (row-level security keeps a scoped
+    caller to its tenant's)."""
+    return await fetch_all(
+        conn, "SELECT id, status, processed, max_rows, rate, filter, requested_by, cancelled_by, error,"
+              " created_at, finished_at FROM webhooks.api_operations ORDER BY id DESC LIMIT %s", (PAGE_ROWS,))
+
+
+async def cancel_operation(conn: psycopg.AsyncConnection[Any], operation_id: int,
+                           cancelled_by: str) -> str | None:
+    """Stop a running operation, as `operations cancel` does: its status after, None if there is none."""
+    row = await fetch_one(conn, "SELECT webhooks.api_cancel_operation(%s, %s) AS status",
+                          (operation_id, cancelled_by))
+    return None if row is None else row["status"]

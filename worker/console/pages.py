@@ -47,6 +47,8 @@ NOTICES = {
     "endpoint_changed": "Endpoint {id}: {action} done; the reason is recorded in its events.",
     "endpoint_unchanged": "Endpoint {id}: nothing to {action} (it already was).",
     "logged_out": "You are logged out.",
+    "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
+    "operation_finished": "Operation {id} had already ended: nothing to cancel.",
 }
 
 
@@ -318,6 +320,24 @@ async def endpoint_action(request: web.Request) -> web.Response:
                      id=endpoint_id, action=action)
 
 
+async def operations(request: web.Request) -> web.Response:
+    async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
+        rows = await data.operations(conn)
+    return render(request, "operations.html", page="operations", rows=rows)
+
+
+async def cancel_operation(request: web.Request) -> web.Response:
+    operation_id = forms.identifier("operation_id", request.match_info["operation_id"])
+    caller = request[CALLER]
+    async with request.app[STATE].db.transaction(caller) as conn:
+        status = await data.cancel_operation(conn, operation_id, f"{caller.name} (console)")
+    if status is None:
+        return error_page(request, 404, "Not found", f"operation {operation_id}: not found")
+    get_logger().info("console operation cancel", name=caller.name, operation_id=operation_id, status=status)
+    said = "operation_cancelled" if status == "cancelled" else "operation_finished"
+    return see_other("/operations", notice=said, id=operation_id)
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/", overview, name="overview")
     app.router.add_get("/login", login_page)
@@ -329,4 +349,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/deliveries/{delivery_id}/replay", replay_one)
     app.router.add_get("/endpoints", endpoints)
     app.router.add_post("/endpoints/{endpoint_id}", endpoint_action)
+    app.router.add_get("/operations", operations)
+    app.router.add_post("/operations/{operation_id}/cancel", cancel_operation)
     app.router.add_static("/static/", STATIC_DIR)
