@@ -137,7 +137,7 @@ def test_a_malformed_session_cookie_is_refused_without_asking_the_database(db):
     unreachable = make_conninfo(db, dbname="no_such_database")
     server = ConsoleServer(Config.model_validate({
         "database": {"url": unreachable, "pool_max_size": 1, "connect_timeout_seconds": 1},
-        "api": {"host": "127.0.0.1", "port": 0},
+        "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0},
     })).start()
     try:
         person = Browserless(server)

@@ -23,7 +23,7 @@ def timed(call):
 def test_while_the_database_is_down_the_api_answers_503_at_once_and_serves_again_after(own_pg):
     config = Config.model_validate({
         "database": {"url": own_pg.url, "pool_max_size": 4, "connect_timeout_seconds": POOL_WAIT_SECONDS},
-        "api": {"host": "127.0.0.1", "port": 0},
+        "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0},
         "security": {"allow_networks": LOOPBACK},
     })
     producer = make_token(own_pg.url, "producer")
