@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from worker.api.data import fetch_all, fetch_one
+from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.coalescing import digest_label
 from worker.console import chart
 from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
@@ -178,10 +179,3 @@ async def operations(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]
         conn, "SELECT id, status, processed, max_rows, rate, filter, requested_by, cancelled_by, error,"
               " created_at, finished_at FROM webhooks.api_operations ORDER BY id DESC LIMIT %s", (PAGE_ROWS,))
 
-
-async def cancel_operation(conn: psycopg.AsyncConnection[Any], operation_id: int,
-                           cancelled_by: str) -> str | None:
-    """Stop a running operation, as `operations cancel` does: its status after, None if there is none."""
-    row = await fetch_one(conn, "SELECT webhooks.api_cancel_operation(%s, %s) AS status",
-                          (operation_id, cancelled_by))
-    return None if row is None else row["status"]
