@@ -1,4 +1,4 @@
-"""Retention under a drain at full speed (issue 32, section `retention`): does the purge keep pace?
+"""Retention under a drain at full speed (section `retention`): does the purge keep pace?
 
 `--retention-rows` rows are preloaded and drained by `--retention-workers` workers with
 `delivered_retention` set to `--retention-seconds`. Every SAMPLE_SECONDS the harness counts the

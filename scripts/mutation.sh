@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of the pure decision modules (issue 32): mutmut plants small bugs in one module
+# Mutation testing of the pure decision modules: mutmut plants small bugs in one module
 # at a time and runs the unit tests that cover it; a mutant no test notices is a gap in the suite.
 # Not part of scripts/test.sh: it takes minutes per module. Run it by hand:
 #   scripts/mutation.sh                  # every module below, one after another

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - the mutants are a table of SQL lines, kept one to a line
-"""Hand-made mutants of sql/functions/ (issue 32): each plants one realistic one-line bug in a
+"""Hand-made mutants of sql/functions/: each plants one realistic one-line bug in a
 function that guards a promise, runs the tests that should notice, and puts the file back.
 
     .venv/bin/python scripts/sql_mutants.py            # every mutant, one after another

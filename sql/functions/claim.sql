@@ -80,7 +80,7 @@ $$;
 -- A row that comes back keeps its place in its endpoint's queue: its due time stays the one it was
 -- claimed at (no later than now), so it goes before the rows that were waiting behind it. Made due
 -- at now(), it went to the back: under a backlog a lost worker's rows, back within 1.4 s, were
--- resent after 12.7 s (issue 32). The claim's order and indexes are unchanged; the row's old key
+-- resent after 12.7 s. The claim's order and indexes are unchanged; the row's old key
 -- in the claimable index is simply an early one.
 CREATE OR REPLACE FUNCTION webhooks.end_leases(p_delivery_ids bigint[], p_cause text DEFAULT NULL,
                                                p_logged_cause text DEFAULT NULL) RETURNS integer

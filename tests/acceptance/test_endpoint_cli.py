@@ -227,7 +227,7 @@ def test_coalescing_is_set_at_add_changed_by_update_and_refused_where_it_cannot_
 @pytest.mark.parametrize("secret", ["nope", "whsec_AA==", "whsec_" + "QUJD" * 5 + "QUI="],
                          ids=["no-prefix", "1-byte", "17-bytes"])
 def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(db, tmp_path, secret):
-    # (issue 30) the Standard Webhooks form, at add and at rotate-secret, from the option or a file
+    # the Standard Webhooks form, at add and at rotate-secret, from the option or a file
     (tmp_path / "secret").write_text(secret + "\n")
     for given in (["--secret", secret], ["--secret-file", str(tmp_path / "secret")]):
         message = refused(db, "endpoints", "add", "--name", "s", "--url", URL, *given)
@@ -242,7 +242,7 @@ def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(
 
 
 def test_a_url_longer_than_2048_characters_is_refused_at_add_and_update(db, tmp_path):
-    # (issue 30) README's limit; 3,018 characters were accepted
+    # README's limit; 3,018 characters were accepted
     too_long = URL + "/" + "p" * (3018 - len(URL) - 1)
     (tmp_path / "url").write_text(too_long + "\n")
     for given in (["--url", too_long], ["--url-file", str(tmp_path / "url")]):

@@ -77,7 +77,7 @@ def test_tenant_filters_on_dlq_replay_all_and_status(db):
 
 
 def test_the_operators_channel_is_marked_for_every_tenants_operational_events_and_shown(db):
-    # (issue 30) an endpoint receives its own tenant's operational events unless an operator marks it
+    # an endpoint receives its own tenant's operational events unless an operator marks it
     run(db, "tenants", "add", "acme")
     run(db, "endpoints", "add", "--name", "acme-ops", "--url", "https://hooks.example.test/a",
         "--tenant", "acme", "--event-type", "webhook.*")

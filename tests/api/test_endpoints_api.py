@@ -223,7 +223,7 @@ def test_a_deliverys_attempts_name_the_digest_that_carried_them(api, role_tokens
                            for a in history)
 
 
-# --- every tenant's operational events: the operator's setting (issue 30) --------------------------
+# --- every tenant's operational events: the operator's setting ----------------------------------
 
 
 def test_only_an_unscoped_admin_marks_an_endpoint_for_every_tenants_operational_events(api, role_tokens, db):
@@ -259,7 +259,7 @@ def test_only_an_unscoped_admin_marks_an_endpoint_for_every_tenants_operational_
 
 
 def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(api, role_tokens, db):
-    # (issue 30) the CLI's rule (worker.signing.secret_problem), at registration and at rotation
+    # the CLI's rule (worker.signing.secret_problem), at registration and at rotation
     admin = role_tokens["admin"]
     endpoint = add_endpoint(db, "https://example.com/x", name="kept")
     before = query(db, "SELECT signing_secrets FROM webhooks.endpoints")
@@ -278,7 +278,7 @@ def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(
 
 
 def test_a_url_longer_than_2048_characters_is_refused_at_registration_and_change(api, role_tokens, db):
-    # (issue 30) README's limit, the CLI's constant; 3,018 characters were accepted
+    # README's limit, the CLI's constant; 3,018 characters were accepted
     admin = role_tokens["admin"]
     too_long = "https://example.com/SECRETPATH/" + "p" * (3018 - 31)
     created = api.post("/v1/endpoints", admin, {"name": "long", "url": too_long})

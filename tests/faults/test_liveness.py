@@ -92,7 +92,7 @@ def test_a_killed_worker_s_rows_come_back_within_seconds_not_a_lease(db, receive
 
 
 def test_a_killed_worker_s_rows_are_resent_before_the_backlog_that_waited_behind_them(db, receiver, spawn):
-    # Issue 32: reclaimed rows went to the back of their endpoint's queue, so under a backlog they
+    # Reclaimed rows went to the back of their endpoint's queue, so under a backlog they
     # were resent after everything that had been waiting behind them. The order of arrival says it,
     # whatever the machine's speed: the cap keeps the rescuer idle until the victim's rows are back.
     endpoint = add_endpoint(db, receiver.url("/backlog"), max_in_flight=5)

@@ -4,7 +4,7 @@ concurrency cap, half-open probes, a Retry-After pause, and one claim per endpoi
 tests/integration/test_limits.py shows them holding for a fleet of workers under load, by timing;
 these call webhooks.acquire() and webhooks.finish() directly, each through the short claim of one
 endpoint and the full one (`webhooks.claim_path`), and fail at once on the rule that broke
-(issue 32: mutants of these rules were caught only by the fleet tests)."""
+(mutants of these rules were once caught only by the fleet tests)."""
 
 import json
 

@@ -81,7 +81,7 @@ def test_an_answer_echoing_the_url_is_stored_without_its_secret_parts_and_with_t
 
 
 def test_a_digest_s_echoed_url_is_stored_without_its_secret_parts_for_every_member(db, receiver, spawn):
-    # rows held by the rate limit go as one request (issue 23): the second way outcomes are made
+    # rows held by the rate limit go as one request: the second way outcomes are made
     endpoint = add_endpoint(db, secret_url(receiver), body_format="envelope", rate_limit_per_second=5,
                             rate_limit_burst=1, max_attempts=1)
     coalesce(db, endpoint, 10)

@@ -1,4 +1,4 @@
-"""Retention (issue 32): rounds of short purge batches that keep pace with deliveries, several
+"""Retention: rounds of short purge batches that keep pace with deliveries, several
 workers purging at once, and audit-log partitions dropped on the right day."""
 
 from __future__ import annotations

@@ -521,7 +521,7 @@ def _expire_the_lease(db, worker, liveness):
 @pytest.mark.parametrize("lost", [_lose_the_worker, _expire_the_lease])
 def test_rows_reclaimed_from_a_lost_worker_keep_their_place_ahead_of_the_backlog(db, lost, claim_path):
     # Under a backlog, reclaimed rows that went to the back of their endpoint's queue were resent
-    # only after everything that was waiting behind them (issue 32): 12.7 s later, not 1.4 s.
+    # only after everything that was waiting behind them: 12.7 s later, not 1.4 s.
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10_000)
     backlog = enqueue(db, endpoint, count=2_000) + enqueue(db, endpoint, count=3_000)
     with psycopg.connect(worker_dsn(db), autocommit=True) as liveness:

@@ -1,5 +1,5 @@
-"""Input bounds in SQL (issue 16): reserved event types, traceparent, sizes, caller-controlled arguments;
-signing secrets (issue 30)."""
+"""Input bounds in SQL: reserved event types, traceparent, sizes, caller-controlled arguments;
+signing secrets."""
 
 import base64
 import json
@@ -181,7 +181,7 @@ def test_log_partitions_ahead_are_bounded_for_a_worker(db):
         assert conn.execute("SELECT webhooks.ensure_log_partitions(31)").fetchone()[0] > 0
 
 
-# --- signing secrets (issue 30) ------------------------------------------------------------------
+# --- signing secrets --------------------------------------------------------------------------
 
 SECRET_CASES = [p.values[0] for p in REFUSED_SECRETS] + ACCEPTED_SECRETS
 

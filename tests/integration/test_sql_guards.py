@@ -1,5 +1,5 @@
 """The conditions in sql/functions that guard a promise, each pinned by a short SQL-level test: the
-hand-made mutants of scripts/sql_mutants.py that no fast test caught (issue 32)."""
+hand-made mutants of scripts/sql_mutants.py that no fast test caught."""
 
 import json
 

@@ -229,7 +229,7 @@ def test_no_tenant_may_take_the_overflow_label_s_name(db):
     assert query(db, "SELECT count(*) FROM webhooks.tenants WHERE name = 'other'") == [(0,)]
 
 
-# --- operational events stay in their tenant (issue 30) ---------------------------------------------
+# --- operational events stay in their tenant -----------------------------------------------------
 
 def operational_rows(dsn: str) -> dict[int, list[tuple[str, str, str]]]:
     """Each subscriber's queued operational events: (event type, endpoint it is about, reason)."""

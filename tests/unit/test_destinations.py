@@ -369,7 +369,7 @@ def test_display_url_never_raises(url):
     assert isinstance(display_url(url), str)
 
 
-# --- issue 32: mutants that survived ---------------------------------------------------------------
+# --- the edges mutants showed untested ---------------------------------------------------------------
 
 
 def test_turning_block_private_off_allows_private_addresses():

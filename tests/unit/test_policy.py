@@ -120,7 +120,7 @@ def test_every_failure_category_sql_writes_is_one_the_filters_accept():
     assert written and written <= set(CATEGORIES), written - set(CATEGORIES)
 
 
-# --- every field of a decision, and the edges of each range (issue 32: mutants that survived) -----
+# --- every field of a decision, and the edges of each range (mutants showed them untested) -----
 
 
 @pytest.mark.parametrize(("result", "decision"), [

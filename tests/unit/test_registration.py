@@ -87,7 +87,7 @@ def test_headers_problem_reports_the_first_bad_header():
     assert problem is not None and "Transfer-Encoding" in problem
 
 
-# --- the URL's length (issue 30): README's 2,048 characters, for the CLI and the API alike ----------
+# --- the URL's length: README's 2,048 characters, for the CLI and the API alike ----------
 
 HOOK = "https://hooks.example.com/"
 
@@ -109,7 +109,7 @@ def test_the_length_is_checked_before_the_destination_rules():
     assert "longer than" in (registration_url_problem("ftp://example.com/" + "x" * 3000, policy) or "")
 
 
-# --- the edges of each rule (issue 32: mutants that survived) -------------------------------------
+# --- the edges of each rule (mutants showed them untested) -------------------------------------
 
 
 @pytest.mark.parametrize(("name", "problem"), [

@@ -64,7 +64,7 @@ def _base64_of(length: int) -> str:
     return base64.b64encode(bytes(range(length))).decode()
 
 
-# (issue 30) what the CLI and the API refuse, and why; sql/functions/endpoints.sql repeats the rule
+# what the CLI and the API refuse, and why; sql/functions/endpoints.sql repeats the rule
 REFUSED_SECRETS = [
     pytest.param("nope", "does not start with 'whsec_'", id="no-prefix"),
     pytest.param(_base64_of(32), "does not start with 'whsec_'", id="bare-base64"),
