@@ -63,7 +63,7 @@ def _storm_run(ctx: Context, label: str, coalesce_max: int | None) -> dict[str, 
                 due = storm_start + tick * a.storm_seconds / ticks
                 time.sleep(max(0.0, due - time.time()))
                 count = a.storm_alerts * (tick + 1) // ticks - a.storm_alerts * tick // ticks
-                conn.query(insert, (endpoint, payload_json(tick), count))
+                conn.execute(insert, (endpoint, payload_json(tick), count))
         deadline = time.monotonic() + a.drain_timeout
         delivered = 0
         while time.monotonic() < deadline:
