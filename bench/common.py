@@ -83,7 +83,7 @@ def payload_json(n: int, extra: dict[str, Any] | None = None) -> str:
 
 
 def median_of(values: list[float]) -> dict[str, Any]:
-    """A timed figure as issue 22 prints it: the median, and the values it is the median of."""
+    """A timed figure as the report prints it: the median, and the values it is the median of."""
     return {"median": round(statistics.median(values), 4), "values": [round(v, 4) for v in values]}
 
 
