@@ -115,7 +115,8 @@ def render_cli() -> str:
 
     def walk(words: list[str], parser: argparse.ArgumentParser, summary: str) -> None:
         title = " ".join([PROGRAM, *words])
-        lines.extend(["", f"### `{title}`", ""])
+        # a heading, not a code span: the README test would run `webhook-worker …` spans
+        lines.extend(["", f"### {title}", ""])
         description = " ".join((parser.description or summary).split())
         if description:
             lines.extend([description[:1].upper() + description[1:], ""])
