@@ -222,6 +222,9 @@ CONFIG_MEANINGS = {
                            "name the client (docs/security.md)",
     "api.max_body_bytes": "request bodies above it get 413 before they are read",
     "api.replay_step_rows": "dead letters a bulk replay puts back per step",
+    "api.require_known_event_types": "refuse (422) a publish whose event type is not in the catalogue "
+                                     "(`webhooks.event_types`); off, only catalogued types are checked, "
+                                     "against their JSON Schema",
     "api.metrics_port": "the API's `/metrics`, on `api.host`, not on `api.port`; 0 picks a free one",
     "api.head_timeout_seconds": "a request head must arrive whole within it, else 408 and the "
                                 "connection closes",
