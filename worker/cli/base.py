@@ -15,6 +15,7 @@ from worker import operations
 from worker.config import Config, load_config
 from worker.encryption import Keyring, load_keyring
 from worker.operations import find_endpoint
+from worker.shapes import json_default
 from worker.tables import cell, print_table
 
 Handler = Callable[[argparse.Namespace], int]
@@ -51,7 +52,7 @@ def connect(args: argparse.Namespace) -> psycopg.Connection:
 def emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> None:
     """JSON for scripts (--json), a table for people."""
     if getattr(args, "json", False):
-        print(json.dumps(data, default=str, indent=None))
+        print(json.dumps(data, default=json_default))
     elif columns is not None:
         rows = data if isinstance(data, list) else [data]
         print_table(columns, [[cell(row.get(c)) for c in columns] for row in rows])
