@@ -42,7 +42,8 @@ async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     # The last failure's category comes from the audit log, read only from the last failure's time on.
     return await fetch_all(
         conn,
-        "SELECT s.id, s.name, s.url_display, s.active, s.disabled_reason, s.health_status, s.circuit_state,"
+        "SELECT s.id, s.name, s.description, s.url_display, s.active, s.disabled_reason, s.health_status,"
+        "       s.circuit_state,"
         "       s.circuit_open_until, s.consecutive_failures, s.last_success_at, s.last_failure_at,"
         "       f.failure_category AS last_failure_category"
         " FROM webhooks.endpoint_summary s"
