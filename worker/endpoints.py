@@ -173,7 +173,8 @@ class EndpointFields(_Model):
 
 
 class EndpointCreate(EndpointFields):
-    name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS, pattern=r"\D",
+    # not all digits: endpoint_name_problem says so in words (the pattern is for the document)
+    name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS, json_schema_extra={"pattern": r"\D"},
                       description="unique; not all digits (an all-digit ENDPOINT always means an id)")
     url: str = Field(min_length=1, repr=False, json_schema_extra={"maxLength": MAX_URL_CHARS},
                      description="kept sealed; never shown again")
@@ -312,13 +313,13 @@ def _columns(body: EndpointFields) -> dict[str, Any]:
     return found
 
 
-def _refused(exc: psycopg.Error, name: str | None = None) -> EndpointProblem:
+def _refused(exc: psycopg.Error, name: str | None = None, tenant: str | None = None) -> EndpointProblem:
     """What the database refused, as a field problem (its DETAIL may quote the row: never used)."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         return EndpointProblem("name", f"an endpoint named {name!r} exists" if name else
                                "an endpoint with this name exists", conflict=True)
     if isinstance(exc, psycopg.errors.NoDataFound):
-        return EndpointProblem("tenant", "no such tenant (tenants list shows them)")
+        return EndpointProblem("tenant", f"no tenant named {tenant!r} (tenants list shows them)")
     constraint = getattr(exc.diag, "constraint_name", None) or ""
     if constraint == "tenant_max_endpoints":
         return EndpointProblem("tenant", str(exc.diag.message_primary), conflict=True)
@@ -358,7 +359,7 @@ def register(conn: psycopg.Connection, body: EndpointCreate, keyring: Keyring, *
         field, _, detail = str(exc).partition(": ")
         raise EndpointProblem(field, detail) from None
     except (psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound, psycopg.errors.CheckViolation) as exc:
-        raise _refused(exc, body.name) from None
+        raise _refused(exc, body.name, tenant) from None
     return Registered(endpoint_id, body.name, spec.url_display, secret)
 
 
