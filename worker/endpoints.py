@@ -13,12 +13,12 @@ import psycopg
 from psycopg.rows import dict_row
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker import coalescing, operations, signing
+from worker import coalescing, operator_sql, signing
 from worker.config import Config
 from worker.delivery import display_url
 from worker.destinations import Address, DestinationPolicy, address_blocked, ip_literal
 from worker.encryption import Keyring
-from worker.operations import EndpointSpec
+from worker.operator_sql import EndpointSpec
 from worker.policy import RetrySchedule
 from worker.registration import (
     MAX_ENDPOINT_NAME_CHARS,
@@ -352,10 +352,10 @@ def register(conn: psycopg.Connection, body: EndpointCreate, keyring: Keyring, *
     )
     try:
         with conn.transaction():
-            endpoint_id = operations.register_endpoint(conn, spec, keyring)
+            endpoint_id = operator_sql.register_endpoint(conn, spec, keyring)
             if later:
-                operations.update_endpoint(conn, endpoint_id, later, keyring)
-    except operations.InvalidEndpoint as exc:
+                operator_sql.update_endpoint(conn, endpoint_id, later, keyring)
+    except operator_sql.InvalidEndpoint as exc:
         field, _, detail = str(exc).partition(": ")
         raise EndpointProblem(field, detail) from None
     except (psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound, psycopg.errors.CheckViolation) as exc:
@@ -373,16 +373,18 @@ def update(conn: psycopg.Connection, endpoint_id: int, body: EndpointUpdate, key
     try:
         with conn.transaction():
             if coalesce or body.body_format is not None:
-                stored_format, stored_max = operations.endpoint_coalescing(conn, endpoint_id) or (None, None)
+                stored = operator_sql.endpoint_coalescing(conn, endpoint_id)
+                stored_format, stored_max = stored or (None, None)
                 changes.update(_coalescing(body, body.body_format or stored_format, stored_max))
             if body.routing_key is not None or body.body_format == "pagerduty":
-                stored_format, settings = operations.endpoint_format_and_settings(conn, endpoint_id, keyring)
+                stored_format, settings = operator_sql.endpoint_format_and_settings(
+                    conn, endpoint_id, keyring)
                 check_routing_key(body.body_format, body.routing_key, stored_format,
                                   "routing_key" in settings)
                 if body.routing_key is not None:
                     changes["secret_settings"] = {**settings, "routing_key": body.routing_key}
-            operations.update_endpoint(conn, endpoint_id, changes, keyring)
-    except operations.InvalidEndpoint as exc:
+            operator_sql.update_endpoint(conn, endpoint_id, changes, keyring)
+    except operator_sql.InvalidEndpoint as exc:
         field, _, detail = str(exc).partition(": ")
         raise EndpointProblem(field, detail) from None
     except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:

@@ -320,7 +320,8 @@ def test_endpoint_changes_call_the_sql_functions_and_record_the_reason(console, 
         ("circuit_forced_open", None, "bob (console): receiver asked us to hold"),
         ("circuit_reset", None, "bob (console): receiver is back"),
     ]
-    query(db, "SELECT webhooks.update_endpoint(%s, '{\"description\": \"<b>on-call</b> pager\"}')", (endpoint,))
+    query(db, "SELECT webhooks.update_endpoint(%s, %s)",
+          (endpoint, json.dumps({"description": "<b>on-call</b> pager"})))
     page = person.get("/console/endpoints").body.decode()
     assert "receiver asked us to hold" in page
     assert "&lt;b&gt;on-call&lt;/b&gt; pager" in page  # the description, as text

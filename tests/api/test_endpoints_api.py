@@ -151,7 +151,8 @@ def test_rotate_secret_and_delete(api, role_tokens, db):
 def test_the_coalescing_policy_is_set_read_changed_and_turned_off_over_http(api, role_tokens, db):
     admin = role_tokens["admin"]
     created = api.post("/v1/endpoints", admin, {"name": "storm", "url": "https://example.com/x",
-                                                "body_format": "slack", "coalesce_max": 20, "coalesce_window": 5})
+                                                "body_format": "slack", "coalesce_max": 20,
+                                                "coalesce_window": 5})
     assert created.status == 201, created.body
     assert (created.json["coalesce_max"], created.json["coalesce_window"]) == (20, 5.0)
     endpoint = created.json["id"]
@@ -183,7 +184,8 @@ def test_a_bad_coalescing_policy_is_refused_naming_the_field(api, role_tokens, d
         assert answer.status == 422, (fields, answer.body)
         assert answer.json["field"] == field and words in answer.json["detail"], (fields, answer.json)
     assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
-    slack = api.post("/v1/endpoints", admin, {"name": "s", "url": "https://example.com/x", "body_format": "slack",
+    slack = api.post("/v1/endpoints", admin, {"name": "s", "url": "https://example.com/x",
+                                              "body_format": "slack",
                                               "coalesce_max": 5}).json["id"]
     # a coalescing endpoint cannot move to a format that never is
     answer = api.request("PATCH", f"/v1/endpoints/{slack}", admin, {"body_format": "raw"})
@@ -323,7 +325,8 @@ def test_an_endpoint_read_can_be_sent_back_unchanged_numbers_as_numbers_duration
 
 def test_the_input_names_before_one_shape_still_work(api, role_tokens):
     created = api.post("/v1/endpoints", role_tokens["admin"], {
-        "name": "old-names", "url": "https://example.com/x", "rate_limit": 2, "burst": 4, "format": "envelope"})
+        "name": "old-names", "url": "https://example.com/x",
+        "rate_limit": 2, "burst": 4, "format": "envelope"})
     assert created.status == 201, created.body
     assert (created.json["rate_limit_per_second"], created.json["rate_limit_burst"],
             created.json["body_format"]) == (2.0, 4, "envelope")

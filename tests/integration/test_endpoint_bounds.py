@@ -48,7 +48,8 @@ def sql_bounds(db: str) -> dict[str, dict[str, float]]:
             continue  # a rule between columns, not a bound
         for match in COMPARISON.finditer(definition):
             found.setdefault(match["left"], {})[OPERATORS[match["op"]]] = value(match["right"])
-    for (column,) in query(db, "SELECT attname FROM pg_attribute WHERE attrelid = 'webhooks.endpoints'::regclass"
+    for (column,) in query(db, "SELECT attname FROM pg_attribute"
+                               " WHERE attrelid = 'webhooks.endpoints'::regclass"
                                " AND atttypid = 'integer'::regtype"):
         found.setdefault(column, {}).setdefault("maximum", INTEGER_MAX)
     return found

@@ -11,7 +11,7 @@ from psycopg.types.json import Jsonb
 
 from worker import endpoints as endpoint_service
 from worker.api.data import fetch_all, fetch_one
-from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
+from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
 

@@ -16,7 +16,7 @@ from pydantic import Field, JsonValue, field_validator
 
 from worker import coalescing, signing
 from worker import endpoints as endpoint_service
-from worker import operations as operator_queries
+from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
@@ -349,7 +349,7 @@ def _keyring(state: ApiState) -> Any:
 
 
 async def _sync(state: ApiState, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The operator functions of worker.operations (sealing credentials bound to the endpoint's id) on a
+    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) on a
     connection of their own, in a thread: the same code the CLI runs, in one transaction as
     webhooks_admin (admin routes only)."""
 

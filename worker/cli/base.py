@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 
-from worker import operations
+from worker import operator_sql
 from worker.config import Config, load_config
 from worker.encryption import Keyring, load_keyring
-from worker.operations import find_endpoint
+from worker.operator_sql import find_endpoint
 from worker.shapes import json_default
 from worker.tables import cell, print_table
 
@@ -46,7 +46,7 @@ def keyring_of(config: Config) -> Keyring:
 
 
 def connect(args: argparse.Namespace) -> psycopg.Connection:
-    return operations.connect(config_of(args))
+    return operator_sql.connect(config_of(args))
 
 
 def emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> None:
@@ -73,7 +73,7 @@ def tenant_scope(conn: psycopg.Connection, args: argparse.Namespace) -> None:
     if getattr(args, "tenant", None) is None:
         return
     try:
-        operations.scope_to_tenant(conn, args.tenant)
+        operator_sql.scope_to_tenant(conn, args.tenant)
     except psycopg.errors.NoDataFound:
         raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
 

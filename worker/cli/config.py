@@ -7,20 +7,21 @@ import json
 
 import psycopg
 
-from worker import operations
+from worker import operator_sql
 from worker.cli.base import Commands, UsageError, connect, emit, endpoint_ref
 from worker.policy import RetrySchedule
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     with connect(args) as conn:
-        emit(args, operations.show_config(conn))
+        emit(args, operator_sql.show_config(conn))
     return 0
 
 
 def cmd_config_set(args: argparse.Namespace) -> int:
-    if args.key not in operations.SETTABLE:
-        raise UsageError(f"KEY {args.key!r}: not a setting; one of {', '.join(sorted(operations.SETTABLE))}")
+    if args.key not in operator_sql.SETTABLE:
+        settable = ", ".join(sorted(operator_sql.SETTABLE))
+        raise UsageError(f"KEY {args.key!r}: not a setting; one of {settable}")
     if args.key == "retry_schedule":
         try:
             RetrySchedule.from_json(json.loads(args.value), 0.0)
@@ -28,7 +29,7 @@ def cmd_config_set(args: argparse.Namespace) -> int:
             raise UsageError(f"retry_schedule: {exc}") from None
     with connect(args) as conn:
         try:
-            operations.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
+            operator_sql.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
             raise UsageError(f"{args.key}: {message}") from None
@@ -39,7 +40,7 @@ def cmd_config_set(args: argparse.Namespace) -> int:
 def cmd_purge(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         webhook_id = endpoint_ref(conn, args.endpoint) if args.endpoint else None
-        done = operations.purge(conn, args.dead_letters_older_than, webhook_id)
+        done = operator_sql.purge(conn, args.dead_letters_older_than, webhook_id)
     emit(args, done)
     return 0
 

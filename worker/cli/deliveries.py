@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from worker import coalescing, operations
+from worker import coalescing, operator_sql
 from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, endpoint_ref, tenant_scope
 from worker.policy import CATEGORIES
 from worker.tables import cell, print_table
@@ -24,7 +24,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError("--payload: not valid JSON") from None
     with connect(args) as conn:
-        delivery_id = operations.enqueue_one(conn, endpoint_ref(conn, args.endpoint), args.event_type,
+        delivery_id = operator_sql.enqueue_one(conn, endpoint_ref(conn, args.endpoint), args.event_type,
                                      args.payload, args.key)
     emit(args, {"delivery_id": delivery_id}) if args.json else print(f"delivery {delivery_id} queued")
     return 0
@@ -33,7 +33,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         tenant_scope(conn, args)
-        status = operations.queue_status(conn)
+        status = operator_sql.queue_status(conn)
     if args.json:
         emit(args, status)
         return 0
@@ -51,7 +51,7 @@ def cmd_deliveries_show(args: argparse.Namespace) -> int:
     if (args.id is None) == (args.key is None):
         raise UsageError("give a delivery id or --key, not both")
     with connect(args) as conn:
-        found = operations.find_deliveries(conn, args.id, args.key)
+        found = operator_sql.find_deliveries(conn, args.id, args.key)
     if not found:
         raise CommandFailed("no such delivery")
     if args.json:
@@ -90,10 +90,10 @@ def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, An
 
 
 def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> datetime | None:
-    """The option's timestamp or time ago (operations.point_in_time); anything else names the option."""
+    """The option's timestamp or time ago (operator_sql.point_in_time); anything else names the option."""
     if value is None:
         return None
-    when = operations.point_in_time(conn, value)
+    when = operator_sql.point_in_time(conn, value)
     if when is None:
         raise UsageError(f"{option}: {value!r} is neither a timestamp nor a time ago such as '1 hour ago'")
     return when
@@ -102,7 +102,7 @@ def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> 
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         tenant_scope(conn, args)
-        rows = operations.dead_letters(conn, _filters(conn, args), args.limit)
+        rows = operator_sql.dead_letters(conn, _filters(conn, args), args.limit)
     emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
                        "last_http_status", "dead_letter_reason", "dead_lettered_at"])
     return 0
@@ -116,7 +116,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         tenant_scope(conn, args)
         if args.id is not None:
-            if not operations.replay_one(conn, args.id):
+            if not operator_sql.replay_one(conn, args.id):
                 raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
             print(f"delivery {args.id} queued again (same webhook-id)")
             return 0
@@ -127,11 +127,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         # dead letters when it started: one that fails again is not replayed a second time, so the
         # run ends even while the receiver keeps refusing.
         filters, total = _filters(conn, args), 0
-        filters["until"] = operations.started_before(conn, filters["until"])
+        filters["until"] = operator_sql.started_before(conn, filters["until"])
         pause = args.batch / args.rate if args.rate else 0.0
         while True:
             step = min(args.batch, args.max - total) if args.max else args.batch
-            replayed = operations.replay_batch(conn, filters, step)
+            replayed = operator_sql.replay_batch(conn, filters, step)
             total += replayed
             if replayed:
                 print(f"replayed {total} so far", file=sys.stderr)
@@ -144,7 +144,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_operations_list(args: argparse.Namespace) -> int:
     with connect(args) as conn:
-        rows = operations.bulk_operations(conn, args.limit)
+        rows = operator_sql.bulk_operations(conn, args.limit)
     emit(args, rows, ["id", "kind", "status", "processed", "max_rows", "rate", "requested_by",
                        "cancelled_by", "created_at", "finished_at"])
     return 0
@@ -152,7 +152,7 @@ def cmd_operations_list(args: argparse.Namespace) -> int:
 
 def cmd_operations_cancel(args: argparse.Namespace) -> int:
     with connect(args) as conn:
-        status = operations.cancel_operation(conn, args.id, "cli")
+        status = operator_sql.cancel_operation(conn, args.id, "cli")
     if status is None:
         raise CommandFailed(f"ID {args.id}: no operation with this id")
     if status != "cancelled":

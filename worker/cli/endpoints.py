@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
-from worker import __version__, operations, signing
+from worker import __version__, operator_sql, signing
 from worker import endpoints as service
 from worker.cli.base import (
     EXIT_FAILURE,
@@ -32,7 +32,7 @@ from worker.config import Config
 from worker.destinations import Address
 from worker.encryption import Keyring, KeyringError
 from worker.model import Sent
-from worker.operations import set_circuit, set_endpoint_active
+from worker.operator_sql import set_circuit, set_endpoint_active
 from worker.registration import header_problem
 from worker.tables import cell, print_table
 
@@ -245,7 +245,7 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     try:
         body = service.parse(service.EndpointCreate, data)
         _check_destination(body.url, config)
-        with operations.connect(config) as conn:
+        with operator_sql.connect(config) as conn:
             registered = service.register(conn, body, keyring, tenant=args.tenant, active=not args.verify)
             if args.verify:
                 problem = verify_endpoint(body.url, registered.signing_secret, timeout=10.0, config=config)
@@ -287,7 +287,7 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         endpoint_id = endpoint_ref(conn, args.endpoint)
         details = service.read(conn, endpoint_id) or {}
-        details.update(operations.endpoint_activity(conn, endpoint_id))
+        details.update(operator_sql.endpoint_activity(conn, endpoint_id))
     if args.json:
         emit(args, details)
         return 0
@@ -311,7 +311,7 @@ def cmd_endpoints_disable(args: argparse.Namespace) -> int:
 
 def _set_active(args: argparse.Namespace, active: bool) -> int:
     config = config_of(args)
-    with operations.connect(config) as conn:
+    with operator_sql.connect(config) as conn:
         endpoint_id = endpoint_ref(conn, args.endpoint)
         change = set_endpoint_active(conn, endpoint_id, active, getattr(args, "reason", ""))
     state = "enabled" if active else "disabled"
@@ -323,7 +323,7 @@ def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
     config = config_of(args)
     if args.action != "open" and args.until:
         raise UsageError("--until: only with 'open'")
-    with operations.connect(config) as conn:
+    with operator_sql.connect(config) as conn:
         endpoint_id = endpoint_ref(conn, args.endpoint)
         change = set_circuit(conn, endpoint_id, args.action, args.until)
     print(f"endpoint {endpoint_id}: {change}")
@@ -337,9 +337,9 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
     except KeyringError as exc:
         keyring = None  # the list is still useful without the keys; only the fingerprints need them
         print(f"webhook-worker: URL fingerprints not shown: {exc}", file=sys.stderr)
-    with operations.connect(config) as conn:
+    with operator_sql.connect(config) as conn:
         rows = service.listing(conn)
-        fingerprints = operations.url_fingerprints(conn, keyring) if keyring is not None else {}
+        fingerprints = operator_sql.url_fingerprints(conn, keyring) if keyring is not None else {}
     for row in rows:
         row["url_fingerprint"] = fingerprints.get(row["id"])
     if args.json:
@@ -361,7 +361,7 @@ def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
         expire_at = datetime.now(UTC) + timedelta(hours=args.expire_old_after)
     with connect(args) as conn:
         endpoint_id = endpoint_ref(conn, args.endpoint)
-        active = operations.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
+        active = operator_sql.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
     if args.json:
         print(json.dumps({"id": endpoint_id, "signing_secret": secret, "secrets": active,
                           "old_expire_at": expire_at}, default=str))

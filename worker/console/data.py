@@ -11,7 +11,7 @@ from worker.api.data import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.coalescing import digest_label
 from worker.console import chart
-from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
+from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
 
 CHART_HOURS = 6
 CHART_BUCKET = timedelta(minutes=10)

@@ -1,4 +1,5 @@
-"""The operator's calls: synchronous functions over one psycopg connection, for the CLI and the demo."""
+"""The operator's SQL: synchronous calls over one psycopg connection, for the CLI, the demo and the
+endpoint service (the API runs its endpoint writes through them too, in a thread)."""
 
 from __future__ import annotations
 
