@@ -5,7 +5,8 @@ the console call these."""
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -35,23 +36,30 @@ INTEGER_MAX = 2**31 - 1
 MAX_TTL_SECONDS = 365 * 86400
 MAX_DESCRIPTION_CHARS = 1000
 
-# What an endpoint reads as, from webhooks.endpoint_summary: the names and units the models below
-# accept, so what is read can be sent back (durations in seconds, numbers as numbers).
-COLUMNS = (
-    "id, name, description, url_display, active, disabled_reason, event_types, secrets, body_format,"
-    " max_attempts, (timeout_ms / 1000.0)::float8 AS timeout_seconds,"
-    " retry_schedule -> 'delays' AS retry_delays,"
-    " rate_limit_per_second::float8 AS rate_limit_per_second, rate_limit_burst, max_in_flight,"
-    " extract(epoch FROM delivery_ttl)::float8 AS ttl_seconds, coalesce_max,"
-    " extract(epoch FROM coalesce_window)::float8 AS coalesce_window, operational_all_tenants, tenant,"
-    " health_status, circuit_state, circuit_open_until, consecutive_failures, last_success_at,"
-    " last_failure_at, created_at"
-)
-# Fields an endpoint is read with but not written through these models: accepted and ignored, so a
-# read endpoint can be sent back as it is (JSON Schema's readOnly).
-READ_ONLY = ("id", "url_display", "active", "disabled_reason", "secrets", "tenant", "health_status",
-             "circuit_state", "circuit_open_until", "consecutive_failures", "last_success_at",
-             "last_failure_at", "created_at", "queued", "recent_changes")
+# A field whose column differs in name or unit: how the column reads as the field (SQL over
+# webhooks.endpoint_summary), and how the field is written to it (webhooks.update_endpoint's fields).
+# Every other field is its column, as it is.
+READS = {
+    "timeout_seconds": "(timeout_ms / 1000.0)::float8",
+    "retry_delays": "retry_schedule -> 'delays'",
+    "rate_limit_per_second": "rate_limit_per_second::float8",  # numeric: a number, not a text
+    "ttl_seconds": "extract(epoch FROM delivery_ttl)::float8",
+    "coalesce_window": "extract(epoch FROM coalesce_window)::float8",
+}
+WRITES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "timeout_seconds": ("timeout_ms", lambda seconds: round(seconds * 1000)),
+    "retry_delays": ("retry_schedule", lambda delays: {"delays": delays}),
+    "ttl_seconds": ("delivery_ttl", lambda seconds: f"{seconds} seconds"),
+}
+# Written and never read back: credentials.
+WRITE_ONLY = frozenset({"url", "headers", "routing_key", "secret"})
+# Written through rules of their own (sealing, the routing-key and coalescing rules).
+OWN_RULES = frozenset({"url", "routing_key", "coalesce_max", "coalesce_window"})
+# Read, never written through these models (the model accepts and ignores them: a read endpoint can
+# be sent back as it is).
+READ_ONLY_COLUMNS = ("url_display", "active", "disabled_reason", "secrets", "tenant", "health_status",
+                     "circuit_state", "circuit_open_until", "consecutive_failures", "last_success_at",
+                     "last_failure_at", "created_at")
 
 
 class EndpointProblem(Exception):
@@ -193,6 +201,14 @@ class EndpointUpdate(EndpointFields):
     name: Any = _read_only()  # a name is given once, at registration
 
 
+# The one shape an endpoint is read in: id and name, every field that is not a credential, then what
+# only the database knows. What is read can be sent back.
+READABLE = tuple(name for name, info in EndpointFields.model_fields.items()
+                 if not info.exclude and name not in WRITE_ONLY)
+COLUMNS = ", ".join(["id", "name", *(f"{READS[f]} AS {f}" if f in READS else f for f in READABLE),
+                     *READ_ONLY_COLUMNS])
+
+
 def parse(model: type[EndpointFields], data: dict[str, Any]) -> Any:
     """The model of `data`, or EndpointProblem naming the first field refused (unknown fields first:
     a misspelt name also explains the "required" error of the right one); values are never echoed."""
@@ -293,23 +309,19 @@ def _coalescing(body: EndpointFields, body_format: str | None, stored_max: int |
 
 
 def _columns(body: EndpointFields) -> dict[str, Any]:
-    """webhooks.update_endpoint's fields for what the body gives (routing key and coalescing apart)."""
+    """webhooks.update_endpoint's fields for what the body gives (OWN_RULES apart, but the URL)."""
     found: dict[str, Any] = {}
     if body.url is not None:
         found["url"] = body.url
         found["url_display"] = display_url(body.url)
-    for name in ("event_types", "headers", "max_attempts", "rate_limit_per_second", "rate_limit_burst",
-                 "max_in_flight", "body_format", "operational_all_tenants"):
-        if getattr(body, name) is not None:
-            found[name] = getattr(body, name)
-    if body.description is not None:
-        found["description"] = body.description or None  # "" clears it
-    if body.timeout_seconds is not None:
-        found["timeout_ms"] = round(body.timeout_seconds * 1000)
-    if body.retry_delays is not None:
-        found["retry_schedule"] = {"delays": body.retry_delays}
-    if body.ttl_seconds is not None:
-        found["delivery_ttl"] = f"{body.ttl_seconds} seconds"
+    for name, info in EndpointFields.model_fields.items():
+        value = getattr(body, name)
+        if value is None or info.exclude or name in OWN_RULES:
+            continue
+        if value == "":
+            value = None  # an empty text clears an optional text (a description)
+        column, write = WRITES.get(name, (name, lambda given: given))
+        found[column] = write(value)
     return found
 
 
@@ -337,8 +349,10 @@ def register(conn: psycopg.Connection, body: EndpointCreate, keyring: Keyring, *
     problem = headers_problem(body.url, body.headers or {})
     if problem is not None:
         raise EndpointProblem("headers", problem)
-    later = {**_coalescing(body, body_format), **{k: v for k, v in _columns(body).items()
-                                                   if k in ("description", "delivery_ttl")}}
+    # the columns webhooks.register_endpoint takes; the others follow in the same transaction
+    taken = {spec_field.name for spec_field in fields(EndpointSpec)}
+    later = {**_coalescing(body, body_format),
+             **{k: v for k, v in _columns(body).items() if k not in taken}}
     spec = EndpointSpec(
         name=body.name, url=body.url, url_display=display_url(body.url), signing_secrets=(secret,),
         event_types=tuple(body.event_types or ["*"]), headers=body.headers or {},

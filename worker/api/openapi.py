@@ -72,30 +72,31 @@ ATTEMPT = {
     "digest": {"type": ["string", "null"], "description": "the digest as people name it: d-17"},
     "digest_rows": {"type": ["integer", "null"], "description": "how many rows the digest carried"},
 }
+# what only input is bound by (a stored value may come from SQL, which has its own CHECKs)
+_INPUT_ONLY = {"default", "title", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
+               "maxLength", "minItems", "maxItems", "pattern"}
+
+
+def _as_read(schema: Any) -> Any:
+    """A request field's schema as an answer carries it: its types and description."""
+    if isinstance(schema, list):
+        return [_as_read(s) for s in schema]
+    if isinstance(schema, dict):
+        return {k: _as_read(v) for k, v in schema.items() if k not in _INPUT_ONLY}
+    return schema
+
+
+# An endpoint as it is read: the service's fields (worker/endpoints.py, READABLE), as they are written,
+# then what only the database knows.
+_FIELDS = endpoint_service.EndpointFields.model_json_schema()["properties"]
 ENDPOINT = {
     "id": INT,
     "name": TEXT,
-    "description": NULLABLE_TEXT,
+    **{name: _as_read(_FIELDS[name]) for name in endpoint_service.READABLE},
     "url_display": {"type": "string", "description": "scheme, host and port only"},
     "active": BOOL,
     "disabled_reason": NULLABLE_TEXT,
-    "event_types": {"type": "array", "items": TEXT},
     "secrets": INT,
-    "body_format": TEXT,
-    "max_attempts": NULLABLE_INT,
-    "timeout_seconds": NULLABLE_NUMBER,
-    "retry_delays": {"type": ["array", "null"], "items": {"type": "number"}},
-    "rate_limit_per_second": NULLABLE_NUMBER,
-    "rate_limit_burst": NULLABLE_INT,
-    "max_in_flight": NULLABLE_INT,
-    "ttl_seconds": NULLABLE_NUMBER,
-    "coalesce_max": NULLABLE_INT,
-    "coalesce_window": {"type": ["number", "null"], "description": "seconds"},
-    "operational_all_tenants": {
-        "type": "boolean",
-        "description": "receives the operational events (webhook.*) of every tenant's endpoints, not only"
-                       " of its own tenant's",
-    },
     "tenant": TEXT,
     "health_status": NULLABLE_TEXT,
     "circuit_state": NULLABLE_TEXT,
