@@ -67,16 +67,22 @@ def add_plain_options(parser: argparse.ArgumentParser) -> None:
     for name, kind in plain_fields().items():
         info = service.EndpointFields.model_fields[name]
         metavar = {int: "N", float: "NUMBER", str: "TEXT"}[kind]
-        parser.add_argument(option(name), dest=name, type=kind, metavar=metavar, help=info.description)
+        parser.add_argument(option(name), dest=name, type=kind, metavar=metavar,
+                            help=in_options(info.description or ""))
+
+
+def in_options(text: str) -> str:
+    """The service's text with the fields it names (those with an underscore) named as options."""
+    for field in sorted(service.EndpointFields.model_fields, key=len, reverse=True):
+        if "_" in field:
+            text = text.replace(field, option(field))
+    return text
 
 
 def usage(problem: service.EndpointProblem) -> Exception:
     """The service's problem as this command says it: options for fields; a conflict is not a usage
     error (exit 1, not 2)."""
-    detail = problem.detail
-    for field in sorted(service.EndpointFields.model_fields, key=len, reverse=True):
-        if "_" in field:
-            detail = detail.replace(field, option(field))
+    detail = in_options(problem.detail)
     if problem.hint:
         detail += f"; to deliver there, {problem.hint} given with --config"
     message = detail if problem.field == "(body)" else f"{option(problem.field)}: {detail}"
