@@ -1,20 +1,20 @@
 """Endpoints: the one shape an endpoint is read and written in (pydantic models holding every bound
-once) and the two changes, register() and update(), each one transaction; the CLI, the HTTP API and
-the console call these."""
+once) and the two changes, register() and update(), each one transaction; the CLI and the HTTP API
+call these, and the console lists what they store."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.rows import dict_row
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker import coalescing, operator_sql, signing
+from worker import coalescing, formats, operator_sql, signing
 from worker.config import Config
 from worker.delivery import display_url
 from worker.destinations import Address, DestinationPolicy, address_blocked, ip_literal
@@ -30,8 +30,7 @@ from worker.registration import (
     registration_url_problem,
 )
 
-BodyFormat = Literal["raw", "envelope", "slack", "mattermost", "pagerduty"]
-BODY_FORMATS: tuple[str, ...] = get_args(BodyFormat)
+BODY_FORMATS = formats.FORMATS  # what the renderer can write: the one list
 INTEGER_MAX = 2**31 - 1
 MAX_TTL_SECONDS = 365 * 86400
 MAX_DESCRIPTION_CHARS = 1000
@@ -107,8 +106,9 @@ class EndpointFields(_Model):
         description="requests allowed at once above the rate")
     max_in_flight: int | None = Field(default=None, ge=1, le=INTEGER_MAX,
                                       description="at most this many requests open at once, fleet-wide")
-    body_format: BodyFormat | None = Field(
+    body_format: str | None = Field(
         default=None, validation_alias=AliasChoices("body_format", "format"),
+        json_schema_extra={"enum": [*BODY_FORMATS, None]},
         description="request body: the payload as queued (raw), the Standard Webhooks envelope, or a "
                     "Slack, Mattermost or PagerDuty Events v2 message")
     routing_key: str | None = Field(default=None, repr=False, json_schema_extra={"minLength": 1},
@@ -163,6 +163,13 @@ class EndpointFields(_Model):
             problem = header_problem(name, content)
             if problem is not None:
                 raise ValueError(problem)
+        return value
+
+    @field_validator("body_format")
+    @classmethod
+    def _body_format(cls, value: str | None) -> str | None:
+        if value is not None and value not in BODY_FORMATS:
+            raise ValueError(f"one of {', '.join(BODY_FORMATS)}")
         return value
 
     @field_validator("routing_key")
