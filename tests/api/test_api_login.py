@@ -21,7 +21,7 @@ from tests.api.server import ApiProcess, make_token
 from tests.support import API_LOGIN, LOGIN_PASSWORD, api_dsn, eventually, query
 from worker.api.data import API_GROUPS, login_problems
 from worker.localpg import login_role, role_dsn
-from worker.operations import SETTABLE
+from worker.operator_sql import SETTABLE
 
 DENIED = psycopg.errors.InsufficientPrivilege
 

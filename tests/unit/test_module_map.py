@@ -52,7 +52,7 @@ def test_the_http_side_does_not_import_the_database_side():
         for module in graph[todo.pop()] - reached:
             reached.add(module)
             todo.append(module)
-    assert not reached & {"worker.queue", "worker.operations", "worker.schema"}
+    assert not reached & {"worker.queue", "worker.operator_sql", "worker.schema"}
 
 
 def test_encryption_does_not_import_the_configuration():
@@ -66,10 +66,10 @@ def test_only_the_database_modules_open_connections():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "connect" and "psycopg" in ast.unparse(node.func.value)):
                 opening.add(path.stem)
-    # queue: the worker's pool and its own connections; operations: the CLI's and the demo's;
+    # queue: the worker's pool and its own connections; operator_sql: the CLI's and the demo's;
     # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests;
-    # the API's own pool is in api/data; its endpoint writes go through operations, as the CLI's do.
-    assert opening == {"queue", "operations", "schema", "localpg"}
+    # the API's own pool is in api/data; its endpoint writes go through operator_sql, as the CLI's do.
+    assert opening == {"queue", "operator_sql", "schema", "localpg"}
 
 
 BENCH = Path(bench.__file__).parent

@@ -27,12 +27,14 @@ from worker.api.tokens import Caller
 from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
+from worker.shapes import json_default
 
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
 # operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
 # requests and rests as webhooks_authenticator (007_api_login.sql), and reads operations'
-# cancelled_by and next_step_at (010_operation_cancel.sql); the worker needs less.
-API_SCHEMA_VERSION = 10
+# cancelled_by and next_step_at (010_operation_cancel.sql), and endpoints' description
+# (013_endpoint_description.sql); the worker needs less.
+API_SCHEMA_VERSION = 13
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)
@@ -278,8 +280,8 @@ def create_metrics_app(state: ApiState) -> web.Application:
 def json_response(data: Any, status: int = 200, location: str | None = None) -> web.Response:
     """A JSON answer; `location`, for a 201 or 202, is where what it made can be read (RFC 9110 10.2.2)."""
     headers = None if location is None else {"Location": location}
-    return web.Response(status=status, body=orjson.dumps(data, default=str), content_type="application/json",
-                        headers=headers)
+    return web.Response(status=status, body=orjson.dumps(data, default=json_default),
+                        content_type="application/json", headers=headers)
 
 
 def create_app(

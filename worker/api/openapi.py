@@ -6,9 +6,9 @@ import functools
 from typing import Any
 
 from worker import __version__
+from worker import endpoints as endpoint_service
 from worker.api.inputs import BIGINT_MAX, INTEGER_MAX, SMALLINT
 from worker.policy import CATEGORIES
-from worker.registration import MAX_URL_CHARS
 
 TIME = {"type": "string", "format": "date-time"}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
@@ -72,20 +72,32 @@ ATTEMPT = {
     "digest": {"type": ["string", "null"], "description": "the digest as people name it: d-17"},
     "digest_rows": {"type": ["integer", "null"], "description": "how many rows the digest carried"},
 }
+# what only input is bound by (a stored value may come from SQL, which has its own CHECKs)
+_INPUT_ONLY = {"default", "title", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
+               "maxLength", "minItems", "maxItems", "pattern"}
+
+
+def _as_read(schema: Any) -> Any:
+    """A request field's schema as an answer carries it: its types and description."""
+    if isinstance(schema, list):
+        return [_as_read(s) for s in schema]
+    if isinstance(schema, dict):
+        return {k: _as_read(v) for k, v in schema.items() if k not in _INPUT_ONLY}
+    return schema
+
+
+# An endpoint as it is read: the service's fields (worker/endpoints.py, READABLE), as they are written,
+# then what only the database knows.
+_FIELDS = endpoint_service.EndpointFields.model_json_schema()["properties"]
 ENDPOINT = {
     "id": INT,
     "name": TEXT,
+    **{name: _as_read(_FIELDS[name]) for name in endpoint_service.READABLE},
     "url_display": {"type": "string", "description": "scheme, host and port only"},
     "active": BOOL,
     "disabled_reason": NULLABLE_TEXT,
-    "event_types": {"type": "array", "items": TEXT},
     "secrets": INT,
-    "body_format": TEXT,
-    "max_attempts": NULLABLE_INT,
-    "timeout_ms": NULLABLE_INT,
-    "rate_limit_per_second": {"type": ["number", "string", "null"]},
-    "rate_limit_burst": NULLABLE_INT,
-    "max_in_flight": NULLABLE_INT,
+    "tenant": TEXT,
     "health_status": NULLABLE_TEXT,
     "circuit_state": NULLABLE_TEXT,
     "circuit_open_until": NULLABLE_TIME,
@@ -93,52 +105,6 @@ ENDPOINT = {
     "last_success_at": NULLABLE_TIME,
     "last_failure_at": NULLABLE_TIME,
     "created_at": TIME,
-    "coalesce_max": NULLABLE_INT,
-    "coalesce_window": {"type": ["number", "null"], "description": "seconds"},
-    "operational_all_tenants": {
-        "type": "boolean",
-        "description": "receives the operational events (webhook.*) of every tenant's endpoints, not only"
-                       " of its own tenant's",
-    },
-}
-ENDPOINT_FIELDS = {
-    "url": {"type": "string", "minLength": 1, "maxLength": MAX_URL_CHARS,
-            "description": "kept sealed; never shown again"},
-    "event_types": {
-        "type": "array",
-        "items": {"type": "string", "minLength": 1},
-        "minItems": 1,
-        "maxItems": 100,
-    },
-    "headers": {"type": "object", "additionalProperties": TEXT},
-    "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100},
-    "timeout_seconds": {"type": "number", "minimum": 0.1, "maximum": 300},
-    "retry_delays": {
-        "type": "array",
-        "items": {"type": "number", "minimum": 0, "maximum": 604800},
-        "minItems": 1,
-        "maxItems": 100,
-    },
-    "rate_limit": {"type": "number", "exclusiveMinimum": 0},
-    "burst": {"type": "integer", "minimum": 1, "maximum": INTEGER_MAX},
-    "max_in_flight": {"type": "integer", "minimum": 1, "maximum": INTEGER_MAX},
-    "format": {"type": "string", "enum": ["raw", "envelope", "slack", "mattermost", "pagerduty"]},
-    "routing_key": {"type": "string", "minLength": 1},
-    "ttl_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 31536000},
-    "coalesce_max": {
-        "type": "integer", "minimum": 0, "maximum": 1000,
-        "description": "send up to N due rows as one digest request (slack, mattermost, envelope); 0 turns"
-                       " coalescing off",
-    },
-    "coalesce_window": {
-        "type": "number", "minimum": 0, "maximum": 3600,
-        "description": "seconds; with coalesce_max: also coalesce once the oldest due row waited this long",
-    },
-    "operational_all_tenants": {
-        "type": "boolean",
-        "description": "receive the operational events (webhook.*) of every tenant's endpoints, not only of"
-                       " its own tenant's (the operator's channel); a token scoped to a tenant cannot set it",
-    },
 }
 ENDPOINT_DETAIL = {
     **ENDPOINT,
@@ -260,16 +226,9 @@ SCHEMAS: dict[str, Any] = {
     "EndpointDetail": obj(ENDPOINT_DETAIL),
     "EndpointCreated": obj({**ENDPOINT_DETAIL, "signing_secret": TEXT}),
     "EndpointPage": obj({"items": {"type": "array", "items": ref("Endpoint")}, "next_cursor": NULLABLE_TEXT}),
-    "EndpointCreate": obj(
-        {
-            "name": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "\\D",
-                     "description": "not all digits: an all-digit {id} always means an id"},
-            "secret": {"type": "string", "description": "whsec_<base64>; default: generated"},
-            **ENDPOINT_FIELDS,
-        },
-        ["name", "url"],
-    ),
-    "EndpointPatch": obj(dict(ENDPOINT_FIELDS), []),
+    # the request bodies are the service's models (worker/endpoints.py): their bounds are written once
+    "EndpointCreate": endpoint_service.EndpointCreate.model_json_schema(),
+    "EndpointPatch": endpoint_service.EndpointUpdate.model_json_schema(),
     "EndpointHealth": obj(
         {
             "id": INT,

@@ -15,7 +15,8 @@ from aiohttp import web
 from pydantic import Field, JsonValue, field_validator
 
 from worker import coalescing, event_types, signing
-from worker import operations as operator_queries
+from worker import endpoints as endpoint_service
+from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
 from worker.api import queries
@@ -42,6 +43,7 @@ from worker.api.problems import Problem, conflict, invalid, not_found
 from worker.api.tokens import Caller
 from worker.observability import get_logger
 from worker.policy import RetrySchedule, category_problem
+from worker.shapes import json_default
 
 T = TypeVar("T")
 # A full tenant queue drains at the tenant's delivery rate; a few seconds is a fair first wait.
@@ -352,7 +354,7 @@ def _keyring(state: ApiState) -> Any:
 
 
 async def _sync(state: ApiState, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The operator functions of worker.operations (sealing credentials bound to the endpoint's id) on a
+    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) on a
     connection of their own, in a thread: the same code the CLI runs, in one transaction as
     webhooks_admin (admin routes only)."""
 
@@ -383,37 +385,14 @@ async def create_endpoint(request: web.Request) -> web.Response:
     body = await read_body(request, endpoint_rules.EndpointCreate)
     endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
-    await endpoint_rules.check_url(body.url, state.config)
-    secret = body.secret or signing.generate_secret()
-    endpoint_rules.check_secret(secret)
-    endpoint_rules.check_routing_key(body.format, body.routing_key)
-    coalesce = endpoint_rules.coalescing_changes(body, body.format or "raw")
-    spec = endpoint_rules.spec(body, secret)
-
-    def register(conn: psycopg.Connection[Any]) -> int:
-        with conn.transaction():
-            endpoint_id = operator_queries.register_endpoint(conn, spec, keyring)
-            if body.ttl_seconds:
-                operator_queries.update_endpoint(
-                    conn, endpoint_id, {"delivery_ttl": f"{body.ttl_seconds} seconds"}, keyring)
-            if coalesce:
-                operator_queries.update_endpoint(conn, endpoint_id, coalesce, keyring)
-        return endpoint_id
-
-    try:
-        endpoint_id = await _sync(state, register)
-    except psycopg.errors.UniqueViolation:
-        raise conflict(f"name: an endpoint named {body.name!r} exists", field="name") from None
-    except psycopg.errors.CheckViolation as exc:
-        raise invalid("(body)", f"refused by constraint {exc.diag.constraint_name}") from None
-    except operator_queries.InvalidEndpoint as exc:
-        field, _, detail = str(exc).partition(": ")
-        raise invalid(field, detail) from None
-    get_logger().info("api registered an endpoint", endpoint_id=endpoint_id, by=caller_of(request).name)
+    await endpoint_rules.check_destination(body.url, state.config)
+    registered = await endpoint_rules.settled(
+        _sync(state, lambda conn: endpoint_service.register(conn, body, keyring)))
+    get_logger().info("api registered an endpoint", endpoint_id=registered.id, by=caller_of(request).name)
     async with state.db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint(conn, endpoint_id)
-    return json_response({**(row or {}), "signing_secret": secret}, status=201,
-                         location=f"/v1/endpoints/{endpoint_id}")
+        row = await queries.endpoint(conn, registered.id)
+    return json_response({**(row or {}), "signing_secret": registered.signing_secret}, status=201,
+                         location=f"/v1/endpoints/{registered.id}")
 
 
 @allow(*READ)
@@ -429,38 +408,11 @@ async def update_endpoint(request: web.Request) -> web.Response:
     body = await read_body(request, endpoint_rules.EndpointPatch)
     endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
-    changes = endpoint_rules.changes(body)
-    coalesce_fields = body.coalesce_max is not None or body.coalesce_window is not None
-    if not changes and body.routing_key is None and not coalesce_fields:
-        raise invalid("(body)", "nothing to change: give at least one field")
-    if body.url is not None:
-        await endpoint_rules.check_url(body.url, state.config)
+    await endpoint_rules.check_destination(body.url, state.config)
     async with state.db.transaction(caller_of(request)) as conn:
         endpoint_id = await _endpoint_path(conn, request)
-
-    def update(conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction():
-            if coalesce_fields or body.format is not None:
-                stored = operator_queries.endpoint_coalescing(conn, endpoint_id) or (None, None)
-                changes.update(endpoint_rules.coalescing_changes(body, body.format or stored[0], stored[1]))
-            if body.routing_key is not None or body.format == "pagerduty":
-                stored_format, settings = operator_queries.endpoint_format_and_settings(
-                    conn, endpoint_id, keyring)
-                endpoint_rules.check_routing_key(body.format, body.routing_key, stored_format,
-                                                 "routing_key" in settings)
-                if body.routing_key is not None:
-                    changes["secret_settings"] = {**settings, "routing_key": body.routing_key}
-            operator_queries.update_endpoint(conn, endpoint_id, changes, keyring)
-
-    try:
-        await _sync(state, update)
-    except operator_queries.InvalidEndpoint as exc:
-        field, _, detail = str(exc).partition(": ")
-        raise invalid(field, detail) from None
-    except psycopg.errors.UniqueViolation:
-        raise conflict("name: an endpoint with this name exists", field="name") from None
-    except psycopg.errors.CheckViolation as exc:
-        raise invalid("(body)", f"refused by constraint {exc.diag.constraint_name}") from None
+    await endpoint_rules.settled(
+        _sync(state, lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
     async with state.db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, endpoint_id)
     return json_response(row)
@@ -649,10 +601,15 @@ async def patch_config(request: web.Request) -> web.Response:
     data = await read_json(request)
     if not isinstance(data, dict) or not data:
         raise invalid("(body)", "expected a JSON object of settings to change")
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        current = orjson.loads(orjson.dumps(await queries.config(conn), default=json_default))
     changes: dict[str, str | None] = {}
     for key, value in data.items():
         if key not in operator_queries.SETTABLE:
-            raise invalid(key, "not a setting")
+            # what GET answers can be sent back: a column no setting changes, unchanged, is ignored
+            if key in current and current[key] == value:
+                continue
+            raise invalid(key, "not a setting" if key not in current else "read-only")
         changes[key] = _setting_text(key, value)
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
@@ -687,8 +644,11 @@ def _setting_text(key: str, value: Any) -> str | None:
             raise invalid(key, "expected true or false")
         return "true" if value else "false"
     if sql_type == "interval":
+        # seconds, as the setting reads; an interval's text ('7 days') is accepted too
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return f"{value} seconds"
         if not isinstance(value, str):
-            raise invalid(key, "expected an interval such as '7 days'")
+            raise invalid(key, "expected a number of seconds, or an interval such as '7 days'")
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise invalid(key, "expected a number")
