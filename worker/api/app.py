@@ -32,9 +32,10 @@ from worker.shapes import json_default
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
 # operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
 # requests and rests as webhooks_authenticator (007_api_login.sql), and reads operations'
-# cancelled_by and next_step_at (010_operation_cancel.sql), and endpoints' description
-# (013_endpoint_description.sql); the worker needs less.
-API_SCHEMA_VERSION = 13
+# cancelled_by and next_step_at (010_operation_cancel.sql), endpoints' description
+# (013_endpoint_description.sql), and checks publishes against the event-type catalogue
+# (015_self_service.sql); the worker needs less.
+API_SCHEMA_VERSION = 15
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)
