@@ -107,8 +107,9 @@ class Executor:
             request, carried = rendered.request, rendered.carried
             flight.members = carried  # what a shutdown still has to release or record
             for i, (member, reason) in enumerate(rendered.refused):
-                # given at once, so that a shutdown does not release it again. No request was made
-                # for it: it reports a request only if none is made for this claim at all.
+                # Given at once, so that a shutdown does not release it again. No request was made
+                # for it: the request the others make reports for the claim, or, when none is
+                # made, the first refused does (one report per claimed request, as for failures).
                 self._finish(outcomes.cannot_render(member, reason, reports_request=not carried and i == 0))
                 given.add(member.delivery_id)
                 self._row_log(member).error(
