@@ -5,6 +5,8 @@ import ast
 from pathlib import Path
 
 import bench
+import pytest
+
 import worker
 
 PACKAGE = Path(worker.__file__).parent
@@ -45,14 +47,18 @@ def test_no_module_imports_itself_through_others():
     assert circles == []
 
 
-def test_the_http_side_does_not_import_the_database_side():
-    reached, todo = set(), ["worker.delivery"]
+@pytest.mark.parametrize("side", ["worker.delivery", "worker.attempt"])
+def test_the_http_side_and_the_attempt_do_not_import_the_database_side_or_the_loop(side):
+    """Data flows one way, claim → attempt → finish: the attempt is handed its rows and hands its
+    outcomes on, and knows neither the claim nor the writing of outcomes."""
+    reached, todo = set(), [side]
     graph = imports()
     while todo:
         for module in graph[todo.pop()] - reached:
             reached.add(module)
             todo.append(module)
-    assert not reached & {"worker.queue", "worker.operator_sql", "worker.schema"}
+    assert not reached & {"worker.queue", "worker.operator_sql", "worker.schema", "worker.daemon",
+                          "worker.finisher", "worker.liveness"}
 
 
 def test_encryption_does_not_import_the_configuration():
