@@ -4,9 +4,9 @@ and the operator's connections opened in one place. Read from the source, withou
 import ast
 from pathlib import Path
 
-import bench
 import pytest
 
+import bench
 import worker
 
 PACKAGE = Path(worker.__file__).parent
