@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from worker import schema
 from worker.api import forwarded, serving, tokens
 from worker.api.data import READY_TIMEOUT_SECONDS, Database, login_problems
+from worker.api.declare import route_of
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
@@ -41,7 +42,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # its own login and sessions). /metrics is served on a port of its own (create_metrics_app).
 API_PREFIX = "/v1/"
 CONSOLE_PREFIX = "/console"
-PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})
 # On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
 # no cache keeps it, and a browser must not read a JSON document as HTML or script.
 ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -145,16 +145,6 @@ def caller_of(request: web.Request) -> Caller:
     return request[CALLER]
 
 
-def allow(*roles: str) -> Callable[[Handler], Handler]:
-    """The token roles that may call a handler; a handler without one is refused to everyone."""
-
-    def mark(handler: Handler) -> Handler:
-        handler.allowed_roles = roles  # type: ignore[attr-defined]
-        return handler
-
-    return mark
-
-
 def _route_label(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
@@ -186,10 +176,12 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
 async def _answer(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
     state = request.app[STATE]
     try:
-        if request.path.startswith(API_PREFIX) and request.path not in PUBLIC_API_PATHS \
-                and request.match_info.http_exception is None:
+        declared = route_of(request.match_info.route.handler)
+        if request.path.startswith(API_PREFIX) and request.match_info.http_exception is None \
+                and not (declared is not None and declared.public):
             caller = await state.authenticate(request)
-            allowed: tuple[str, ...] = getattr(request.match_info.route.handler, "allowed_roles", ())
+            # the roles the route's declaration names; a /v1 handler without one is refused to everyone
+            allowed = () if declared is None else declared.roles
             if caller.role not in allowed:
                 raise forbidden(caller.role, allowed or ("no role",))
             request[CALLER] = caller
