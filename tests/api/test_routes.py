@@ -485,3 +485,16 @@ def test_an_integer_beyond_64_bits_is_refused_not_rounded(api, role_tokens, db):
     # within 64 bits, and long digit runs inside strings, are taken as they are
     raw = b'{"event_type": "a.b", "payload": {"n": 18446744073709551615, "s": "12345678901234567890123"}}'
     assert api.request("POST", "/v1/messages", producer, raw=raw).status == 202
+
+
+def test_a_payload_254_levels_deep_is_published_and_read_back(api, role_tokens, db, receiver):
+    # orjson writes at most 254 levels: the payload inside its delivery's answer is one level more
+    add_endpoint(db, receiver.url("/a"), name="deep")
+    message = {"event_type": "a.b", "payload": _deep(254)}
+    published = api.post("/v1/messages", role_tokens["producer"], message)
+    assert published.status == 202, published.body
+    delivery_id = published.json["deliveries"][0]["delivery_id"]
+    answer = api.get(f"/v1/deliveries/{delivery_id}", role_tokens["reader"])
+    assert answer.status == 200, answer.body
+    assert answer.json["payload"] == _deep(254)
+    assert answer.json["created_at"][10] == "T"  # RFC 3339, as every other answer writes it

@@ -37,7 +37,8 @@ def test_token_names(name, problem):
 
 
 def test_dead_letter_cursors_round_trip_and_refuse_anything_else():
-    for at in (datetime(2026, 11, 26, 12, 0, tzinfo=UTC), datetime(2026, 11, 26, 12, 0, 0, 123456, tzinfo=UTC)):
+    for at in (datetime(2026, 11, 26, 12, 0, tzinfo=UTC),
+               datetime(2026, 11, 26, 12, 0, 0, 123456, tzinfo=UTC)):
         assert dead_letter_cursor(encode_dead_letter_cursor(at, 42)) == (at, 42)
     for bad in ("", "!!!", "12", "12.0", "-5.3", "1.2.3", "99999999999999999.1", "1." + "9" * 19):
         with pytest.raises(Problem) as refused:

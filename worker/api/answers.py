@@ -65,6 +65,8 @@ class Delivery(Answer):
     created_at: datetime
     delivered_at: datetime | None
     dead_lettered_at: datetime | None
+    endpoint_deleted_at: datetime | None = Field(
+        description="when its endpoint was deleted (its id and name stay); such rows are not replayed")
 
 
 class Attempt(Answer):

@@ -7,10 +7,10 @@ import socket
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from worker import coalescing, signing
-from worker.api.inputs import INTEGER_MAX, Body
+from worker.api.inputs import INTEGER_MAX, Body, some_field_given
 from worker.api.problems import Problem, invalid
 from worker.config import Config
 from worker.delivery import display_url
@@ -89,7 +89,7 @@ class EndpointCreate(EndpointFields):
 
 
 class EndpointPatch(EndpointFields):
-    pass
+    model_config = ConfigDict(json_schema_extra=some_field_given)
 
 
 class SecretRotation(Body):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import orjson
 from aiohttp import web
@@ -17,6 +18,7 @@ from pydantic import (
     Field,
     ValidationError,
     WithJsonSchema,
+    model_validator,
 )
 
 from worker.api.problems import Problem, bad_request, invalid, unsupported_media_type
@@ -38,8 +40,6 @@ NO_CONTROL = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 # RFC 3339 date-time (section 5.6), as JSON Schema's format date-time reads it
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-# A name in a path or filter: anything but all ASCII digits (those always mean an id), no controls.
-NAME_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\x00-\\x1f\\x7f-\\x9f0-9][^\\x00-\\x1f\\x7f-\\x9f]*$"
 # A dead-letter cursor: the last row's dead_lettered_at (microseconds since the epoch) and its id.
 DEAD_LETTER_CURSOR = r"^\d{1,16}\.[1-9]\d{0,17}$"
 Model = TypeVar("Model", bound=BaseModel)
@@ -49,6 +49,28 @@ class Body(BaseModel):
     """A request body: unknown fields refused, types not coerced (a number is not a string)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_numbers(cls, data: Any) -> Any:
+        # JSON has one number type: 5.0 is the integer 5 (JSON Schema's `integer` says so too), which
+        # strict validation alone would refuse for an integer field
+        if not isinstance(data, dict):
+            return data
+        integers = _integer_fields(cls)
+        found = {name: int(value) for name, value in data.items()
+                 if name in integers and isinstance(value, float) and value.is_integer()}
+        return {**data, **found} if found else data
+
+
+@functools.cache
+def _integer_fields(model: type[BaseModel]) -> frozenset[str]:
+    def holds_int(annotation: Any) -> bool:
+        if annotation is int:
+            return True
+        return any(holds_int(arg) for arg in get_args(annotation) if arg is not bool)
+
+    return frozenset(name for name, field in model.model_fields.items() if holds_int(field.annotation))
 
 
 def is_json(content_type: str) -> bool:
@@ -101,13 +123,22 @@ def field_problem(exc: ValidationError, prefix: str = "") -> Problem:
     credential)."""
     # an unknown field first: a misspelt name also explains the "required" error of the right one
     error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
-    field = prefix + ".".join(str(part) for part in error["loc"]) or "(body)"
+    field = prefix + ".".join(str(part) for part in error["loc"] if not _union_member(part)) or "(body)"
     field = "".join(c if c.isprintable() else repr(c)[1:-1] for c in field)[:200]
     if error["type"] == "extra_forbidden":
         return invalid(field, "unknown field")
     if error["type"] == "missing":
         return invalid(field, "required")
     return invalid(field, error["msg"].removeprefix("Value error, "))
+
+
+# the member of a union an error is about (`endpoint.constrained-int`): not a field of the request
+_MEMBER_TAGS = {"int", "str", "float", "bool", "none", "list", "dict", "constrained-int", "constrained-str",
+                "constrained-float", "datetime"}
+
+
+def _union_member(part: str | int) -> bool:
+    return isinstance(part, str) and (part in _MEMBER_TAGS or "[" in part)
 
 
 def _json_type(value: Any) -> str:
@@ -191,17 +222,23 @@ Timestamp = Annotated[datetime, BeforeValidator(_timestamp_value),
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 
 
-def _name_value(value: str) -> str:
-    if value.isascii() and value.isdigit():
-        raise ValueError("all digits: give it as an integer id")
-    return _no_control(value)
+# An endpoint or a tenant, by id or by name: a string of digits is the id too (names cannot be all
+# digits), as the CLI's ENDPOINT arguments.
+Ref = Id | Annotated[str, AfterValidator(_no_control),
+                     Field(min_length=1, json_schema_extra={"pattern": NO_CONTROL})]
 
 
-# A name (of an endpoint or a tenant): never all digits.
-Name = Annotated[str, AfterValidator(_name_value),
-                 Field(min_length=1, json_schema_extra={"pattern": NAME_PATTERN})]
-# An endpoint or a tenant, by id or by name.
-Ref = Id | Name
+def some_field_given(schema: dict[str, Any]) -> None:
+    """A PATCH body's schema: at least one field, and at least one of them not null (null there
+    means "leave as it is", so a body of nulls changes nothing and is refused)."""
+    schema["minProperties"] = 1
+    schema["anyOf"] = [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                       for name in schema.get("properties", {})]
+
+
+def one_field_given(schema: dict[str, Any]) -> None:
+    """A PATCH body's schema where null is a value (it clears a limit): at least one field."""
+    schema["minProperties"] = 1
 
 
 class Query(BaseModel):

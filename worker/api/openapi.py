@@ -15,13 +15,13 @@ from pydantic_core import core_schema
 from worker import __version__
 from worker.api.answers import ProblemDocument
 from worker.api.declare import Route
-from worker.api.inputs import MAX_ID, NAME_PATTERN
+from worker.api.inputs import MAX_ID, NO_CONTROL
 
 REF = "#/components/schemas/{model}"
 ID = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
 PATH_IDS: dict[str, dict[str, Any]] = {
     "id": {"schema": ID, "description": "the id"},
-    "ref": {"schema": {"anyOf": [ID, {"type": "string", "minLength": 1, "pattern": NAME_PATTERN}]},
+    "ref": {"schema": {"anyOf": [ID, {"type": "string", "minLength": 1, "pattern": NO_CONTROL}]},
             "description": "all digits: the id; anything else: the name"},
 }
 PROBLEM = {"description": "a problem document (RFC 9457)",

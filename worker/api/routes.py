@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import orjson
 import psycopg
 from aiohttp import web
-from pydantic import AfterValidator, Field, JsonValue, create_model, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, create_model, field_validator
 
 from worker import coalescing, signing
 from worker import operations as operator_queries
@@ -37,6 +37,7 @@ from worker.api.inputs import (
     Timestamp,
     dead_letter_cursor,
     encode_dead_letter_cursor,
+    one_field_given,
 )
 from worker.api.problems import Problem, conflict, invalid, not_found
 from worker.api.tokens import Caller
@@ -213,7 +214,8 @@ async def replay_delivery(request: web.Request) -> web.Response:
                              location=f"/v1/deliveries/{delivery_id}")
     if status is None:
         raise not_found(f"delivery {delivery_id}")
-    raise conflict(f"delivery {delivery_id} is {status}: only dead letters and delivered rows are replayed")
+    raise conflict(f"delivery {delivery_id} is {status}: only dead letters and delivered rows of an endpoint"
+                   " that is not deleted are replayed")
 
 
 # --- dead letters -----------------------------------------------------------------------------------
@@ -249,7 +251,8 @@ class ReplayFilter(Body):
 
 class BulkReplayBody(Body):
     filter: ReplayFilter = Field(default_factory=ReplayFilter)
-    rate: float | None = Field(default=None, gt=0, le=100_000)
+    # rows a second; below one row in 1000 s the pacing's intervals overflow, and nobody means it
+    rate: float | None = Field(default=None, ge=0.001, le=100_000)
     max: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
 
 
@@ -521,6 +524,10 @@ class TenantLimits(Body):
         return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
 
 
+class TenantPatch(TenantLimits):
+    model_config = ConfigDict(json_schema_extra=one_field_given)
+
+
 class TenantCreate(TenantLimits):
     name: str
 
@@ -559,7 +566,7 @@ async def get_tenant(request: web.Request) -> web.Response:
 
 
 async def update_tenant(request: web.Request) -> web.Response:
-    body = body_of(request, TenantLimits)
+    body = body_of(request, TenantPatch)
     limits = body.given()
     if not limits:
         raise invalid("(body)", "nothing to change: give at least one limit")
@@ -585,11 +592,14 @@ async def get_config(request: web.Request) -> web.Response:
         return json_response(await queries.config(conn))
 
 
+# A real setting (a ratio, the jitter) is stored rounded to this many decimals: a value too small
+# for PostgreSQL's real (5e-324) would be refused by the database as out of range.
+REAL_DIGITS = 6
 # The bounds of each setting, as webhooks.delivery_config's CHECK constraints hold them; the rules over
 # several settings (lease_outlasts_timeout) and an interval's syntax are the database's to refuse.
 SETTING_BOUNDS: dict[str, dict[str, float]] = {
     "max_attempts": {"ge": 1, "le": 100},
-    "retry_jitter": {"ge": 0, "le": 1},
+    "retry_jitter": {"ge": 0, "le": 1},  # stored rounded to REAL_DIGITS, as the other reals
     "max_deferrals": {"ge": 0, "le": INTEGER_MAX},
     "timeout_ms": {"ge": 100, "le": 300_000},
     "lease_seconds": {"ge": 1, "le": 3600},
@@ -598,13 +608,13 @@ SETTING_BOUNDS: dict[str, dict[str, float]] = {
     "rate_limit_per_second": {"gt": 0},
     "rate_limit_burst": {"ge": 1, "le": INTEGER_MAX},
     "max_in_flight": {"ge": 1, "le": INTEGER_MAX},
-    "circuit_failure_ratio": {"gt": 0, "le": 1},
+    "circuit_failure_ratio": {"ge": 10**-REAL_DIGITS, "le": 1},
     "circuit_window_seconds": {"ge": 1, "le": INTEGER_MAX},
     "circuit_min_attempts": {"ge": 1, "le": INTEGER_MAX},
     "circuit_sleep_seconds": {"ge": 1, "le": INTEGER_MAX},
     "circuit_max_sleep_seconds": {"ge": 1, "le": INTEGER_MAX},
     "circuit_probes": {"ge": 1, "le": INTEGER_MAX},
-    "circuit_probe_success_ratio": {"gt": 0, "le": 1},
+    "circuit_probe_success_ratio": {"ge": 10**-REAL_DIGITS, "le": 1},
 }
 # settings that may be cleared (null): the others are NOT NULL
 NULLABLE_SETTINGS = {"rate_limit_per_second", "rate_limit_burst"}
@@ -674,6 +684,8 @@ def _setting_text(sql_type: str, value: Any) -> str | None:
         return orjson.dumps(value).decode()
     if sql_type == "boolean":
         return "true" if value else "false"
+    if sql_type == "real":
+        return str(round(value, REAL_DIGITS))
     return str(value)
 
 
@@ -702,7 +714,8 @@ ROUTES: list[Route] = [
           {200: A.Document}, public=True),
     Route("POST", "/v1/messages", publish,
           "Publish an event: 202 with the deliveries queued; the same idempotency key again: 200 with the "
-          "existing ones, or 409 when it was used for another event type or payload",
+          "existing ones, or 409 when it was used for another event type or payload. When only disabled "
+          "endpoints subscribe, it is kept for them as dead letters (category disabled), replayable",
           PUBLISH, {200: A.Published, 202: A.Published}, body=MessageBody, headers=(TRACEPARENT_HEADER,),
           refusals=(409,)),
     Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
@@ -734,7 +747,9 @@ ROUTES: list[Route] = [
           {200: A.EndpointDetail}, body=endpoint_rules.EndpointPatch, path_id="ref",
           refusals=(404, 409, 503)),
     Route("DELETE", "/v1/endpoints/{id}", delete_endpoint,
-          "Delete an endpoint with no unfinished deliveries", ADMIN, {204: None}, path_id="ref",
+          "Delete an endpoint none of whose deliveries is unfinished (409 while any is pending, delivering"
+          " or retrying); its delivered and dead-lettered rows and its audit stay as history under its"
+          " id and name, no longer replayed", ADMIN, {204: None}, path_id="ref",
           refusals=(404, 409)),
     Route("GET", "/v1/endpoints/{id}/health", endpoint_health,
           "Circuit state and recent attempts by outcome and category", READ, {200: A.EndpointHealth},
@@ -759,7 +774,7 @@ ROUTES: list[Route] = [
     Route("GET", "/v1/tenants/{id}", get_tenant, "A tenant, by name or id", ADMIN, {200: A.Tenant},
           path_id="ref", refusals=(404,)),
     Route("PATCH", "/v1/tenants/{id}", update_tenant, "Change a tenant's limits; null clears one", ADMIN,
-          {200: A.Tenant}, body=TenantLimits, path_id="ref", refusals=(404,)),
+          {200: A.Tenant}, body=TenantPatch, path_id="ref", refusals=(404,)),
     Route("GET", "/v1/stats", stats, "Queue by status, oldest due, rows held back and why", READ,
           {200: A.Stats}),
     Route("GET", "/v1/config", get_config, "The fleet-wide defaults", READ, {200: A.Settings}),
