@@ -18,8 +18,10 @@ from tests.support import add_endpoint, enqueue, query
 SEED = 20261127
 FAILED_AUTH_PER_MINUTE = 100
 # Cases per operation and role; with the coverage phase's deterministic cases the three runs stay
-# within a minute or two on a busy 2-core machine.
-EXAMPLES = {"admin": 12, "reader": 6, "producer": 6}
+# within a minute or two on a busy 2-core machine. One worker: schemathesis' threads parse Python
+# source at once (hypothesis describing its strategies), which CPython 3.11's ast module does not
+# survive ("AST constructor recursion depth mismatch").
+EXAMPLES = {"admin": 5, "reader": 2, "producer": 2}
 # Valid to the document and still refused with 422, because the answer depends on the database's
 # state, which no schema can describe. Each entry: the operations, the extra status, and why.
 ALLOWED = [
@@ -83,7 +85,7 @@ def test_schemathesis_finds_no_failure_for_any_role(db, world, tmp_path):
             run = subprocess.run(
                 [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
                  f"http://127.0.0.1:{api.port}/v1/openapi.json", "--checks", "all", "--seed", str(SEED),
-                 "--max-examples", str(examples), "--workers", "2", "--no-shrink",
+                 "--max-examples", str(examples), "--workers", "1", "--no-shrink",
                  "--generation-database", "none", "--suppress-health-check", "all",
                  "--header", f"Authorization: Bearer {token}", "--request-timeout", "30"],
                 capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)

@@ -4,7 +4,7 @@ input validation and its OpenAPI document (worker.api.openapi) all read the same
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
@@ -72,8 +72,6 @@ class Route:
     headers: tuple[Header, ...] = ()
     # no token needed (the document itself)
     public: bool = False
-    description: str | None = None
-    location: bool = field(default=False)
 
     @property
     def takes_body(self) -> bool:
