@@ -217,8 +217,8 @@ BEGIN
     SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q
     WHERE q.webhook_id = p_webhook_id AND q.status IN ('pending', 'delivering', 'retrying');
     IF v_rows > 0 THEN
-        RAISE EXCEPTION 'endpoint % still has % unfinished deliveries (pending, delivering or retrying): '
-                        'disable it and delete it once they are delivered or dead-lettered',
+        RAISE EXCEPTION 'endpoint % still has % deliveries not yet finished (pending, delivering or '
+                        'retrying): disable it and delete it once they are delivered or dead-lettered',
                         p_webhook_id, v_rows
             USING ERRCODE = 'object_in_use';
     END IF;

@@ -356,7 +356,7 @@ def test_a_console_mounted_under_console_does_its_own_login_with_verify_token(db
     from aiohttp import web
 
     from tests.api.server import ApiServer, api_config
-    from worker.api.app import STATE, client_address
+    from worker.api.context import STATE, client_address
     from worker.api.problems import Problem
 
     def console(state):

@@ -16,6 +16,7 @@ from worker import __version__
 from worker.api.answers import ProblemDocument
 from worker.api.declare import Route
 from worker.api.inputs import MAX_ID, NO_CONTROL
+from worker.api.routes import ROUTES
 
 REF = "#/components/schemas/{model}"
 ID = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
@@ -187,9 +188,7 @@ def build(routes: list[Route]) -> dict[str, Any]:
 
 @functools.cache
 def document() -> dict[str, Any]:
-    """The document of the API's routes."""
-    from worker.api.routes import ROUTES
-
+    """The document of the API's routes (served at /v1/openapi.json, from app[DOCUMENT])."""
     return build(ROUTES)
 
 

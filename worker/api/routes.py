@@ -19,7 +19,7 @@ from worker import operations as operator_queries
 from worker import tenants as tenant_rules
 from worker.api import answers, queries
 from worker.api import endpoints as endpoint_rules
-from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, caller_of, json_response
+from worker.api.context import ADMIN, DOCUMENT, PUBLISH, READ, STATE, ApiState, caller_of, json_response
 from worker.api.data import DATABASE_ROLES, local_role
 from worker.api.declare import Header, Route, body_of, id_of, query_of, ref_of
 from worker.api.inputs import (
@@ -697,10 +697,10 @@ async def whoami(request: web.Request) -> web.Response:
     return json_response({"name": caller.name, "role": caller.role})
 
 
-async def openapi_document(_request: web.Request) -> web.Response:
-    from worker.api.openapi import document
-
-    return json_response(document())
+async def openapi_document(request: web.Request) -> web.Response:
+    # written from ROUTES by worker.api.openapi, which the application holds (this module cannot
+    # import it: it reads this one)
+    return json_response(request.app[DOCUMENT])
 
 
 TRACEPARENT_HEADER = Header("traceparent", {"type": "string", "pattern": TRACEPARENT_PATTERN},

@@ -13,7 +13,7 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker.api.app import STATE, ApiState, client_address
+from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
 from worker.console import data, forms, sessions
