@@ -70,7 +70,8 @@ def test_an_endpoint_with_an_unfinished_row_is_not_deleted(api, role_tokens, db,
                   " lease_token = gen_random_uuid(), locked_until = now() + interval '1 minute'"
                   " WHERE delivery_id = %s", (row,))
     refused = api.request("DELETE", f"/v1/endpoints/{endpoint}", admin)
-    assert refused.status == 409 and "still has 1 deliveries not yet finished" in refused.json["detail"], refused.body
+    assert refused.status == 409, refused.body
+    assert "still has 1 deliveries not yet finished" in refused.json["detail"]
     assert query(db, "SELECT count(*) FROM webhooks.endpoints WHERE id = %s", (endpoint,)) == [(1,)]
     # once it is finished (here: dead-lettered), the endpoint goes
     query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', dead_lettered_at = now(),"
