@@ -16,7 +16,7 @@ import psycopg
 import yaml
 
 from worker import signing
-from worker.api.data import API_GROUPS
+from worker.api.database import API_GROUPS
 from worker.config import DatabaseConfig
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key

@@ -33,8 +33,12 @@ ALLOWED = [
     ("POST /v1/dead-letters/replay", "422", "filter.endpoint names no endpoint"),
     # the destination rules on `url` depend on the configuration (security.require_https, the
     # networks refused) and on what its host resolves to at the time: the document gives its form only
-    ("POST /v1/endpoints", "422", "url refused by the destination rules"),
+    # (and a name, as a tenant's below, must be printable: the pattern keeps out control characters;
+    # Unicode's other unprintable classes, format or unassigned characters, have no pattern that the
+    # tools reading JSON Schema agree on)
+    ("POST /v1/endpoints", "422", "url refused by the destination rules, or a name not printable"),
     ("PATCH /v1/endpoints/{id}", "422", "url refused by the destination rules"),
+    ("POST /v1/tenants", "422", "a name not printable"),
     # rules over several settings (lease_outlasts_timeout: lease_seconds * 1000 >= timeout_ms + 5000)
     # and an interval's syntax are the database's to check; JSON Schema cannot compare two fields
     ("PATCH /v1/config", "422", "a rule over several settings, or an interval PostgreSQL cannot read"),

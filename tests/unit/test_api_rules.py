@@ -8,8 +8,8 @@ import pytest
 
 from worker.api import tokens
 from worker.api.inputs import dead_letter_cursor, encode_dead_letter_cursor
-from worker.api.operations import step_plan
 from worker.api.problems import Problem
+from worker.api.replay_runner import step_plan
 from worker.api.routes import _valid_traceparent
 
 

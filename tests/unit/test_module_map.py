@@ -82,5 +82,5 @@ def test_only_the_database_modules_open_connections():
                 opening.add(path.stem)
     # queue: the worker's pool and its own connections; operations: the CLI's and the demo's;
     # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests;
-    # the API's own pool is in api/data; its endpoint writes go through operations, as the CLI's do.
+    # the API's own pool is in api/database; its endpoint writes go through operations, as the CLI's do.
     assert opening == {"queue", "operations", "schema", "localpg"}

@@ -18,11 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from worker import schema
 from worker.api import openapi, routes, serving
 from worker.api.context import CALLER, DOCUMENT, STATE, ApiState
-from worker.api.data import READY_TIMEOUT_SECONDS, Database, login_problems
+from worker.api.database import READY_TIMEOUT_SECONDS, Database, login_problems
 from worker.api.declare import route_of
 from worker.api.limits import FailedAuthLimiter
-from worker.api.operations import run_operations
 from worker.api.problems import Problem, forbidden
+from worker.api.replay_runner import run_operations
 from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger

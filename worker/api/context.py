@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from worker.api import forwarded, tokens
-from worker.api.data import Database
+from worker.api.database import Database
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller

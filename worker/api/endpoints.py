@@ -10,15 +10,16 @@ from urllib.parse import urlsplit
 from pydantic import ConfigDict, Field, field_validator
 
 from worker import coalescing, signing
-from worker.api.inputs import INTEGER_MAX, Body, some_field_given
+from worker.api.inputs import INTEGER_MAX, NAME_PATTERN, Body, some_field_given
 from worker.api.problems import Problem, invalid
 from worker.config import Config
 from worker.delivery import display_url
 from worker.destinations import DestinationPolicy, address_blocked, ip_literal
 from worker.operations import EndpointSpec
-from worker.policy import RetrySchedule
+from worker.policy import MAX_DELAY_SECONDS, RetrySchedule
 from worker.registration import (
     MAX_ENDPOINT_NAME_CHARS,
+    MAX_URL_CHARS,
     endpoint_name_problem,
     header_problem,
     headers_problem,
@@ -26,18 +27,27 @@ from worker.registration import (
 )
 
 BodyFormat = Literal["raw", "envelope", "slack", "mattermost", "pagerduty"]
+# What the OpenAPI document says of these fields, beyond their types (the checks are
+# worker.registration's, worker.signing's and RetrySchedule's; the destination rules that depend on
+# the configuration and on DNS are not in it)
+URL_SCHEMA: dict[str, Any] = {"maxLength": MAX_URL_CHARS, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]+",
+                              "description": "http(s) URL; kept sealed, never shown again"}
+SECRET_SCHEMA: dict[str, Any] = {"pattern": "^whsec_[A-Za-z0-9+/]+={0,2}$",
+                                 "description": "whsec_<base64>; default: generated"}
+DELAYS_SCHEMA: dict[str, Any] = {"items": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS}}
 MAX_TTL_SECONDS = 365 * 86400
 
 
 class EndpointFields(Body):
     """What POST and PATCH share; every field optional here, POST requires name and url."""
 
-    url: str | None = Field(default=None, min_length=1, repr=False)
+    url: str | None = Field(default=None, min_length=1, repr=False, json_schema_extra=URL_SCHEMA)
     event_types: list[str] | None = Field(default=None, min_length=1, max_length=100)
     headers: dict[str, str] | None = Field(default=None, repr=False)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     timeout_seconds: float | None = Field(default=None, ge=0.1, le=300)
-    retry_delays: list[float] | None = Field(default=None, min_length=1, max_length=100)
+    retry_delays: list[float] | None = Field(default=None, min_length=1, max_length=100,
+                                             json_schema_extra=DELAYS_SCHEMA)
     rate_limit: float | None = Field(default=None, gt=0)
     burst: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
     max_in_flight: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
@@ -74,9 +84,10 @@ class EndpointFields(Body):
 
 
 class EndpointCreate(EndpointFields):
-    name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS)
-    url: str = Field(min_length=1, repr=False)
-    secret: str | None = Field(default=None, repr=False)
+    name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS,
+                      json_schema_extra={"pattern": NAME_PATTERN})
+    url: str = Field(min_length=1, repr=False, json_schema_extra=URL_SCHEMA)
+    secret: str | None = Field(default=None, repr=False, json_schema_extra=SECRET_SCHEMA)
     verify: Literal[False] = False  # the challenge is the CLI's (`endpoints add --verify`)
 
     @field_validator("name")
@@ -93,7 +104,7 @@ class EndpointPatch(EndpointFields):
 
 
 class SecretRotation(Body):
-    secret: str | None = Field(default=None, repr=False)
+    secret: str | None = Field(default=None, repr=False, json_schema_extra=SECRET_SCHEMA)
     expire_old_after_hours: float | None = Field(default=None, gt=0, le=24 * 365)
 
 

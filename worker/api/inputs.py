@@ -38,6 +38,9 @@ _LONG_NUMBER = re.compile(rb"\d{19,}")
 # the others have no business in names, keys and types. The same pattern is in the OpenAPI document.
 NO_CONTROL = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# A name (of an endpoint, a tenant): not all ASCII digits (those always mean an id), no control
+# characters. Documents the rule; the names' own checks (worker.registration, worker.tenants) hold it.
+NAME_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\x00-\\x1f\\x7f-\\x9f0-9][^\\x00-\\x1f\\x7f-\\x9f]*$"
 # RFC 3339 date-time (section 5.6), as JSON Schema's format date-time reads it
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 # A dead-letter cursor: the last row's dead_lettered_at (microseconds since the epoch) and its id.

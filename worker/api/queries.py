@@ -9,7 +9,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from worker.api.data import fetch_all, fetch_one
+from worker.api.database import fetch_all, fetch_one
 from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]

@@ -20,7 +20,7 @@ from worker import tenants as tenant_rules
 from worker.api import answers, queries
 from worker.api import endpoints as endpoint_rules
 from worker.api.context import ADMIN, DOCUMENT, PUBLISH, READ, STATE, ApiState, caller_of, json_response
-from worker.api.data import DATABASE_ROLES, local_role
+from worker.api.database import DATABASE_ROLES, local_role
 from worker.api.declare import Header, Route, body_of, id_of, query_of, ref_of
 from worker.api.inputs import (
     BIGINT_MAX,
@@ -524,12 +524,19 @@ class TenantLimits(Body):
         return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
 
 
+# a tenant's name: as an endpoint's, and without spaces
+_NAME_CHAR = "\\s\\x00-\\x1f\\x7f-\\x9f"
+TENANT_NAME_PATTERN = f"^[^{_NAME_CHAR}]*[^{_NAME_CHAR}0-9][^{_NAME_CHAR}]*$"
+
+
 class TenantPatch(TenantLimits):
     model_config = ConfigDict(json_schema_extra=one_field_given)
 
 
 class TenantCreate(TenantLimits):
-    name: str
+    name: str = Field(min_length=1, max_length=tenant_rules.MAX_NAME,
+                      json_schema_extra={"pattern": TENANT_NAME_PATTERN},
+                      description="no spaces, not all digits; 'other' is reserved")
 
     @field_validator("name")
     @classmethod

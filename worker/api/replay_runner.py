@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from worker.api.context import ApiState
-from worker.api.data import DATABASE_ROLES, set_local_role
+from worker.api.database import DATABASE_ROLES, set_local_role
 from worker.observability import get_logger
 
 # How often a process looks for running operations it has not heard of (started by another
