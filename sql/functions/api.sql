@@ -7,7 +7,7 @@
 -- step keeps two API processes from stepping one operation at once, and any API process resumes
 -- the running ones (api_running_operations()).
 --
--- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/data.py); the views
+-- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/database.py); the views
 -- and row-level security keep them to their tenant, and api_publish(), which runs as the owner,
 -- checks it itself and refuses a tenant over its max_queued quota (SQLSTATE 53400: HTTP 429).
 --

@@ -121,3 +121,13 @@ def test_a_message_that_reaches_an_enabled_endpoint_gives_the_disabled_ones_noth
     query(db, "SELECT webhooks.publish('order.shipped', '{}')")
     assert query(db, "SELECT DISTINCT webhook_id, status FROM webhooks.alert_delivery_queue") == [
         (enabled, "pending")]
+
+
+def test_a_url_whose_host_is_no_domain_name_is_refused_not_a_500(api, role_tokens, db, receiver):
+    # found by schemathesis: the host cannot be written in IDNA, so resolving it raised UnicodeError
+    admin = role_tokens["admin"]
+    endpoint = add_endpoint(db, receiver.url("/orders"), name="orders")
+    for method, path, body in (("POST", "/v1/endpoints", {"name": "odd", "url": "https://\u0087l\u00af\u00e2.&/"}),
+                               ("PATCH", f"/v1/endpoints/{endpoint}", {"url": "https://\u0087l\u00af\u00e2.&/"})):
+        answer = api.request(method, path, admin, body)
+        assert answer.status == 422 and answer.json["field"] == "url", answer.body

@@ -39,6 +39,9 @@ ALLOWED = [
     ("POST /v1/endpoints", "422", "url refused by the destination rules, or a name not printable"),
     ("PATCH /v1/endpoints/{id}", "422", "url refused by the destination rules"),
     ("POST /v1/tenants", "422", "a name not printable"),
+    # a signing secret is whsec_ and the base64 of 24 to 64 bytes (worker.signing): its decoded
+    # length has no pattern; the document describes it in words
+    ("POST /v1/endpoints/{id}/rotate-secret", "422", "a secret that is not whsec_<base64 of 24-64 bytes>"),
     # rules over several settings (lease_outlasts_timeout: lease_seconds * 1000 >= timeout_ms + 5000)
     # and an interval's syntax are the database's to check; JSON Schema cannot compare two fields
     ("PATCH /v1/config", "422", "a rule over several settings, or an interval PostgreSQL cannot read"),
