@@ -34,8 +34,8 @@ from worker.shapes import json_default
 # requests and rests as webhooks_authenticator (007_api_login.sql), and reads operations'
 # cancelled_by and next_step_at (010_operation_cancel.sql), endpoints' description
 # (013_endpoint_description.sql), and checks publishes against the event-type catalogue
-# (015_self_service.sql); the worker needs less.
-API_SCHEMA_VERSION = 15
+# (015_self_service.sql), and opens portal links (017_portal_links.sql); the worker needs less.
+API_SCHEMA_VERSION = 17
 PUBLISH = ("producer", "admin")
 READ = ("reader", "admin")
 ADMIN = ("admin",)

@@ -277,6 +277,9 @@ SCHEMAS: dict[str, Any] = {
     "TenantCreate": obj({"name": {"type": "string", "minLength": 1, "maxLength": 100}, **TENANT_LIMITS},
                         ["name"]),
     "TenantPatch": {**obj(dict(TENANT_LIMITS), []), "minProperties": 1},
+    "PortalLinkRequest": obj(
+        {"expires_in_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}}, []),
+    "PortalLink": obj({"url": TEXT, "tenant": TEXT, "token_name": TEXT, "expires_at": TIME}),
     "Config": {
         "type": "object",
         "description": "webhooks.delivery_config: every fleet-wide default",
@@ -555,6 +558,11 @@ def document() -> dict[str, Any]:
             "get": _not_found(_op("A tenant, by name or id", ADMIN, {200: "Tenant"}, params=endpoint)),
             "patch": _not_found(_op("Change a tenant's limits; null clears one", ADMIN, {200: "Tenant"},
                                     "TenantPatch", params=endpoint)),
+        },
+        "/v1/tenants/{id}/portal-link": {
+            "post": _not_found(_op("A one-time console link for the tenant's administrator (shown once)",
+                                   ADMIN, {201: "PortalLink"}, "PortalLinkRequest", endpoint,
+                                   body_required=False)),
         },
         "/v1/stats": {
             "get": _op("Queue by status, oldest due, rows held back and why", READ, {200: "Stats"})

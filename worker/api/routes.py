@@ -19,7 +19,7 @@ from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
-from worker.api import queries
+from worker.api import portal, queries
 from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
 from worker.api.data import DATABASE_ROLES, local_role
 from worker.api.inputs import (
@@ -697,6 +697,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
     ("POST", "/v1/tenants", create_tenant),
     ("GET", "/v1/tenants/{id}", get_tenant),
     ("PATCH", "/v1/tenants/{id}", update_tenant),
+    ("POST", "/v1/tenants/{id}/portal-link", portal.create_portal_link),
     ("GET", "/v1/stats", stats),
     ("GET", "/v1/config", get_config),
     ("PATCH", "/v1/config", patch_config),

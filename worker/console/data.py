@@ -103,6 +103,12 @@ async def tenant_id(conn: psycopg.AsyncConnection[Any], name: str) -> int | None
     return None if row is None else int(row["id"])
 
 
+async def tenant_name(conn: psycopg.AsyncConnection[Any], tenant: int) -> str:
+    """The name of the tenant a session is kept to (its id when the tenant cannot be read)."""
+    row = await fetch_one(conn, "SELECT name FROM webhooks.tenant_summary WHERE id = %s", (tenant,))
+    return str(tenant) if row is None else str(row["name"])
+
+
 async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict[str, Any] | None:
     row = await fetch_one(conn, "SELECT * FROM webhooks.delivery(%s)", (delivery_id,))
     if row is None:

@@ -13,6 +13,7 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
+from worker import portal
 from worker.api.app import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
@@ -27,8 +28,13 @@ CALLER = web.RequestKey("webhook_console_caller", Caller)
 SESSION = web.RequestKey("webhook_console_session", str)
 FORM = web.RequestKey("webhook_console_form", MultiDictProxy[Any])
 TEMPLATES = web.AppKey("webhook_console_templates", jinja2.Environment)
+# The name of the tenant a tenant administrator's session is kept to, shown on every page.
+TENANT_NAME = web.RequestKey("webhook_console_tenant_name", str)
+# The roles whose sessions may change things; a tenant_admin's changes are kept to its tenant by
+# PostgreSQL (webhooks_tenant_admin under row-level security), not by the console.
+CHANGERS = ("admin", "tenant_admin")
 # Pages that need no session: the login form and the files it uses.
-PUBLIC = ("/console/login", "/console/static/")
+PUBLIC = ("/console/login", "/console/portal", "/console/static/")
 # No inline script or style anywhere, nothing from elsewhere, no framing, forms post only here.
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -47,6 +53,7 @@ NOTICES = {
     "endpoint_changed": "Endpoint {id}: {action} done; the reason is recorded in its events.",
     "endpoint_unchanged": "Endpoint {id}: nothing to {action} (it already was).",
     "logged_out": "You are logged out.",
+    "session_ended": "Your session ended: it expired, or its token or link was revoked. Log in again.",
     "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
     "operation_finished": "Operation {id} had already ended: nothing to cancel.",
 }
@@ -91,8 +98,9 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
     caller = request.get(CALLER)
     session = request.get(SESSION)
     context.setdefault("page", "")
+    context.setdefault("tenant_name", request.get(TENANT_NAME))
     page = request.app[TEMPLATES].get_template(template).render(
-        prefix=PREFIX, caller=caller, is_admin=caller is not None and caller.role == "admin",
+        prefix=PREFIX, caller=caller, is_admin=caller is not None and caller.role in CHANGERS,
         csrf=sessions.csrf_token(session) if session else "", notice=notice(request.query), **context)
     return web.Response(text=page, status=status, content_type="text/html", charset="utf-8")
 
@@ -148,19 +156,22 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
                                                lambda: _session_caller(state, session_id))
         caller = verdict.found
     if caller is None:
-        # A revoked or expired token lands here on its very next request.
-        response = see_other("/login")
+        # A revoked or expired token lands here on its very next request, told why.
+        response = see_other("/login", notice="session_ended") if session_id else see_other("/login")
         if session_id:
             response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
         return response
     request[CALLER] = caller
     request[SESSION] = session_id
+    if caller.tenant_id is not None:
+        async with state.db.transaction(caller) as conn:
+            request[TENANT_NAME] = await data.tenant_name(conn, caller.tenant_id)
     if request.method == "POST":
         form = await request.post()
         if not sessions.same_secret(sessions.csrf_token(session_id), _text(form.get("csrf"))):
             return error_page(request, 403, "Form refused",
                               "csrf: the form's CSRF token is missing or wrong; reload the page and retry.")
-        if request.path != PREFIX + "/logout" and caller.role != "admin":
+        if request.path != PREFIX + "/logout" and caller.role not in CHANGERS:
             return error_page(request, 403, "Not allowed",
                               f"role {caller.role} may look but not change anything; it needs admin.")
         request[FORM] = form
@@ -208,9 +219,9 @@ async def login(request: web.Request) -> web.Response:
         response = await login_form(request, problem.detail or problem.title, problem.status)
         response.headers.update(problem.headers)
         return response
-    if caller.role not in ("admin", "reader"):
-        return await login_form(request, f"A {caller.role} token cannot open the console: use a reader "
-                                         "or admin token.", 403)
+    if caller.role not in ("admin", "reader", "tenant_admin"):
+        return await login_form(request, f"A {caller.role} token cannot open the console: use a reader, "
+                                         "admin or tenant_admin token.", 403)
     session_id = sessions.new_secret()
     async with state.db.connection() as conn:
         opened = await sessions.start(conn, session_id, token)
@@ -229,6 +240,55 @@ async def logout(request: web.Request) -> web.Response:
         await sessions.end(conn, request[SESSION])
     response = see_other("/login", notice="logged_out")
     response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
+    return response
+
+
+# --- portal links ---------------------------------------------------------------------------------
+
+
+async def portal_page(request: web.Request, error: str | None = None, status: int = 200) -> web.Response:
+    """What a portal link shows: a button that opens the session. Opening it on the GET would let a
+    link preview (a chat's unfurler, a mail scanner) use up the one opening before the person does."""
+    link = request.match_info.get("link", "")
+    login_csrf = sessions.new_secret()
+    response = render(request, "portal.html", status=status, login_csrf=login_csrf, link=link, error=error)
+    if error is None:  # an error page has no form, and the form's cookie stays as it was
+        response.set_cookie(sessions.LOGIN_COOKIE, login_csrf,
+                            **sessions.cookie_options(_secure(request), 3600))
+    return response
+
+
+async def portal_open(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    form = await request.post()
+    if not sessions.same_secret(request.cookies.get(sessions.LOGIN_COOKIE), _text(form.get("csrf"))):
+        return await portal_page(request, "The form expired or did not come from this page; open the link "
+                                          "again.", 403)
+    link = _text(form.get("link")).strip()
+    session_id = sessions.new_secret()
+
+    async def lookup() -> Caller | None:
+        async with state.db.connection() as conn:
+            return await sessions.open_portal_link(conn, link, session_id)
+
+    # a wrong link counts against the address as a failed login does
+    key = portal.link_hash(link) if portal.well_formed(link) else None
+    verdict = await state.check_credential(client_address(request), key, lookup)
+    if verdict.found is None:
+        if verdict.retry_after is not None:
+            response = await portal_page(request, "Too many failed attempts from this address; wait and "
+                                                  "retry.", 429)
+            response.headers["Retry-After"] = str(verdict.retry_after)
+            return response
+        return await portal_page(request, "This link is not valid: it was used already, expired, or was "
+                                          "revoked.", 401)
+    opened = verdict.found
+    get_logger().info("console portal link opened", name=opened.name, role=opened.role,
+                      tenant_id=opened.tenant_id)
+    response = see_other("/")
+    response.set_cookie(sessions.COOKIE, session_id, **sessions.cookie_options(
+        _secure(request), int(portal.MAX_LIFETIME.total_seconds())))
+    response.del_cookie(sessions.LOGIN_COOKIE, path=sessions.COOKIE_PATH)
     return response
 
 
@@ -343,6 +403,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/login", login_page)
     app.router.add_post("/login", login)
     app.router.add_post("/logout", logout)
+    app.router.add_get("/portal/{link}", portal_page)
+    app.router.add_post("/portal", portal_open)
     app.router.add_get("/dead-letters", dead_letters)
     app.router.add_post("/dead-letters/replay", replay_selected)
     app.router.add_get("/deliveries/{delivery_id}", delivery)
