@@ -120,7 +120,8 @@ def test_session_cookie_misses_count_as_failed_logins(db):
         for cookie in ("forged", sessions.new_secret()):
             person.cookies[sessions.COOKIE] = cookie
             answer = person.get("/console/")
-            assert answer.status == 303 and answer.headers["location"] == "/console/login"
+            assert answer.status == 303
+            assert answer.headers["location"] == "/console/login?notice=session_ended"
             assert sessions.COOKIE not in person.cookies  # the redirect drops it
         locked = person.login("whk_" + "x" * 43)
         assert locked.status == 429, locked.body
@@ -144,7 +145,8 @@ def test_a_malformed_session_cookie_is_refused_without_asking_the_database(db):
         for malformed in ("x", "a" * 42, "a" * 44, "a" * 42 + "!", "a" * 4000):
             person.cookies[sessions.COOKIE] = malformed
             answer = person.get("/console/")
-            assert answer.status == 303 and answer.headers["location"] == "/console/login", malformed
+            assert answer.status == 303, malformed
+            assert answer.headers["location"] == "/console/login?notice=session_ended", malformed
         # the check that does ask it: a cookie of a session's shape
         person.cookies[sessions.COOKIE] = sessions.new_secret()
         assert person.get("/console/").status == 503
@@ -238,8 +240,12 @@ def test_a_session_ends_at_once_when_its_token_is_revoked_or_expires(console, db
     with psycopg.connect(db, autocommit=True) as conn:
         assert tokens.revoke(conn, "on-call")
     answer = person.get("/console/")
-    assert answer.status == 303 and answer.headers["location"] == "/console/login"
+    assert answer.status == 303 and answer.headers["location"] == "/console/login?notice=session_ended"
     assert "webhook_console" not in person.cookies  # and the dead cookie is cleared
+    # the login page says why the person is there
+    said = person.get(answer.headers["location"]).body.decode()
+    assert ('<p class="notice" role="status">Your session ended: it expired, or its token or link was'
+            ' revoked.') in said
 
     other = logged_in(console, db, "reader", name="expiring")
     assert other.get("/console/endpoints").status == 200
@@ -361,7 +367,8 @@ def test_the_session_functions_are_the_api_logins_alone(db):
     # the API's login calls them between requests, resting as webhooks_authenticator
     rows = query(db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
                      " WHERE pronamespace = 'webhooks'::regnamespace AND proname LIKE 'console_%'")
-    assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session"}
+    assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session",
+                                    "console_open_portal_link"}
     for name, definer, settings in rows:
         assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
     for group in ("webhooks_reader", "webhooks_producer", "webhooks_worker", "webhooks_admin",

@@ -147,3 +147,81 @@ def test_an_admin_makes_a_portal_link_over_the_api(console, db, two_tenants):
     assert open_link(person, made.json["url"]).status == 303
     assert "globex" in person.get("/console/").body.decode()
     assert console.contract_problems() == []
+
+
+def tenant_admin(console: ConsoleServer, db: str, tenant: str) -> Browserless:
+    person = Browserless(console)
+    assert open_link(person, portal_link(db, tenant)).status == 303
+    return person
+
+
+def test_a_tenant_administrator_manages_its_own_endpoints_from_the_console(
+        console, db, two_tenants, receiver):
+    person = tenant_admin(console, db, "globex")
+    added = person.post("/console/endpoints/new", {
+        "csrf": person.csrf(), "name": "globex-orders", "url": receiver.url("/globex"),
+        "event_types": "order.created, order.paid", "body_format": "raw"})
+    assert added.status == 303, added.body
+    [(endpoint, tenant, types)] = query(
+        db, "SELECT e.id, t.name, e.event_types FROM webhooks.endpoints e"
+            " JOIN webhooks.tenants t ON t.id = e.tenant_id WHERE e.name = 'globex-orders'")
+    assert (tenant, types) == ("globex", ["order.created", "order.paid"])
+    assert added.headers["location"].startswith(f"/console/endpoints/{endpoint}?notice=endpoint_added")
+    page = person.get(f"/console/endpoints/{endpoint}").body.decode()
+    assert "order.created, order.paid" in page and "Send a test event" in page
+
+    edited = person.post(f"/console/endpoints/{endpoint}/edit", {"csrf": person.csrf(), "event_types": "*",
+                                                                  "description": "our orders"})
+    assert edited.status == 303, edited.body
+    changed = query(db, "SELECT event_types, description FROM webhooks.endpoints WHERE id = %s", (endpoint,))
+    assert changed == [(["*"], "our orders")]
+    bad = person.post(f"/console/endpoints/{endpoint}/edit", {"csrf": person.csrf(), "body_format": "morse"})
+    assert bad.status == 422 and "body_format" in bad.body.decode()
+
+    revealed = person.post(f"/console/endpoints/{endpoint}/secret", {"csrf": person.csrf()}).body.decode()
+    assert len(re.findall(r'<code class="secret">whsec_[^<]+</code>', revealed)) == 1
+    assert person.post(f"/console/endpoints/{endpoint}/rotate-secret", {"csrf": person.csrf()}).status == 303
+    revealed = person.post(f"/console/endpoints/{endpoint}/secret", {"csrf": person.csrf()}).body.decode()
+    # the old one still signs
+    assert len(re.findall(r'<code class="secret">whsec_[^<]+</code>', revealed)) == 2
+
+    sent = person.post(f"/console/endpoints/{endpoint}/test", {"csrf": person.csrf()})
+    assert sent.status == 303 and "notice=test_sent" in sent.headers["location"]
+    [(delivery_id, event_type)] = query(
+        db, "SELECT delivery_id, event_type FROM webhooks.alert_delivery_queue WHERE webhook_id = %s",
+        (endpoint,))
+    assert event_type == "webhook.test"
+    assert sent.headers["location"].startswith(f"/console/deliveries/{delivery_id}?")
+    assert person.get(f"/console/deliveries/{delivery_id}").status == 200
+
+
+def test_a_tenant_administrator_sees_and_changes_nothing_of_another_tenant(console, db, two_tenants):
+    w = two_tenants
+    theirs_dead = isolation.dead_letter(db, w["theirs"], reason="http 400 globex-reason")
+    person = tenant_admin(console, db, "globex")
+    before = isolation.snapshot(db)
+    acme = w["endpoint"]
+    for path in ("/console/", "/console/endpoints", "/console/dead-letters", "/console/operations",
+                 f"/console/endpoints/{w['theirs']}"):
+        answer = person.get(path)
+        assert answer.status == 200 and b"acme" not in answer.body, path
+    assert person.get(f"/console/endpoints/{acme}").status == 404
+    assert person.get(f"/console/deliveries/{w['dead']}").status == 404
+    csrf = person.csrf()
+    for path, form in ((f"/console/endpoints/{acme}/edit", {"event_types": "*"}),
+                       (f"/console/endpoints/{acme}/rotate-secret", {}),
+                       (f"/console/endpoints/{acme}/secret", {}),
+                       (f"/console/endpoints/{acme}/test", {}),
+                       (f"/console/endpoints/{acme}", {"action": "enable", "reason": "mine now"})):
+        answer = person.post(path, {"csrf": csrf, **form})
+        assert answer.status == 404 and b"whsec_" not in answer.body, path
+    replayed = person.post("/console/dead-letters/replay", {"csrf": csrf, "delivery_id": str(w["dead"])})
+    assert "notice=not_replayed" in replayed.headers["location"]
+    again = person.post(f"/console/deliveries/{w['dead']}/replay", {"csrf": csrf})
+    assert again.headers["location"].endswith("notice=not_replayed&n=0")
+    assert isolation.snapshot(db) == before  # nothing of acme's changed
+    # its own dead letter it replays
+    mine = person.post(f"/console/deliveries/{theirs_dead}/replay", {"csrf": csrf})
+    assert "notice=replayed" in mine.headers["location"]
+    assert query(db, "SELECT status FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
+                 (theirs_dead,)) == [("pending",)]

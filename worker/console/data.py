@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 
+from worker import endpoints as endpoint_service
 from worker.api.data import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.coalescing import digest_label
@@ -17,6 +18,8 @@ CHART_HOURS = 6
 CHART_BUCKET = timedelta(minutes=10)
 # Pages list at most this many rows: the console is for looking, bulk work has the API and CLI.
 PAGE_ROWS = 200
+# An endpoint's page shows its latest deliveries, attempts and changes, this many of each.
+RECENT_ROWS = 20
 # Failed attempts: what the chart draws in red (deferrals and state changes are neither).
 FAILED_OUTCOMES = ("retry", "dead_letter", "lease_expired")
 # A payload shown whole up to this size; a larger one is cut, saying so.
@@ -54,6 +57,29 @@ async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
         "     ORDER BY l.logged_at DESC LIMIT 1) f ON true"
         " ORDER BY s.id LIMIT %s",
         (PAGE_ROWS,))
+
+
+async def endpoint_page(conn: psycopg.AsyncConnection[Any], endpoint_id: int) -> dict[str, Any] | None:
+    """An endpoint's page: its settings in the service's one shape, health and circuit, its latest
+    deliveries and attempts, its changes; None when the caller does not see it."""
+    endpoint = await fetch_one(conn, f"SELECT {endpoint_service.COLUMNS} FROM webhooks.endpoint_summary"
+                                     " WHERE id = %s", (endpoint_id,))
+    if endpoint is None:
+        return None
+    deliveries = await fetch_all(
+        conn, "SELECT delivery_id, event_type, status, attempts, last_http_status, failure_category,"
+              " created_at FROM webhooks.delivery_overview WHERE webhook_id = %s"
+              " ORDER BY delivery_id DESC LIMIT %s",
+        (endpoint_id, RECENT_ROWS))
+    attempts = await fetch_all(
+        conn, "SELECT delivery_id, attempt, outcome, failure_category, http_status, latency_ms, error,"
+              " logged_at FROM webhooks.alert_delivery_log WHERE webhook_id = %s"
+              " ORDER BY logged_at DESC LIMIT %s",
+        (endpoint_id, RECENT_ROWS))
+    events = await fetch_all(
+        conn, "SELECT at, change, reason, decided_by FROM webhooks.endpoint_events WHERE webhook_id = %s"
+              " ORDER BY at DESC LIMIT %s", (endpoint_id, RECENT_ROWS))
+    return {"endpoint": endpoint, "deliveries": deliveries, "attempts": attempts, "events": events}
 
 
 async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
@@ -164,7 +190,7 @@ async def endpoint_action(conn: psycopg.AsyncConnection[Any], endpoint_id: int, 
 async def endpoint_events(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     return await fetch_all(
         conn,
-        "SELECT v.at, e.name AS endpoint_name, v.change, v.reason, v.decided_by"
+        "SELECT v.at, v.webhook_id, e.name AS endpoint_name, v.change, v.reason, v.decided_by"
         " FROM webhooks.endpoint_events v JOIN webhooks.endpoint_summary e ON e.id = v.webhook_id"
         " ORDER BY v.at DESC LIMIT 20")
 

@@ -71,6 +71,24 @@ def reason(text: str) -> str:
     return text
 
 
+def endpoint_fields(form: Mapping[str, Any], creating: bool) -> dict[str, Any]:
+    """The endpoint form's fields as the endpoint service's models take them (they check every
+    bound); an empty field is left out (a change keeps what is stored), event types are separated by
+    commas or spaces."""
+    fields: dict[str, Any] = {}
+    for field in ("name", "url", "body_format", "description") if creating else ("url", "body_format",
+                                                                                  "description"):
+        value = form.get(field)
+        if isinstance(value, str) and value.strip():
+            fields[field] = value.strip()
+    types = form.get("event_types")
+    if isinstance(types, str) and types.strip():
+        fields["event_types"] = types.replace(",", " ").split()
+    if not creating and not fields:
+        raise FieldError("(form)", "nothing to change: fill in at least one field")
+    return fields
+
+
 def endpoint_action(text: str) -> str:
     if text not in ENDPOINT_ACTIONS:
         raise FieldError("action", f"must be one of {', '.join(ENDPOINT_ACTIONS)}")

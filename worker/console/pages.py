@@ -18,6 +18,7 @@ from worker.api.app import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
 from worker.console import data, forms, sessions
+from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
 
@@ -53,6 +54,10 @@ NOTICES = {
     "endpoint_changed": "Endpoint {id}: {action} done; the reason is recorded in its events.",
     "endpoint_unchanged": "Endpoint {id}: nothing to {action} (it already was).",
     "logged_out": "You are logged out.",
+    "endpoint_added": "Endpoint {id} added. Reveal its signing secret below for the receiver to verify with.",
+    "endpoint_edited": "Endpoint {id} changed.",
+    "secret_rotated": "Endpoint {id}: a new signing secret; the old one keeps signing for 24 hours.",
+    "test_sent": "A webhook.test event is queued to the endpoint: delivery {id}.",
     "session_ended": "Your session ended: it expired, or its token or link was revoked. Log in again.",
     "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
     "operation_finished": "Operation {id} had already ended: nothing to cancel.",
@@ -65,6 +70,7 @@ def templates() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["when"] = _when
     environment.filters["age"] = _age
+    environment.globals["max_reason"] = forms.MAX_REASON_LENGTH
     environment.globals["categories"] = CATEGORIES  # the one list (worker.policy), as the API checks it
     return environment
 
@@ -357,7 +363,8 @@ async def endpoints(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         rows = await data.endpoints(conn)
         events = await data.endpoint_events(conn)
-    return render(request, "endpoints.html", page="endpoints", rows=rows, events=events)
+    return render(request, "endpoints.html", page="endpoints", rows=rows, events=events,
+                  formats=BODY_FORMATS)
 
 
 async def endpoint_action(request: web.Request) -> web.Response:
