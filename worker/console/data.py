@@ -112,7 +112,26 @@ async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, An
         " FROM webhooks.delivery_overview"
         + DEAD_LETTERS_MATCHING + DEAD_LETTER_ORDER +
         " LIMIT %(limit)s",
-        {"since": None, "until": None, **filters, "limit": PAGE_ROWS})
+        {"since": None, "until": None, "webhook_id": None, **filters, "limit": PAGE_ROWS})
+
+
+async def search_deliveries(conn: psycopg.AsyncConnection[Any], found: dict[str, Any],
+                            webhook_id: int | None) -> list[dict[str, Any]]:
+    """Deliveries matching the search (any status), newest first."""
+    return await fetch_all(
+        conn,
+        "SELECT delivery_id, webhook_id, endpoint_name, event_type, idempotency_key, status, attempts,"
+        "       last_http_status, failure_category, next_retry_at, created_at"
+        " FROM webhooks.delivery_overview"
+        " WHERE (%(id)s::bigint IS NULL OR delivery_id = %(id)s)"
+        "   AND (%(key)s::text IS NULL OR idempotency_key = %(key)s)"
+        "   AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        "   AND (%(status)s::text IS NULL OR status = %(status)s)"
+        "   AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+        "   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)"
+        "   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"
+        " ORDER BY delivery_id DESC LIMIT %(limit)s",
+        {**found, "webhook_id": webhook_id, "limit": PAGE_ROWS})
 
 
 async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
@@ -121,6 +140,12 @@ async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[A
     tenants = await fetch_all(conn, "SELECT id, name FROM webhooks.tenant_summary ORDER BY name LIMIT %s",
                               (PAGE_ROWS,))
     return {"endpoints": names, "tenants": tenants}
+
+
+async def endpoint_ref(conn: psycopg.AsyncConnection[Any], ref: str) -> int | None:
+    """The endpoint a name or id names, as the CLI reads ENDPOINT (None: none the caller sees)."""
+    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (ref,))
+    return None if row is None or row["id"] is None else int(row["id"])
 
 
 async def tenant_id(conn: psycopg.AsyncConnection[Any], name: str) -> int | None:
@@ -170,17 +195,17 @@ ENDPOINT_ACTIONS = ("enable", "disable", "reset", "open")
 async def endpoint_action(conn: psycopg.AsyncConnection[Any], endpoint_id: int, action: str, reason: str,
                           decided_by: str) -> str | None:
     """An endpoint change through the function the CLI calls; the change made, or None when there was
-    nothing to do (enabling an enabled endpoint). The reason is recorded in the endpoint's events:
-    as the reason where the function takes one (disable), else with who decided."""
+    nothing to do (enabling an enabled endpoint). The reason is recorded in the endpoint's events,
+    apart from who decided."""
     if action == "disable":
         cur = await conn.execute("SELECT webhooks.disable_endpoint(%s, %s, %s)",
                                  (endpoint_id, reason, decided_by))
     elif action == "enable":
-        cur = await conn.execute("SELECT webhooks.enable_endpoint(%s, %s)",
-                                 (endpoint_id, f"{decided_by}: {reason}"))
+        cur = await conn.execute("SELECT webhooks.enable_endpoint(%s, %s, %s)",
+                                 (endpoint_id, decided_by, reason))
     elif action in ("reset", "open"):
-        cur = await conn.execute("SELECT webhooks.set_circuit(%s, %s, NULL, %s)",
-                                 (endpoint_id, action, f"{decided_by}: {reason}"))
+        cur = await conn.execute("SELECT webhooks.set_circuit(%s, %s, NULL, %s, %s)",
+                                 (endpoint_id, action, decided_by, reason))
     else:
         raise ValueError(f"action: must be one of {', '.join(ENDPOINT_ACTIONS)}")
     row = await cur.fetchone()

@@ -325,18 +325,45 @@ async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
     viewer = await _viewer(request)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        rows = await data.dead_letters(conn, filters)
+        webhook_id = None
+        if filters["endpoint"] is not None:
+            webhook_id = await data.endpoint_ref(conn, filters["endpoint"])
+            if webhook_id is None:
+                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+        rows = await data.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
+                                       | {"webhook_id": webhook_id})
         choices = await data.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
                   choices=choices, limit=data.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
 
 
 async def replay_selected(request: web.Request) -> web.Response:
-    ids = forms.selected_ids([_text(v) for v in request[FORM].getall("delivery_id", [])])
+    form = request[FORM]
+    ids = forms.selected_ids([_text(v) for v in form.getall("delivery_id", [])])
+    # back to the list as it was filtered (the form carries the filters it was shown with)
+    kept = {**forms.dead_letter_filters(form), "tenant": forms.tenant_filter(form)}
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
         replayed = await data.replay(conn, ids)
     get_logger().info("console replay", name=request[CALLER].name, selected=len(ids), replayed=replayed)
-    return see_other("/dead-letters", notice="replayed" if replayed else "not_replayed", n=replayed)
+    return see_other("/dead-letters", **{k: v for k, v in kept.items() if v},
+                     notice="replayed" if replayed else "not_replayed", n=replayed)
+
+
+async def deliveries(request: web.Request) -> web.Response:
+    """Find any delivery, whatever its status: by id, idempotency key, event type, status, endpoint, time."""
+    found = forms.delivery_search(request.query)
+    rows = None
+    async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
+        choices = await data.filter_choices(conn)
+        if any(v is not None for v in found.values()):
+            webhook_id = None
+            if found["endpoint"] is not None:
+                webhook_id = await data.endpoint_ref(conn, found["endpoint"])
+                if webhook_id is None:
+                    raise forms.FieldError("endpoint", f"no endpoint named {found['endpoint'][:60]!r}")
+            rows = await data.search_deliveries(conn, found, webhook_id)
+    return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
+                  statuses=forms.STATUSES, limit=data.PAGE_ROWS, query=request.query)
 
 
 async def delivery(request: web.Request) -> web.Response:
@@ -414,6 +441,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/portal", portal_open)
     app.router.add_get("/dead-letters", dead_letters)
     app.router.add_post("/dead-letters/replay", replay_selected)
+    app.router.add_get("/deliveries", deliveries)
     app.router.add_get("/deliveries/{delivery_id}", delivery)
     app.router.add_post("/deliveries/{delivery_id}/replay", replay_one)
     app.router.add_get("/endpoints", endpoints)
