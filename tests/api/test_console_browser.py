@@ -162,7 +162,6 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
             [(endpoint, tenant)] = query(db, "SELECT id, tenant_id FROM webhooks.endpoints"
                                              " WHERE name = 'customer-hook'")
             assert tenant == globex
-            screenshot(page, tmp_path, "console-endpoint.png")
 
             page.get_by_role("button", name="Send a test event").click()
             page.wait_for_url(f"{base}/deliveries/*")
@@ -170,6 +169,7 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
             assert "webhook.test" in page.locator("dl.facts").inner_text()
 
             page.get_by_role("link", name="customer-hook").click()
+            screenshot(page, tmp_path, "console-endpoint.png")
             page.get_by_role("button", name="Reveal the signing secret").click()
             secret = page.locator("code.secret").first.inner_text()
             [sent] = receiver.to("/customer")
