@@ -16,7 +16,7 @@ from tests.acceptance.test_cli import cli
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.api.test_endpoints_api import delivered_in_a_digest
-from tests.support import ROOT, add_endpoint, enqueue, query
+from tests.support import ROOT, add_endpoint, enqueue, eventually, query
 from worker.api import tokens
 from worker.config import Config
 from worker.console import sessions
@@ -538,3 +538,26 @@ def test_delivery_search_finds_any_status_by_id_key_type_status_endpoint_and_tim
                       ("endpoint=nosuch", "endpoint: no endpoint")):
         answer = person.get("/console/deliveries?" + bad)
         assert answer.status == 422 and said in answer.body.decode(), bad
+
+
+def test_replaying_every_match_starts_a_bulk_operation_with_the_pages_filter(console, db):
+    failing = add_endpoint(db, "http://127.0.0.1:9/hook", name="failing")
+    other = add_endpoint(db, "http://127.0.0.1:9/other", name="other")
+    mine = [dead_letter(db, failing) for _ in range(3)]
+    theirs = dead_letter(db, other)
+    person = logged_in(console, db, "admin", name="alice")
+    html = person.get("/console/dead-letters?endpoint=failing&category=http_5xx").body.decode()
+    form = html[html.index('action="/console/dead-letters/replay-matching"'):]
+    form = form[:form.index("</form>")]
+    kept = re.findall(r'<input type="hidden" name="(endpoint|category)" value="([^"]*)">', form)
+    assert kept == [("endpoint", "failing"), ("category", "http_5xx")]
+    answer = person.post("/console/dead-letters/replay-matching", [("csrf", person.csrf()), *kept])
+    assert answer.status == 303 and "notice=operation_started" in answer.headers["location"], answer.body
+    [(operation, stored, by)] = query(db, "SELECT id, filter, requested_by FROM webhooks.api_operations")
+    assert stored == {"webhook_id": failing, "category": "http_5xx"} and by == "alice (console)"
+    eventually(lambda: query(db, "SELECT status FROM webhooks.api_operations") == [("done",)],
+               message="the operation ran")
+    rows = dict(query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue"))
+    assert rows == {**{d: "pending" for d in mine}, theirs: "dead_letter"}
+    page = person.get("/console/operations").body.decode()
+    assert f"<td>{operation}</td>" in page and "category=http_5xx" in page

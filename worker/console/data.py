@@ -10,6 +10,7 @@ import psycopg
 from worker import endpoints as endpoint_service
 from worker.api.data import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
+from worker.api.queries import start_replay as api_start_replay
 from worker.coalescing import digest_label
 from worker.console import chart
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
@@ -187,6 +188,11 @@ async def replay(conn: psycopg.AsyncConnection[Any], delivery_ids: list[int]) ->
         row = await cur.fetchone()
         replayed += bool(row and row[0])
     return replayed
+
+
+async def start_replay(conn: psycopg.AsyncConnection[Any], filters: dict[str, Any], requested_by: str) -> int:
+    """A bulk replay of the dead letters matching `filters`, started as the API starts one."""
+    return await api_start_replay(conn, filters, None, None, requested_by)
 
 
 ENDPOINT_ACTIONS = ("enable", "disable", "reset", "open")

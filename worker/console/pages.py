@@ -59,6 +59,7 @@ NOTICES = {
     "secret_rotated": "Endpoint {id}: a new signing secret; the old one keeps signing for 24 hours.",
     "test_sent": "A webhook.test event is queued to the endpoint: delivery {id}.",
     "session_ended": "Your session ended: it expired, or its token or link was revoked. Log in again.",
+    "operation_started": "Operation {id} started: it replays each dead letter the filter matched, once.",
     "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
     "operation_finished": "Operation {id} had already ended: nothing to cancel.",
 }
@@ -366,6 +367,34 @@ async def deliveries(request: web.Request) -> web.Response:
                   statuses=forms.STATUSES, limit=data.PAGE_ROWS, query=request.query)
 
 
+async def replay_matching(request: web.Request) -> web.Response:
+    """Replay every dead letter the page's filter matches, as a bulk operation the API's runner steps
+    (webhooks.api_start_replay, as POST /v1/dead-letters/replay): its progress is on the Operations page."""
+    form = request[FORM]
+    filters = forms.dead_letter_filters(form)
+    tenant = forms.tenant_filter(form)
+    caller = request[CALLER]
+    viewer = caller
+    if tenant is not None:
+        async with request.app[STATE].db.transaction(caller) as conn:
+            found = await data.tenant_id(conn, tenant)
+        if found is None:
+            raise forms.FieldError("tenant", "no tenant with this name")
+        viewer = dataclasses.replace(caller, tenant_id=found)
+    async with request.app[STATE].db.transaction(viewer) as conn:
+        webhook_id = None
+        if filters["endpoint"] is not None:
+            webhook_id = await data.endpoint_ref(conn, filters["endpoint"])
+            if webhook_id is None:
+                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+        operation_id = await data.start_replay(
+            conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
+                   "category": filters["category"]}, f"{caller.name} (console)")
+    request.app[STATE].operations_wakeup.set()
+    get_logger().info("console bulk replay started", name=caller.name, operation_id=operation_id)
+    return see_other("/operations", notice="operation_started", id=operation_id)
+
+
 async def delivery(request: web.Request) -> web.Response:
     delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
@@ -441,6 +470,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/portal", portal_open)
     app.router.add_get("/dead-letters", dead_letters)
     app.router.add_post("/dead-letters/replay", replay_selected)
+    app.router.add_post("/dead-letters/replay-matching", replay_matching)
     app.router.add_get("/deliveries", deliveries)
     app.router.add_get("/deliveries/{delivery_id}", delivery)
     app.router.add_post("/deliveries/{delivery_id}/replay", replay_one)
