@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from aiohttp import web
 from pydantic import Field
 
 from worker import portal
 from worker.api import queries
-from worker.api.app import ADMIN, STATE, allow, caller_of, json_response
-from worker.api.inputs import Body, printable_text, read_optional_body
+from worker.api.answers import Answer
+from worker.api.context import ADMIN, STATE, caller_of, json_response
+from worker.api.declare import Route, body_of, ref_of
+from worker.api.inputs import Body
 from worker.api.problems import not_found
 from worker.console.sessions import cookie_is_secure
 from worker.observability import get_logger
 
 
-class PortalLinkRequest(Body):
+class PortalLinkBody(Body):
     expires_in_seconds: float = Field(default=portal.DEFAULT_LIFETIME.total_seconds(), gt=0,
-                                      le=portal.MAX_LIFETIME.total_seconds())
+                                      le=portal.MAX_LIFETIME.total_seconds(),
+                                      description="the link, and the session it opens, end after this")
+
+
+class PortalLink(Answer):
+    url: str = Field(description="opens the console once, as the tenant's administrator (shown once)")
+    tenant: str
+    token_name: str = Field(description="the tenant_admin token behind it: revoking it ends the session")
+    expires_at: datetime
 
 
 def base_url(request: web.Request) -> str:
@@ -28,11 +38,9 @@ def base_url(request: web.Request) -> str:
     return f"{'https' if secure else 'http'}://{request.host}"
 
 
-@allow(*ADMIN)
 async def create_portal_link(request: web.Request) -> web.Response:
-    tenant = printable_text("id", request.match_info["id"])
-    body = await read_optional_body(request, PortalLinkRequest)
-    lifetime = timedelta(seconds=body.expires_in_seconds)
+    tenant = ref_of(request)
+    lifetime = timedelta(seconds=body_of(request, PortalLinkBody).expires_in_seconds)
     caller = caller_of(request)
     async with request.app[STATE].db.transaction(caller) as conn:
         found = await queries.tenant(conn, tenant)  # by name or id, as GET /v1/tenants/{id}
@@ -43,3 +51,9 @@ async def create_portal_link(request: web.Request) -> web.Response:
                       by=caller.name)
     return json_response({"url": link.url, "tenant": link.tenant, "token_name": link.token_name,
                           "expires_at": link.expires_at}, status=201)
+
+
+ROUTE = Route("POST", "/v1/tenants/{id}/portal-link", create_portal_link,
+              "A one-time console link for the tenant's administrator (role tenant_admin): it opens the "
+              "console once, until it expires; the session ends with it", ADMIN, {201: PortalLink},
+              body=PortalLinkBody, body_required=False, path_id="ref", refusals=(404,))

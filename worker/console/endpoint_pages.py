@@ -14,10 +14,10 @@ from aiohttp import web
 
 from worker import endpoints as service
 from worker import operator_sql, self_service, signing
-from worker.api.app import STATE, ApiState
-from worker.api.data import DATABASE_ROLES, local_role
+from worker.api.context import STATE, ApiState
+from worker.api.database import DATABASE_ROLES, local_role
 from worker.api.tokens import Caller
-from worker.console import data, forms
+from worker.console import forms, queries
 from worker.console.pages import CALLER, FORM, error_page, render, see_other
 from worker.encryption import Keyring
 from worker.observability import get_logger
@@ -65,7 +65,7 @@ async def endpoint_page(request: web.Request, revealed: list[self_service.Signin
                         ) -> web.Response:
     endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        facts = await data.endpoint_page(conn, endpoint_id)
+        facts = await queries.endpoint_page(conn, endpoint_id)
     if facts is None:
         return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
     return render(request, "endpoint.html", page="endpoints", revealed=revealed, formats=service.BODY_FORMATS,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from worker.console.data import ENDPOINT_ACTIONS, PAGE_ROWS
+from worker.console.queries import ENDPOINT_ACTIONS, PAGE_ROWS
 from worker.endpoints import MAX_REASON_CHARS
 from worker.policy import category_problem
 

@@ -14,10 +14,10 @@ from aiohttp import web
 from multidict import MultiDictProxy
 
 from worker import portal
-from worker.api.app import STATE, ApiState, client_address
+from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
-from worker.console import data, forms, sessions
+from worker.console import forms, queries, sessions
 from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
@@ -172,7 +172,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
     request[SESSION] = session_id
     if caller.tenant_id is not None:
         async with state.db.transaction(caller) as conn:
-            request[TENANT_NAME] = await data.tenant_name(conn, caller.tenant_id)
+            request[TENANT_NAME] = await queries.tenant_name(conn, caller.tenant_id)
     if request.method == "POST":
         form = await request.post()
         if not sessions.same_secret(sessions.csrf_token(session_id), _text(form.get("csrf"))):
@@ -310,7 +310,7 @@ async def _viewer(request: web.Request) -> Caller:
     if name is None:
         return caller
     async with request.app[STATE].db.transaction(caller) as conn:
-        found = await data.tenant_id(conn, name)
+        found = await queries.tenant_id(conn, name)
     if found is None:
         raise forms.FieldError("tenant", "no tenant with this name")
     return dataclasses.replace(caller, tenant_id=found)
@@ -318,7 +318,7 @@ async def _viewer(request: web.Request) -> Caller:
 
 async def overview(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        facts = await data.overview(conn)
+        facts = await queries.overview(conn)
     return render(request, "overview.html", page="overview", **facts)
 
 
@@ -328,14 +328,14 @@ async def dead_letters(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(viewer) as conn:
         webhook_id = None
         if filters["endpoint"] is not None:
-            webhook_id = await data.endpoint_ref(conn, filters["endpoint"])
+            webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
             if webhook_id is None:
                 raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
-        rows = await data.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
+        rows = await queries.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
                                        | {"webhook_id": webhook_id})
-        choices = await data.filter_choices(conn)
+        choices = await queries.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
-                  choices=choices, limit=data.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
+                  choices=choices, limit=queries.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
 
 
 async def replay_selected(request: web.Request) -> web.Response:
@@ -344,7 +344,7 @@ async def replay_selected(request: web.Request) -> web.Response:
     # back to the list as it was filtered (the form carries the filters it was shown with)
     kept = {**forms.dead_letter_filters(form), "tenant": forms.tenant_filter(form)}
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        replayed = await data.replay(conn, ids)
+        replayed = await queries.replay(conn, ids)
     get_logger().info("console replay", name=request[CALLER].name, selected=len(ids), replayed=replayed)
     return see_other("/dead-letters", **{k: v for k, v in kept.items() if v},
                      notice="replayed" if replayed else "not_replayed", n=replayed)
@@ -355,16 +355,16 @@ async def deliveries(request: web.Request) -> web.Response:
     found = forms.delivery_search(request.query)
     rows = None
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        choices = await data.filter_choices(conn)
+        choices = await queries.filter_choices(conn)
         if any(v is not None for v in found.values()):
             webhook_id = None
             if found["endpoint"] is not None:
-                webhook_id = await data.endpoint_ref(conn, found["endpoint"])
+                webhook_id = await queries.endpoint_ref(conn, found["endpoint"])
                 if webhook_id is None:
                     raise forms.FieldError("endpoint", f"no endpoint named {found['endpoint'][:60]!r}")
-            rows = await data.search_deliveries(conn, found, webhook_id)
+            rows = await queries.search_deliveries(conn, found, webhook_id)
     return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
-                  statuses=forms.STATUSES, limit=data.PAGE_ROWS, query=request.query)
+                  statuses=forms.STATUSES, limit=queries.PAGE_ROWS, query=request.query)
 
 
 async def replay_matching(request: web.Request) -> web.Response:
@@ -377,17 +377,17 @@ async def replay_matching(request: web.Request) -> web.Response:
     viewer = caller
     if tenant is not None:
         async with request.app[STATE].db.transaction(caller) as conn:
-            found = await data.tenant_id(conn, tenant)
+            found = await queries.tenant_id(conn, tenant)
         if found is None:
             raise forms.FieldError("tenant", "no tenant with this name")
         viewer = dataclasses.replace(caller, tenant_id=found)
     async with request.app[STATE].db.transaction(viewer) as conn:
         webhook_id = None
         if filters["endpoint"] is not None:
-            webhook_id = await data.endpoint_ref(conn, filters["endpoint"])
+            webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
             if webhook_id is None:
                 raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
-        operation_id = await data.start_replay(
+        operation_id = await queries.start_replay(
             conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
                    "category": filters["category"]}, f"{caller.name} (console)")
     request.app[STATE].operations_wakeup.set()
@@ -398,10 +398,10 @@ async def replay_matching(request: web.Request) -> web.Response:
 async def delivery(request: web.Request) -> web.Response:
     delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        row = await data.delivery(conn, delivery_id)
+        row = await queries.delivery(conn, delivery_id)
     if row is None:
         return error_page(request, 404, "Not found", f"delivery {delivery_id}: not found")
-    payload, cut = data.payload_text(row["payload"])
+    payload, cut = queries.payload_text(row["payload"])
     return render(request, "delivery.html", page="dead_letters", row=row, payload=payload, payload_cut=cut,
                   settled=row["status"] in ("delivered", "dead_letter"))
 
@@ -409,7 +409,7 @@ async def delivery(request: web.Request) -> web.Response:
 async def replay_one(request: web.Request) -> web.Response:
     delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        replayed = await data.replay(conn, [delivery_id])
+        replayed = await queries.replay(conn, [delivery_id])
     get_logger().info("console replay", name=request[CALLER].name, selected=1, replayed=replayed)
     return see_other(f"/deliveries/{delivery_id}", notice="replayed" if replayed else "not_replayed",
                      n=replayed)
@@ -417,8 +417,8 @@ async def replay_one(request: web.Request) -> web.Response:
 
 async def endpoints(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await data.endpoints(conn)
-        events = await data.endpoint_events(conn)
+        rows = await queries.endpoints(conn)
+        events = await queries.endpoint_events(conn)
     return render(request, "endpoints.html", page="endpoints", rows=rows, events=events,
                   formats=BODY_FORMATS)
 
@@ -434,7 +434,8 @@ async def endpoint_action(request: web.Request) -> web.Response:
             cur = await conn.execute("SELECT 1 FROM webhooks.endpoints WHERE id = %s", (endpoint_id,))
             if await cur.fetchone() is None:
                 return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
-            change = await data.endpoint_action(conn, endpoint_id, action, reason, f"{caller.name} (console)")
+            change = await queries.endpoint_action(conn, endpoint_id, action, reason,
+                                                   f"{caller.name} (console)")
     except psycopg.errors.RaiseException as exc:
         return error_page(request, 409, "The current state refuses this", str(exc.diag.message_primary))
     get_logger().info("console endpoint change", name=caller.name, endpoint_id=endpoint_id, action=action,
@@ -445,7 +446,7 @@ async def endpoint_action(request: web.Request) -> web.Response:
 
 async def operations(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await data.operations(conn)
+        rows = await queries.operations(conn)
     return render(request, "operations.html", page="operations", rows=rows)
 
 
@@ -453,7 +454,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
     operation_id = forms.identifier("operation_id", request.match_info["operation_id"])
     caller = request[CALLER]
     async with request.app[STATE].db.transaction(caller) as conn:
-        status = await data.cancel_operation(conn, operation_id, f"{caller.name} (console)")
+        status = await queries.cancel_operation(conn, operation_id, f"{caller.name} (console)")
     if status is None:
         return error_page(request, 404, "Not found", f"operation {operation_id}: not found")
     get_logger().info("console operation cancel", name=caller.name, operation_id=operation_id, status=status)
