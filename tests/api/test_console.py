@@ -159,7 +159,8 @@ def test_every_form_field_has_a_label(console, db):
     dead_letter(db)
     person = logged_in(console, db, "admin")
     for path in ("/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
-                 "/console/deliveries/1"):
+                 "/console/deliveries/1", "/console/deliveries", "/console/endpoints/1",
+                 "/console/portal/" + "x" * 43):
         html = person.get(path).body.decode()
         labelled = set(re.findall(r'<label for="([^"]+)"', html))
         for field in re.findall(r"<(?:input|select|textarea)\b[^>]*>", html):
@@ -182,7 +183,8 @@ def test_every_page_carries_a_strict_csp_and_no_inline_script_or_style(console, 
     person = logged_in(console, db, "admin")
     pages = ["/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
              "/console/operations", f"/console/deliveries/{delivery_id}", "/console/deliveries/999999",
-             "/console/nowhere"]
+             "/console/nowhere", "/console/deliveries?status=dead_letter", "/console/endpoints/1",
+             "/console/portal/" + "x" * 43]
     for path in pages:
         answer = person.get(path)
         assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
