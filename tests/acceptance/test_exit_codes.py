@@ -60,6 +60,7 @@ MISSING = {
     ("purge",): ["--endpoint", "nosuch"],
     ("tokens", "create"): ["--name", "taken", "--role", "reader"],  # name taken
     ("tokens", "revoke"): ["nosuch"],
+    ("tokens", "portal-link"): ["--tenant", "nosuch"],
     ("tenants", "add"): ["default"],  # the default tenant exists
     ("tenants", "show"): ["nosuch"],
     ("tenants", "update"): ["nosuch", "--max-queued", "10"],
@@ -147,6 +148,8 @@ BAD_VALUES = [
     ["config", "set", "max_attempts", "many"],
     ["tokens", "create", "--name", "x", "--role", "reader", "--expires-in", "0"],
     ["tokens", "create", "--name", "\n", "--role", "reader"],
+    ["tokens", "portal-link", "--tenant", "default", "--expires-in", "2d"],
+    ["tokens", "portal-link", "--tenant", "default", "--base-url", "console.test"],
 ]
 
 

@@ -18,7 +18,7 @@ from worker import coalescing, event_types, signing
 from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
-from worker.api import answers, queries
+from worker.api import answers, portal, queries
 from worker.api import endpoints as endpoint_rules
 from worker.api.context import ADMIN, DOCUMENT, PUBLISH, READ, STATE, ApiState, caller_of, json_response
 from worker.api.database import DATABASE_ROLES, local_role
@@ -759,6 +759,7 @@ ROUTES: list[Route] = [
           path_id="ref", refusals=(404,)),
     Route("PATCH", "/v1/tenants/{id}", update_tenant, "Change a tenant's limits; null clears one", ADMIN,
           {200: A.Tenant}, body=TenantPatch, path_id="ref", refusals=(404,)),
+    portal.ROUTE,
     Route("GET", "/v1/stats", stats, "Queue by status, oldest due, rows held back and why", READ,
           {200: A.Stats}),
     Route("GET", "/v1/config", get_config, "The fleet-wide defaults", READ, {200: A.Settings}),
