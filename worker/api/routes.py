@@ -427,7 +427,7 @@ async def endpoint_circuit(request: web.Request) -> web.Response:
 
 
 class ReasonBody(Body):
-    reason: str | None = Field(default=None, min_length=1, max_length=1000)
+    reason: str | None = Field(default=None, min_length=1, max_length=endpoint_service.MAX_REASON_CHARS)
 
 
 async def _set_active(request: web.Request, active: bool) -> web.Response:
