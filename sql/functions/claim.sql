@@ -451,13 +451,15 @@ BEGIN
             WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
         )
         SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
-               q.payload::text, q.attempts,
+               coalesce(m.payload, q.payload)::text, q.attempts,
                coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
                q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
                e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
                coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
                cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank
         FROM claimed q
+        -- the payload is the message's (a row inserted with the triggers off keeps its own)
+        LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
         JOIN webhooks.endpoints e ON e.id = q.webhook_id
         JOIN claimed_tenants ct ON ct.id = q.tenant_id
         CROSS JOIN cfg
@@ -726,13 +728,15 @@ BEGIN
         WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
     )
     SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
-           q.payload::text, q.attempts,
+           coalesce(m.payload, q.payload)::text, q.attempts,
            coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
            q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
            e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
            coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
            cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank
     FROM claimed q
+    -- the payload is the message's (a row inserted with the triggers off keeps its own)
+    LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
     JOIN webhooks.endpoints e ON e.id = q.webhook_id
     JOIN claimed_tenants ct ON ct.id = q.tenant_id
     CROSS JOIN cfg
