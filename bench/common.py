@@ -1,7 +1,7 @@
 """The benchmark's own plumbing: the cluster, the sink process, CPU accounting, SQL it alone needs.
 
-Endpoints, worker processes and queries come from tests/support.py, the one helper library of the
-tests and the benchmark, so that a change to either (an encryption key, network allow-lists, how a
+Endpoints, worker processes and queries come from bench/localworker.py, which the tests' helper
+library re-exports, so that a change to either (an encryption key, network allow-lists, how a
 worker is configured) is made once and the benchmark's workers are the tests' workers.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.support import (
+from bench.localworker import (
+    KEYRING,
     LOOPBACK,
     ROOT,
-    TEST_KEYRING,
     WorkerProcess,
     add_endpoints,
     proc_cpu,
@@ -38,7 +38,7 @@ from worker.config import WorkerConfig
 from worker.destinations import DestinationPolicy
 from worker.localpg import LocalPostgres
 
-BENCH_KEYRING = TEST_KEYRING
+BENCH_KEYRING = KEYRING
 LOOPBACK_POLICY = DestinationPolicy.from_settings(True, LOOPBACK, False)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TEMPLATE = "bench_template"
@@ -83,7 +83,7 @@ def payload_json(n: int, extra: dict[str, Any] | None = None) -> str:
 
 
 def median_of(values: list[float]) -> dict[str, Any]:
-    """A timed figure as issue 22 prints it: the median, and the values it is the median of."""
+    """A timed figure as the report prints it: the median, and the values it is the median of."""
     return {"median": round(statistics.median(values), 4), "values": [round(v, 4) for v in values]}
 
 
@@ -344,7 +344,7 @@ GENEROUS_LIMITS: dict[str, Any] = {
 
 
 def register_endpoints(dsn: str, urls: list[str], prefix: str = "bench", **overrides: Any) -> list[int]:
-    """One endpoint per URL, each with its own signing secret (tests.support.add_endpoints)."""
+    """One endpoint per URL, each with its own signing secret (bench.localworker.add_endpoints)."""
     return add_endpoints(dsn, urls, prefix, **overrides)
 
 

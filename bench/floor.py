@@ -1,4 +1,4 @@
-"""The latency floor (issue 22): what a notification-driven delivery costs with no claim at all.
+"""The latency floor: what a notification-driven delivery costs with no claim at all.
 
 A LISTEN client on the queue's channel that, on each notification, reads the rows inserted since the
 last one (by primary key: no lease, no limits, no audit) and POSTs each to the sink with a bare

@@ -1,7 +1,7 @@
 """The seed design deployed by a competent user, for comparison: what webhook-worker replaced.
 
-Its own table with the seed's columns, the seed's claim query verbatim and an index that serves it
-(issue 22: the previous baseline queried the project's table with a predicate no index serves).
+Its own table with the seed's columns, the seed's claim query verbatim and an index that serves it:
+the seed at its best, not a claim that no index serves.
 10 coroutines, each with its own database connection, each in a loop: open a transaction, claim one
 row `FOR UPDATE SKIP LOCKED`, POST while holding the row lock, update the row and insert an audit
 row, commit; sleep 1 s when nothing is due. No batching, no leases, no health row, no signing.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark of issue 7: every figure in one run on this machine, printed as a table with each
+# The benchmark: every figure in one run on this machine, printed as a table with each
 # target PASS/MISS, and written as JSON under bench/results/. Extra arguments go to bench.run
 # (e.g. scripts/bench.sh --quick, or --help).
 source "$(dirname "$0")/bootstrap.sh"

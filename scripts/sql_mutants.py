@@ -123,13 +123,10 @@ MUTANTS: list[Mutant] = [
     Mutant("replay.sql", "            digest_id = NULL\n", "            digest_id = q.digest_id\n",
            k(COALESCING, "failed_digest"), "replay: a replayed member goes back into its digest"),
     # --- tenants in views and functions ---
-    Mutant("replay.sql",
-           "          AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = "
-           "nullif(current_setting('webhooks.tenant', true), '')::bigint)\n", "",
+    Mutant("replay.sql", "          AND (v_tenant IS NULL OR q.tenant_id = v_tenant)\n", "",
            k(TENANTS, "replay"), "replay --all --tenant T replays every tenant's dead letters"),
     Mutant("replay.sql",
-           "WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = "
-           "nullif(current_setting('webhooks.tenant', true), '')::bigint;",
+           "WHERE (SELECT webhooks.caller_tenant()) IS NULL OR q.tenant_id = (SELECT webhooks.caller_tenant());",
            "WHERE true;",
            ("tests/api/test_tenant_isolation.py",), "delivery_overview shows every tenant's rows"),
     # --- api.sql and console.sql: tokens and sessions ---

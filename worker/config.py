@@ -200,6 +200,9 @@ class ApiConfig(_Section):
     # take every file the process may open. Behind a proxy every client shares the proxy's address.
     max_connections: int = Field(default=1000, ge=1, le=1_000_000)
     max_connections_per_address: int = Field(default=100, ge=1, le=1_000_000)
+    # A publish of an event type the catalogue (webhooks.event_types) does not hold is refused (422)
+    # rather than accepted; off, only catalogued types with a schema are checked (worker/event_types.py).
+    require_known_event_types: bool = False
 
     @model_validator(mode="after")
     def _ports_and_caps(self) -> ApiConfig:

@@ -28,7 +28,7 @@ FRAMING_HEADERS = frozenset(
 )
 # Proxy-Authorization, Proxy-Connection and the rest speak to a proxy, never to the receiver.
 RESERVED_PREFIXES = ("proxy-",)
-# The longest URL an endpoint is registered with (README, "Registration checks"). Only registration
+# The longest URL an endpoint is registered with (docs/delivery.md, "Registration checks"). Only registration
 # applies it: a longer URL stored before it existed is still delivered to (destinations.url_problem's
 # own bound, for every delivery, is far larger).
 MAX_URL_CHARS = 2048

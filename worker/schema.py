@@ -30,7 +30,8 @@ OLD_LAYOUT_LAST_NAME = "worker_liveness"
 # Constraints the old layout added NOT VALID (finished rows were exempt when they were added, and the
 # checks themselves exempt finished rows); the baseline has them validated.
 _OLD_LAYOUT_UNVALIDATED = ("event_type_printable", "idempotency_key_printable", "traceparent_w3c_format")
-_ROLES = "PUBLIC, webhooks_worker, webhooks_producer, webhooks_reader, webhooks_admin, webhooks_authenticator"
+_ROLES = ("PUBLIC, webhooks_worker, webhooks_producer, webhooks_reader, webhooks_admin,"
+          " webhooks_tenant_admin, webhooks_authenticator")
 
 
 class MigrationError(RuntimeError):

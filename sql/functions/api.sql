@@ -9,7 +9,10 @@
 --
 -- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/data.py); the views
 -- and row-level security keep them to their tenant, and api_publish(), which runs as the owner,
--- checks it itself and refuses a tenant over its max_queued quota (SQLSTATE 53400: HTTP 429).
+-- checks it itself (caller_tenant(), functions/access.sql) and refuses a tenant over its max_queued
+-- quota (SQLSTATE 53400: HTTP 429). A tenant administrator's deletions, bulk replays and
+-- cancellations keep to its tenant the same way; a bulk replay it starts records the tenant, so the
+-- API's runner, which steps every operation unscoped, replays that tenant's dead letters only.
 --
 -- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
 -- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
@@ -17,14 +20,16 @@
 -- let them pass).
 --
 -- Every function is SECURITY DEFINER with a fixed search_path. api_publish() is granted to
--- webhooks_producer and webhooks_admin (admin tokens publish too); api_token_role() to
--- webhooks_authenticator, which the API's login rests as; the operations and endpoint deletion to
--- webhooks_admin (the API's bulk replay runner steps operations as webhooks_admin). Creating,
--- revoking and listing tokens is the owner's alone (the CLI).
+-- webhooks_producer, webhooks_admin and webhooks_tenant_admin (admin tokens publish too);
+-- api_token_role() to webhooks_authenticator, which the API's login rests as; the operations and
+-- endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations as
+-- webhooks_admin), and starting and cancelling a bulk replay and deleting an endpoint to
+-- webhooks_tenant_admin too. Creating, revoking and listing tokens is the owner's alone (the CLI).
 
 -- tokens --------------------------------------------------------------------------------------------
 
--- p_tenant: the tenant a producer or reader token is scoped to (its name); NULL: every tenant.
+-- p_tenant: the tenant a producer, reader or tenant_admin token is scoped to (its name); NULL: every
+-- tenant. A tenant_admin token must have one (api_token_tenant_admin_scoped), an admin token cannot.
 CREATE FUNCTION webhooks.api_create_token(p_name text, p_role text, p_token_hash bytea,
                                           p_expires_at timestamptz DEFAULT NULL, p_tenant text DEFAULT NULL)
 RETURNS bigint
@@ -111,7 +116,7 @@ DECLARE
     v_webhook_id bigint;
     -- a scoped token's tenant (set per transaction by the API); this function runs as the owner,
     -- whom row-level security does not bind, so it keeps to the tenant itself
-    v_tenant bigint := nullif(current_setting('webhooks.tenant', true), '')::bigint;
+    v_tenant bigint := webhooks.caller_tenant();
     v_full record;
     v_targets bigint[];
     v_inserted bigint[];
@@ -201,7 +206,7 @@ DECLARE
     v_rows bigint;
 BEGIN
     PERFORM 1 FROM webhooks.endpoints e WHERE e.id = p_webhook_id FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NOT FOUND OR NOT webhooks.caller_sees_endpoint(p_webhook_id) THEN
         RETURN false;
     END IF;
     SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q WHERE q.webhook_id = p_webhook_id;
@@ -224,8 +229,9 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
-    INSERT INTO webhooks.api_operations (kind, filter, rate, max_rows, requested_by)
-    VALUES ('replay_dead_letters', coalesce(p_filter, '{}'), p_rate, p_max_rows, p_requested_by)
+    INSERT INTO webhooks.api_operations (kind, filter, rate, max_rows, requested_by, tenant_id)
+    VALUES ('replay_dead_letters', coalesce(p_filter, '{}'), p_rate, p_max_rows, p_requested_by,
+            webhooks.caller_tenant())
     RETURNING id;
 $$;
 
@@ -263,7 +269,7 @@ BEGIN
     v_done := CASE WHEN v_step <= 0 THEN 0 ELSE webhooks.replay_dead_letters(
         (v_op.filter ->> 'webhook_id')::bigint, v_op.filter ->> 'event_type', v_op.filter ->> 'category',
         (v_op.filter ->> 'since')::timestamptz,
-        least((v_op.filter ->> 'until')::timestamptz, v_op.created_at), v_step) END;
+        least((v_op.filter ->> 'until')::timestamptz, v_op.created_at), v_step, v_op.tenant_id) END;
     UPDATE webhooks.api_operations o
     SET processed = o.processed + v_done, updated_at = now(),
         next_step_at = CASE WHEN o.rate IS NULL THEN now()
@@ -289,13 +295,16 @@ SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
     v_status text;
+    v_tenant bigint := webhooks.caller_tenant();
 BEGIN
     UPDATE webhooks.api_operations o
     SET status = 'cancelled', cancelled_by = p_cancelled_by, updated_at = now(), finished_at = now()
     WHERE o.id = p_operation_id AND o.status = 'running'
+      AND (v_tenant IS NULL OR o.tenant_id = v_tenant)
     RETURNING o.status INTO v_status;
     IF v_status IS NULL THEN
-        SELECT o.status INTO v_status FROM webhooks.api_operations o WHERE o.id = p_operation_id;
+        SELECT o.status INTO v_status FROM webhooks.api_operations o
+        WHERE o.id = p_operation_id AND (v_tenant IS NULL OR o.tenant_id = v_tenant);
     END IF;
     RETURN v_status;
 END;
@@ -324,7 +333,7 @@ $$;
 
 GRANT EXECUTE ON FUNCTION
     webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
-TO webhooks_producer, webhooks_admin;
+TO webhooks_producer, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION webhooks.api_token_role(bytea) TO webhooks_authenticator;
 GRANT EXECUTE ON FUNCTION
     webhooks.api_delete_endpoint(bigint),
@@ -334,4 +343,9 @@ GRANT EXECUTE ON FUNCTION
     webhooks.api_cancel_operation(bigint, text),
     webhooks.api_running_operations()
 TO webhooks_admin;
-GRANT SELECT ON webhooks.api_operations TO webhooks_reader, webhooks_admin;
+GRANT EXECUTE ON FUNCTION
+    webhooks.api_delete_endpoint(bigint),
+    webhooks.api_start_replay(jsonb, double precision, integer, text),
+    webhooks.api_cancel_operation(bigint, text)
+TO webhooks_tenant_admin;
+GRANT SELECT ON webhooks.api_operations TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;

@@ -15,7 +15,9 @@
 -- What an administrator changes goes through the functions granted to webhooks_admin here (the
 -- HTTP API's admin requests run as that role): SECURITY DEFINER with a fixed search_path, since
 -- the role writes no table itself and an operational event they publish may be queued only by the
--- owner (functions/enqueue.sql).
+-- owner (functions/enqueue.sql). A tenant administrator (webhooks_tenant_admin) is granted the same
+-- functions; each keeps to the caller's tenant (caller_tenant(), functions/access.sql) and answers
+-- another tenant's endpoint as it answers a missing one.
 
 -- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
 CREATE OR REPLACE FUNCTION webhooks.create_health_row() RETURNS trigger
@@ -55,7 +57,7 @@ BEGIN
     RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.name = p_ref);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 -- Operational events: an endpoint's state changes, queued (webhooks.fan_out) for the endpoints that
 -- subscribe to their type explicitly ('*' does not include them), never for the endpoint the event
@@ -135,6 +137,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 BEGIN
+    IF NOT webhooks.caller_sees_endpoint(p_webhook_id) THEN
+        RETURN NULL;
+    END IF;
     -- Health row first, then the endpoint: the order webhooks.finish() takes them in.
     PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
     UPDATE webhooks.endpoints
@@ -149,7 +154,8 @@ BEGIN
                                           p_delivery_id, p_attempt);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.disable_endpoint(bigint, text, text, bigint, integer) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.disable_endpoint(bigint, text, text, bigint, integer)
+    TO webhooks_admin, webhooks_tenant_admin;
 
 -- Enabling also resets the circuit, the pause and the failure streak: the operator says the
 -- receiver is back. Rows that waited are claimable at once.
@@ -160,6 +166,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 BEGIN
+    IF NOT webhooks.caller_sees_endpoint(p_webhook_id) THEN
+        RETURN NULL;
+    END IF;
     PERFORM 1 FROM webhooks.webhook_health_metrics WHERE webhook_id = p_webhook_id FOR UPDATE;
     UPDATE webhooks.endpoints
     SET active = true, disabled_reason = NULL, disabled_at = NULL, updated_at = now()
@@ -177,7 +186,7 @@ BEGIN
     RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', NULL, p_decided_by);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.enable_endpoint(bigint, text) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.enable_endpoint(bigint, text) TO webhooks_admin, webhooks_tenant_admin;
 
 -- Manual circuit control: 'reset' (closed, counters cleared), 'open' (forced open until p_until,
 -- or until reset), 'close' (forced closed: never opens by itself until reset).
@@ -193,6 +202,9 @@ DECLARE
     v_change text;
     v_found boolean;
 BEGIN
+    IF NOT webhooks.caller_sees_endpoint(p_webhook_id) THEN
+        RAISE EXCEPTION 'set_circuit: no endpoint %', p_webhook_id USING ERRCODE = 'no_data_found';
+    END IF;
     IF p_action = 'reset' THEN
         UPDATE webhooks.webhook_health_metrics
         SET circuit_state = 'closed', circuit_open_until = NULL, circuit_sleep_seconds = NULL,
@@ -227,7 +239,8 @@ BEGIN
         p_decided_by);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.set_circuit(bigint, text, timestamptz, text) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.set_circuit(bigint, text, timestamptz, text)
+    TO webhooks_admin, webhooks_tenant_admin;
 
 -- How long a row keeps being retried: the schedule's delays for max_attempts - 1 retries.
 CREATE OR REPLACE FUNCTION webhooks.retry_window(p_schedule jsonb, p_max_attempts integer) RETURNS interval
@@ -357,7 +370,7 @@ CREATE OR REPLACE FUNCTION webhooks.register_endpoint(
     p_body_format     text   DEFAULT 'raw',
     p_secret_settings jsonb  DEFAULT '{}',
     p_active          boolean DEFAULT true,
-    p_tenant          text    DEFAULT NULL,  -- its name; NULL: the `default` tenant
+    p_tenant          text    DEFAULT NULL,  -- its name; NULL: the `default` tenant, or the caller's
     -- every tenant's operational events, not only its own tenant's (the operator's channel)
     p_operational_all_tenants boolean DEFAULT false
 ) RETURNS bigint
@@ -378,13 +391,13 @@ AS $$
          coalesce(p_body_format, 'raw'), coalesce(p_secret_settings, '{}'), coalesce(p_active, true),
          CASE WHEN NOT coalesce(p_active, true) THEN 'awaiting verification' END,
          CASE WHEN NOT coalesce(p_active, true) THEN now() END,
-         webhooks.tenant_id(coalesce(p_tenant, 'default')), coalesce(p_operational_all_tenants, false))
+         webhooks.registration_tenant(p_tenant), coalesce(p_operational_all_tenants, false))
     RETURNING id;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.register_endpoint(text, text, text, jsonb, text[], jsonb, integer, integer,
                                                        jsonb, numeric, integer, integer, jsonb, text, jsonb,
                                                        boolean, text, boolean)
-    TO webhooks_admin;
+    TO webhooks_admin, webhooks_tenant_admin;
 
 -- Only the operator marks an endpoint for every tenant's operational events: a session scoped to a
 -- tenant (webhooks.tenant set, as the API sets it for a scoped token's transaction) is refused,
@@ -467,11 +480,11 @@ BEGIN
                                        THEN coalesce((p_changes ->> 'operational_all_tenants')::boolean, false)
                                        ELSE e.operational_all_tenants END,
         updated_at = now()
-    WHERE e.id = p_webhook_id;
+    WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(p_webhook_id);
     RETURN FOUND;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.update_endpoint(bigint, jsonb) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.update_endpoint(bigint, jsonb) TO webhooks_admin, webhooks_tenant_admin;
 
 -- Adds p_new_secret as the newest secret (checked: signing_secret_problem()); every secret active
 -- now expires at p_old_expire_at (NULL: they stay active until rotated again). Expired secrets are
@@ -496,12 +509,12 @@ BEGIN
                 FROM jsonb_array_elements(e.signing_secrets) s
                 WHERE s ->> 'expires_at' IS NULL OR (s ->> 'expires_at')::timestamptz > now()), '[]'),
         updated_at = now()
-    WHERE e.id = p_webhook_id
+    WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(p_webhook_id)
     RETURNING jsonb_array_length(e.signing_secrets) INTO v_count;
     RETURN v_count;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz) TO webhooks_admin, webhooks_tenant_admin;
 
 -- The key id each stored credential is sealed with ('plaintext' for values stored before sealing).
 CREATE OR REPLACE FUNCTION webhooks.credential_keys()
@@ -528,7 +541,9 @@ $$;
 GRANT EXECUTE ON FUNCTION webhooks.credential_keys() TO webhooks_worker;
 
 -- A page of endpoints' credentials, locked against concurrent changes until the caller commits
--- (FOR NO KEY UPDATE: producers inserting rows for these endpoints are not blocked).
+-- (FOR NO KEY UPDATE: producers inserting rows for these endpoints are not blocked). Sealed: the
+-- caller opens them with the keys (worker/self_service.py reads an endpoint's signing secrets so).
+-- A session kept to a tenant gets that tenant's endpoints only.
 CREATE OR REPLACE FUNCTION webhooks.endpoint_credentials(p_after_id bigint, p_limit integer)
 RETURNS TABLE (id bigint, url text, signing_secrets jsonb, secret_settings jsonb, headers jsonb)
 LANGUAGE sql
@@ -536,13 +551,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
     SELECT e.id, e.url, e.signing_secrets, e.secret_settings, e.headers
-    FROM webhooks.endpoints e
-    WHERE e.id > p_after_id
+    FROM webhooks.endpoints e, (SELECT webhooks.caller_tenant() AS id) t
+    WHERE e.id > p_after_id AND (t.id IS NULL OR e.tenant_id = t.id)
     ORDER BY e.id
     LIMIT p_limit
     FOR NO KEY UPDATE;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.endpoint_credentials(bigint, integer) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.endpoint_credentials(bigint, integer) TO webhooks_admin, webhooks_tenant_admin;
 
 -- An endpoint's credentials sealed: its first ones at registration, or all of them again (keys
 -- rotate). An endpoint's first signing secrets are checked (signing_secret_problem()); re-sealed
@@ -560,9 +575,10 @@ AS $$
                                THEN webhooks.checked_signing_secrets(p_signing_secrets)
                                ELSE p_signing_secrets END,
         secret_settings = p_secret_settings, headers = p_headers
-    WHERE id = p_id;
+    WHERE id = p_id AND webhooks.caller_sees_endpoint(p_id);
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.store_endpoint_credentials(bigint, text, jsonb, jsonb, jsonb) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.store_endpoint_credentials(bigint, text, jsonb, jsonb, jsonb)
+    TO webhooks_admin, webhooks_tenant_admin;
 
 CREATE OR REPLACE VIEW webhooks.endpoint_summary AS
 SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
@@ -576,5 +592,5 @@ FROM webhooks.endpoints e
 JOIN webhooks.tenants t ON t.id = e.tenant_id
 LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
-WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader, webhooks_admin;
+WHERE (SELECT webhooks.caller_tenant()) IS NULL OR e.tenant_id = (SELECT webhooks.caller_tenant());
+GRANT SELECT ON webhooks.endpoint_summary TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;

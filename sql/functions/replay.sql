@@ -32,14 +32,21 @@ AS $$
     SELECT count(*)::integer FROM logged;
 $$;
 
--- One delivery, dead-lettered or delivered. Returns whether it was put back. Granted to
--- webhooks_admin (the HTTP API's admin requests), which writes no table itself.
+-- One delivery, dead-lettered or delivered. Returns whether it was put back (false too for another
+-- tenant's, to a session kept to a tenant). Granted to webhooks_admin and webhooks_tenant_admin
+-- (the HTTP API's admin requests), which write no table themselves.
 CREATE OR REPLACE FUNCTION webhooks.replay(p_delivery_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
+DECLARE
+    v_tenant bigint := webhooks.caller_tenant();
 BEGIN
+    IF v_tenant IS NOT NULL AND NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue q
+                                            WHERE q.delivery_id = p_delivery_id AND q.tenant_id = v_tenant) THEN
+        RETURN false;
+    END IF;
     IF webhooks.replay_rows(ARRAY[p_delivery_id]) = 1 THEN
         PERFORM pg_notify('webhooks_queue', '');
         RETURN true;
@@ -47,23 +54,27 @@ BEGIN
     RETURN false;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.replay(bigint) TO webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.replay(bigint) TO webhooks_admin, webhooks_tenant_admin;
 
 -- Every dead letter matching all the given filters (NULL matches anything), at most p_limit of
 -- them, oldest first, so a large recovery can run in bounded, resumable steps. Returns the count.
+-- Kept to the session's tenant (caller_tenant()) and to p_tenant_id, a bulk operation's tenant,
+-- when either is set. The owner's alone: the API reaches it through its operations (api.sql).
 CREATE OR REPLACE FUNCTION webhooks.replay_dead_letters(
     p_webhook_id       bigint      DEFAULT NULL,
     p_event_type       text        DEFAULT NULL,
     p_failure_category text        DEFAULT NULL,
     p_since            timestamptz DEFAULT NULL,
     p_until            timestamptz DEFAULT NULL,
-    p_limit            integer     DEFAULT NULL
+    p_limit            integer     DEFAULT NULL,
+    p_tenant_id        bigint      DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
 AS $$
 DECLARE
     v_count integer;
+    v_tenant bigint := webhooks.caller_tenant();
 BEGIN
     SELECT webhooks.replay_rows(array_agg(d.delivery_id)) INTO v_count
     FROM (
@@ -76,7 +87,8 @@ BEGIN
           AND (p_since IS NULL OR q.dead_lettered_at >= p_since)
           AND (p_until IS NULL OR q.dead_lettered_at < p_until)
           -- the session's tenant, if it set one (`replay --all --tenant T`)
-          AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint)
+          AND (v_tenant IS NULL OR q.tenant_id = v_tenant)
+          AND (p_tenant_id IS NULL OR q.tenant_id = p_tenant_id)
         ORDER BY q.dead_lettered_at, q.delivery_id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
@@ -101,15 +113,15 @@ LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
 JOIN webhooks.endpoints e ON e.id = q.webhook_id
 CROSS JOIN webhooks.delivery_config c
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
-WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader, webhooks_admin;
+WHERE (SELECT webhooks.caller_tenant()) IS NULL OR q.tenant_id = (SELECT webhooks.caller_tenant());
+GRANT SELECT ON webhooks.delivery_overview TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery(p_delivery_id bigint)
 RETURNS SETOF webhooks.delivery_overview
 LANGUAGE sql STABLE AS $$
     SELECT * FROM webhooks.delivery_overview WHERE delivery_id = p_delivery_id;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.delivery(bigint) TO webhooks_reader, webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.delivery(bigint) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery_by_key(p_idempotency_key text, p_webhook_id bigint DEFAULT NULL)
 RETURNS SETOF webhooks.delivery_overview
@@ -120,11 +132,11 @@ LANGUAGE sql STABLE AS $$
                                  ELSE ARRAY[p_webhook_id] END)
     ORDER BY webhook_id;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.delivery_by_key(text, bigint) TO webhooks_reader, webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.delivery_by_key(text, bigint) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.delivery_history(p_delivery_id bigint)
 RETURNS SETOF webhooks.alert_delivery_log
 LANGUAGE sql STABLE AS $$
     SELECT * FROM webhooks.alert_delivery_log WHERE delivery_id = p_delivery_id ORDER BY logged_at, log_id;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.delivery_history(bigint) TO webhooks_reader, webhooks_admin;
+GRANT EXECUTE ON FUNCTION webhooks.delivery_history(bigint) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;

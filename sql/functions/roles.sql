@@ -1,6 +1,6 @@
 -- roles: what each group role may do with the tables and views (the roles themselves are made by
--- migrations/001_baseline.sql and 007_api_login.sql; each function's EXECUTE grant is beside the
--- function).
+-- migrations/001_baseline.sql, 007_api_login.sql and 015_self_service.sql; each function's EXECUTE
+-- grant is beside the function).
 --
 -- webhooks_worker may EXECUTE the functions a worker calls and nothing else: no table privileges
 --   at all. Those functions are SECURITY DEFINER (they run as the schema owner) with a fixed
@@ -19,6 +19,13 @@
 --   search_path: registering and changing endpoints, their circuits and credentials, replay,
 --   tenants, bulk operations) and the settable columns of delivery_config (`config set`: each
 --   column's type and CHECK constraints are the rule). No table may it write directly otherwise.
+-- webhooks_tenant_admin (a tenant_admin token's requests, always with webhooks.tenant set) reads
+--   what a reader kept to its tenant reads of the tenant's own rows (not the fleet's liveness or
+--   stats sample, which name other tenants), the event-type catalogue, and changes things through
+--   the administration functions of endpoints, replay and bulk operations, each of which keeps to
+--   the caller's tenant (caller_tenant(), functions/access.sql). Without the setting it sees no
+--   row (the restrictive policies of migrations/015_self_service.sql) and those functions refuse.
+--   Never the settings, tenants, tokens or event types to change.
 -- webhooks_authenticator is what the API's login holds between requests: checking tokens and
 --   console sessions, and the schema version (/ready). Nothing else.
 -- The rest of administration (tokens, purge, keys, `webhook-worker migrate` and the operator CLI)
@@ -29,7 +36,8 @@
 -- is exactly what the roles have: a grant removed here is removed from the database.
 
 GRANT USAGE ON SCHEMA webhooks
-    TO webhooks_worker, webhooks_producer, webhooks_reader, webhooks_admin, webhooks_authenticator;
+    TO webhooks_worker, webhooks_producer, webhooks_reader, webhooks_admin, webhooks_tenant_admin,
+       webhooks_authenticator;
 
 GRANT INSERT (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, metadata, priority,
               ordering_key, max_attempts, next_retry_at, traceparent, expires_at)
@@ -45,7 +53,13 @@ GRANT SELECT (id, name, url_display, active, disabled_reason, disabled_at, event
               max_attempts, retry_schedule, timeout_ms, rate_limit_per_second, rate_limit_burst,
               max_in_flight, circuit_policy, delivery_ttl, retry_policy, metadata, created_at, updated_at,
               coalesce_max, coalesce_window, tenant_id)
-    ON webhooks.endpoints TO webhooks_reader, webhooks_admin;
+    ON webhooks.endpoints TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+-- Under row-level security; delivery_config for the defaults an endpoint's settings override,
+-- endpoint_renamed_names for endpoint_ref(), which runs as its caller.
+GRANT SELECT ON webhooks.alert_delivery_queue, webhooks.alert_delivery_log, webhooks.webhook_health_metrics,
+                webhooks.endpoint_events, webhooks.delivery_config, webhooks.schema_migrations, webhooks.tenants,
+                webhooks.endpoint_renamed_names
+    TO webhooks_tenant_admin;
 
 -- `config set` over the API (PATCH /v1/config) and the CLI: the settings, not the singleton key.
 GRANT UPDATE (max_attempts, retry_schedule, retry_jitter, max_deferrals, timeout_ms, lease_seconds,

@@ -16,10 +16,10 @@ LEFT JOIN (
                AS oldest_due_age_seconds
     FROM webhooks.alert_delivery_queue q
     -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
-    WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint
+    WHERE (SELECT webhooks.caller_tenant()) IS NULL OR q.tenant_id = (SELECT webhooks.caller_tenant())
     GROUP BY q.status
 ) c ON c.status = s.status;
-GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader, webhooks_admin;
+GRANT SELECT ON webhooks.queue_statistics TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 -- Due rows held back, and why: what the claim leaves in the table on purpose.
 CREATE OR REPLACE VIEW webhooks.held_back AS
@@ -59,8 +59,8 @@ CROSS JOIN LATERAL (
 ) due
 WHERE due.rows > 0
   -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
-  AND (nullif(current_setting('webhooks.tenant', true), '') IS NULL OR e.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
-GRANT SELECT ON webhooks.held_back TO webhooks_reader, webhooks_admin;
+  AND ((SELECT webhooks.caller_tenant()) IS NULL OR e.tenant_id = (SELECT webhooks.caller_tenant()));
+GRANT SELECT ON webhooks.held_back TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 CREATE OR REPLACE FUNCTION webhooks.queue_stats(p_endpoint_limit integer DEFAULT 100,
                                                 p_interval interval DEFAULT '10 seconds') RETURNS jsonb

@@ -12,7 +12,8 @@
 -- its endpoint's tenant (fill_log_tenant), as every queue row does (fill_idempotency_key).
 -- The name `other` is reserved: the metrics label the tenants past their label limit so.
 -- register_tenant() and update_tenant() are granted to webhooks_admin (the HTTP API's admin
--- requests), which writes no table itself.
+-- requests), which writes no table itself; never to webhooks_tenant_admin, whose session reads its
+-- own tenant's row only.
 
 -- A tenant's id by name; an unknown name is an error that names it.
 CREATE OR REPLACE FUNCTION webhooks.tenant_id(p_name text) RETURNS bigint
@@ -26,6 +27,27 @@ BEGIN
             USING ERRCODE = 'no_data_found', HINT = 'webhook-worker tenants list shows them';
     END IF;
     RETURN v_id;
+END;
+$$;
+
+-- The tenant a new endpoint goes to: the one named (NULL: `default`) or, for a session kept to a
+-- tenant (caller_tenant()), that one, which it may name but not another.
+CREATE OR REPLACE FUNCTION webhooks.registration_tenant(p_name text) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_scoped bigint := webhooks.caller_tenant();
+BEGIN
+    IF v_scoped IS NULL THEN
+        RETURN webhooks.tenant_id(coalesce(p_name, 'default'));
+    END IF;
+    -- the name given is compared, never looked up: the answer says nothing of other tenants
+    IF p_name IS NOT NULL AND p_name IS DISTINCT FROM (SELECT t.name FROM webhooks.tenants t WHERE t.id = v_scoped) THEN
+        RAISE EXCEPTION 'tenant: a session kept to one tenant registers endpoints in that tenant only'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN v_scoped;
 END;
 $$;
 
@@ -157,5 +179,5 @@ SELECT t.id, t.name, t.rate_limit_per_second, t.rate_limit_burst, t.max_in_fligh
         WHERE q.tenant_id = t.id AND q.status = 'dead_letter') AS dead_letters
 FROM webhooks.tenants t
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
-WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL OR t.id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader, webhooks_admin;
+WHERE (SELECT webhooks.caller_tenant()) IS NULL OR t.id = (SELECT webhooks.caller_tenant());
+GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;

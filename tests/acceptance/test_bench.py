@@ -48,7 +48,7 @@ def test_quick_run_reports_every_section(tmp_path):
     assert set(by_process) <= {"backends", "not attributed", *SERVER_PROCESS_KINDS}
     assert abs(sum(by_process.values()) - drained["cpu_seconds"]["postgres"]) <= 0.02 * len(by_process)
     assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
-    # issue 22: timed ratios are medians of three alternating runs, printed with the three values;
+    # timed ratios are medians of three alternating runs, printed with the three values;
     # the HTTP ceiling is a bare aiohttp session's, the Sender printed beside it
     for ratio in (data["e2e"]["workers_1_over_bare"], data["http"]["sender_over_bare"],
                   data["db"]["features_cost_ratio"]):
@@ -78,7 +78,7 @@ def test_quick_run_reports_every_section(tmp_path):
 
 
 def assert_feature_prices(features):
-    """Issue 22's table of what each feature and each index costs: every step drained its whole
+    """The table of what each feature and each index costs: every step drained its whole
     backlog three times and left the state its feature writes; every secondary index was priced or
     reported as one the claim cannot do without."""
     rows = features["rows"]

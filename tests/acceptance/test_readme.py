@@ -1,9 +1,13 @@
-"""Every command README.md shows, run as a user would against throwaway databases (issue 17).
+"""Every command README.md and the pages under docs/ show, run as a user would against throwaway
+databases.
 
-README.md is read when the test runs, so a command added to it later is run too. Shell blocks are
-followed in order like a terminal session (exports carry on); each `##` section gets a fresh migrated
-database, since sections are separate stories. Only URLs, the database, the encryption key and the
-local port are substituted; a command that cannot run here must be listed in NOT_RUN with the reason.
+The pages are read when the test runs, so a command added to one later is run too. Shell blocks are
+followed in order like a terminal session (exports carry on); each of README's `##` sections gets a
+fresh migrated database, since its sections are separate stories, and each page of docs/ one
+database, since a page is one story. A page of docs/ starts where README's "Using it" leaves a
+reader: DATABASE_URL and the encryption keys exported. Only URLs, the database, the encryption key
+and the local port are substituted; a command that cannot run here must be listed in NOT_RUN (or
+an SQL statement in NOT_RUN_SQL) with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from worker.cli import build_parser, cmd_api, cmd_run
 from worker.encryption import KEYS_ENV
 
 README = ROOT / "README.md"
+# README first, then every page of docs/, by path.
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
 PROGRAM = "webhook-worker"
 # What README shows that cannot run on this machine or inside a test, by how the command starts.
@@ -43,6 +49,16 @@ NOT_RUN = {
     "kubectl ": "needs a Kubernetes cluster (test_deploy.py checks the manifests offline)",
     "open ": "opens a browser on Prometheus, which runs only under Docker Compose",
 }
+# SQL that docs/ shows and that cannot run here, by how the statement starts.
+NOT_RUN_SQL = {
+    "CREATE ROLE ": "logins are cluster-wide and the cluster is shared by the suite's tests, which make "
+                    "the same logins themselves (tests/support.py: the workers' and the API's)",
+    "REVOKE CONNECT ON DATABASE yourdb": "names the reader's own database",
+    "GRANT CONNECT ON DATABASE yourdb": "names the reader's own database and logins",
+}
+# `python -m scripts.gen_reference` rewrites docs/reference/; here it runs with --check, so the test
+# changes no file and fails when a page is stale.
+GENERATOR = ["-m", "scripts.gen_reference"]
 # Set for every command: where this machine differs from the one README imagines.
 MACHINE = {
     "WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": '["127.0.0.1/32"]',  # the receiver is on loopback
@@ -66,13 +82,26 @@ class Snippet:
     text: str
     line: int
     section: str
+    page: str = "README.md"
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.section}): {self.text}"
+        return f"{self.page}:{self.line} ({self.section}): {self.text}"
+
+    @property
+    def story(self) -> str:
+        """What shares one database: a section of README, a whole page of docs/."""
+        return self.section if self.page == "README.md" else self.page
+
+
+def page_snippets(path: Path) -> list[Snippet]:
+    """snippets() of one page, each naming the page."""
+    name = str(path.relative_to(ROOT))
+    found = snippets(path.read_text(encoding="utf-8"))
+    return [Snippet(s.kind, s.text, s.line, s.section, name) for s in found]
 
 
 def snippets(markdown: str) -> list[Snippet]:
-    """Every shell command, SQL statement and inline `webhook-worker …` span, in README order."""
+    """Every shell command, SQL statement and inline `webhook-worker …` span, in the page's order."""
     found: list[Snippet] = []
     lines = markdown.splitlines()
     section, index = "top", 0
@@ -142,8 +171,8 @@ def shell_lines(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
 
 
 def sql_statements(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
-    """Statements split at semicolons outside quotes, comments dropped."""
-    statement, start, quoted = "", 0, False
+    """Statements split at semicolons outside quotes and $$-quoted bodies, comments dropped."""
+    statement, start, quoted, dollar = "", 0, False, False
     for line, text in body:
         index = 0
         while index < len(text):
@@ -152,9 +181,14 @@ def sql_statements(body: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
                 break
             if not statement.strip():
                 start = line
-            if char == "'":
+            if char == "'" and not dollar:
                 quoted = not quoted
-            if char == ";" and not quoted:
+            if not quoted and text.startswith("$$", index):
+                dollar = not dollar
+                statement += "$$"
+                index += 2
+                continue
+            if char == ";" and not quoted and not dollar:
                 yield start, " ".join(statement.split()) + ";"
                 statement = ""
             else:
@@ -195,10 +229,10 @@ class Run:
     # the `webhook-worker api` README started, running for the commands after it: (line, process, port)
     api: tuple[Snippet, subprocess.Popen[bytes], int] | None = None
 
-    def database(self, section: str) -> str:
-        if section not in self.databases:
-            self.databases[section] = self.make_db()
-        return self.databases[section]
+    def database(self, story: str) -> str:
+        if story not in self.databases:
+            self.databases[story] = self.make_db()
+        return self.databases[story]
 
     def receiver_url(self) -> str:
         self.urls += 1
@@ -206,9 +240,9 @@ class Run:
         self.receiver.script(path, Reply(echo=True))  # echoes a --verify challenge too
         return self.receiver.url(path)
 
-    def env_value(self, name: str, value: str, section: str) -> str:
+    def env_value(self, name: str, value: str, story: str) -> str:
         if name == "DATABASE_URL":
-            return self.database(section)
+            return self.database(story)
         if name == KEYS_ENV and "…" in value:
             return self.exported.get(KEYS_ENV, TEST_KEYS)
         return value
@@ -230,7 +264,7 @@ def substitute_subshells(snippet: Snippet, session: Run, failures: list[str]) ->
     """Run each `$(webhook-worker …)` and put its output in place, then expand the variables this
     session exported (outside single quotes), as the shell would. Other variables stay as written."""
     def evaluate(match: re.Match[str]) -> str:
-        inner = Snippet(snippet.kind, match.group(1), snippet.line, snippet.section)
+        inner = Snippet(snippet.kind, match.group(1), snippet.line, snippet.section, snippet.page)
         result = run_program(inner, shlex.split(inner.text), {}, None, session, failures)
         return result.stdout.strip() if result is not None else ""
 
@@ -297,15 +331,18 @@ def run_shell(snippet: Snippet, session: Run, failures: list[str]) -> str:
     line = parse_line(substitute_subshells(snippet, session, failures))
     if line.words[0] == "export":
         name, _, value = line.words[1].partition("=")
-        session.exported[name] = session.env_value(name, value, snippet.section)
+        session.exported[name] = session.env_value(name, value, snippet.story)
         return "ran: export"
-    env = {name: session.env_value(name, value, snippet.section) for name, value in line.env.items()}
+    env = {name: session.env_value(name, value, snippet.story) for name, value in line.env.items()}
     if line.words[0] == "psql":
         return run_psql(snippet, line.words, session, failures)
     if line.words[0] == "curl":
         return run_curl(snippet, line.words, session, failures)
+    if line.words[0] in ("python", "python3") and line.words[1:3] == GENERATOR:
+        return run_generator(snippet, line.words[3:], failures)
     if line.words[0] != PROGRAM:
-        failures.append(f"{snippet}\n  neither `{PROGRAM}`, psql nor listed in NOT_RUN")
+        failures.append(f"{snippet}\n  neither `{PROGRAM}`, psql, curl, the reference generator "
+                        "nor listed in NOT_RUN")
         return "unclassified"
     stdin = line.stdin
     if line.stdin_for is not None:
@@ -322,13 +359,26 @@ def option_before(tokens: list[str], value: str) -> str:
 
 def run_psql(snippet: Snippet, tokens: list[str], session: Run, failures: list[str]) -> str:
     assert "-c" in tokens, f"{snippet}: only `psql … -c SQL` is understood here"
-    run_sql(Snippet("sql", tokens[tokens.index("-c") + 1], snippet.line, snippet.section), session, failures)
+    run_sql(Snippet("sql", tokens[tokens.index("-c") + 1], snippet.line, snippet.section, snippet.page),
+            session, failures)
     return "ran"
 
 
+def run_generator(snippet: Snippet, args: list[str], failures: list[str]) -> str:
+    result = subprocess.run([sys.executable, *GENERATOR, *args, "--check"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=COMMAND_SECONDS, check=False)
+    if result.returncode != 0:
+        failures.append(f"{snippet}\n  the reference generator exited {result.returncode}: "
+                        f"{(result.stdout + result.stderr).strip()}")
+    return "ran: with --check"
+
+
 def run_sql(snippet: Snippet, session: Run, failures: list[str]) -> str:
+    for prefix, reason in NOT_RUN_SQL.items():
+        if snippet.text.startswith(prefix):
+            return f"not run: {reason}"
     try:
-        with psycopg.connect(session.database(snippet.section), autocommit=True) as conn:
+        with psycopg.connect(session.database(snippet.story), autocommit=True) as conn:
             conn.execute(snippet.text)
     except psycopg.Error as exc:
         failures.append(f"{snippet}\n  {type(exc).__name__}: {exc}")
@@ -354,7 +404,7 @@ def run_program(snippet: Snippet, tokens: list[str], env: dict[str, str], stdin:
              if not k.startswith("WEBHOOK_WORKER_") and k != "DATABASE_URL"}
     environment = {**clean, **session.exported, **env, **MACHINE}
     if "DATABASE_URL" in environment:
-        environment["DATABASE_URL"] = session.database(snippet.section)
+        environment["DATABASE_URL"] = session.database(snippet.story)
     command = [sys.executable, "-m", "worker", *args]
     if runs(args, cmd_api):
         start_api(snippet, command, environment, session, failures)
@@ -477,14 +527,32 @@ def test_readme_shows_commands_of_every_kind() -> None:
     assert any(s.text.startswith(f"{PROGRAM} endpoints add") for s in found)
 
 
+def test_the_pages_of_docs_are_read_too() -> None:
+    names = {str(path.relative_to(ROOT)) for path in PAGES}
+    assert {"docs/reference/cli.md", "docs/reference/http-api.md", "docs/delivery.md"} <= names
+    found = [s for path in PAGES[1:] for s in page_snippets(path)]
+    assert {s.kind for s in found} == {"shell", "sql", "inline"}
+    assert all(s.story == s.page for s in found)  # one database per page of docs/
+
+
+def test_a_dollar_quoted_body_is_one_statement() -> None:
+    body = [(1, "CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$"), (2, "BEGIN"),
+            (3, "    RETURN 1;  -- one"), (4, "END;"), (5, "$$;"), (6, "SELECT 'a;b';")]
+    assert [text for _line, text in sql_statements(body)] == [
+        "CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$ BEGIN RETURN 1; END; $$;", "SELECT 'a;b';"]
+
+
 # Dozens of commands and processes one after another: the per-test hang guard (pyproject's 300 s)
 # sized for this much work on a loaded machine.
 @pytest.mark.timeout(1200)
-def test_every_command_readme_shows_runs_as_written(session: Run):
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_command_a_page_shows_runs_as_written(session: Run, page: Path):
     failures: list[str] = []
     handled: dict[Snippet, str] = {}
     started = time.monotonic()
-    for snippet in snippets(README.read_text()):
+    if page != README:  # where README's "Using it" leaves a reader
+        session.exported.update({"DATABASE_URL": "…", KEYS_ENV: TEST_KEYS})
+    for snippet in page_snippets(page):
         if snippet.kind == "sql":
             handled[snippet] = run_sql(snippet, session, failures)
         elif snippet.kind == "inline" and synopsis(snippet.text):
@@ -495,13 +563,14 @@ def test_every_command_readme_shows_runs_as_written(session: Run):
         else:
             handled[snippet] = run_shell(snippet, session, failures)
     stop_api(session, failures)
-    print(f"\n{len(handled)} README snippets in {time.monotonic() - started:.1f} s:")
+    print(f"\n{len(handled)} snippets of {page.name} in {time.monotonic() - started:.1f} s:")
     for snippet, how in handled.items():
         print(f"  {snippet}\n      {how}")
     assert not failures, "\n\n".join(failures)
     # nothing skipped silently: each was run, checked as a synopsis, or is listed in NOT_RUN
     assert all(how.startswith(("ran", "checked", "not run: ")) for how in handled.values())
-    assert sum(how.startswith("ran") for how in handled.values()) >= 10
+    if page == README:
+        assert sum(how.startswith("ran") for how in handled.values()) >= 10
 
 
 @pytest.mark.parametrize(

@@ -293,15 +293,16 @@ def test_a_role_runs_under_its_database_role(api, db):
 
 def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db):
     # api_publish is the producers' and admins'; checking a token the authenticator's (the API's
-    # login between requests); operations and deleting endpoints the admins'; creating, revoking
-    # and listing tokens the owner's alone (sql/functions/api.sql)
+    # login between requests); operations and deleting endpoints the admins' (a tenant's admin
+    # starts and cancels its own and deletes its own endpoints; the runner's steps are the admins');
+    # creating, revoking and listing tokens the owner's alone (sql/functions/api.sql)
     rows = query(
         db,
         "SELECT p.proname, r.rolname, has_function_privilege(r.rolname, p.oid, 'EXECUTE')"
         " FROM pg_proc p CROSS JOIN pg_roles r"
         " WHERE p.pronamespace = 'webhooks'::regnamespace AND p.proname LIKE 'api\\_%'"
         " AND r.rolname IN ('webhooks_worker', 'webhooks_producer', 'webhooks_reader', 'webhooks_admin',"
-        "                   'webhooks_authenticator')",
+        "                   'webhooks_tenant_admin', 'webhooks_authenticator')",
     )
     granted = {(name, role) for name, role, allowed in rows if allowed}
     assert granted == {
@@ -310,6 +311,8 @@ def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db
         *((name, "webhooks_admin") for name in ("api_delete_endpoint", "api_start_replay", "api_replay_step",
                                                 "api_cancel_operation",
                                                 "api_fail_operation", "api_running_operations")),
+        *((name, "webhooks_tenant_admin")
+          for name in ("api_publish", "api_delete_endpoint", "api_start_replay", "api_cancel_operation")),
     }
     assert query(db, "SELECT has_table_privilege('webhooks_reader', 'webhooks.api_tokens', 'SELECT')") == [
         (False,)

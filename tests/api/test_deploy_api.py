@@ -97,9 +97,11 @@ def test_the_api_logs_in_as_a_role_of_its_own_wherever_it_is_deployed():
     secret = yaml.safe_load_all((K8S / "base" / "secret.yaml").read_text())
     [values] = [d["stringData"] for d in secret if d["metadata"]["name"] == "webhook-worker-db"]
     assert _user(values["api-url"]) not in (_user(values["owner-url"]), _user(values["url"]))
-    # the statements the docs and the manifests give make it a member of exactly those roles
-    for path in (ROOT / "docs" / "security.md", ROOT / "sql" / "migrations" / "007_api_login.sql",
-                 K8S / "base" / "secret.yaml", K8S / "api" / "kustomization.yaml"):
+    # the statements the docs and the manifests give make it a member of exactly those roles (a
+    # migration's text is frozen once released: 007_api_login.sql names the roles of its time, and
+    # 015_self_service.sql the GRANT of the one it adds)
+    for path in (ROOT / "docs" / "security.md", K8S / "base" / "secret.yaml",
+                 K8S / "api" / "kustomization.yaml"):
         # comment markers and trailing comments gone, lines joined
         lines = [re.sub(r"^\s*(#|--)?\s*|\s+--\s.*$", "", line) for line in path.read_text().splitlines()]
         text = re.sub(r"\s+", " ", " ".join(lines))

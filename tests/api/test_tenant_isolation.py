@@ -190,9 +190,12 @@ def test_row_level_security_itself_keeps_a_scoped_session_to_its_tenant(db, two_
         assert conn.execute("SELECT count(*) FROM webhooks.messages").fetchone()[0] == 3
 
 
-def test_only_producer_and_reader_tokens_can_be_scoped(db, two_tenants):
-    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
+def test_only_producer_reader_and_tenant_admin_tokens_can_be_scoped(db, two_tenants):
+    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(ValueError, match=r"^tenant: an admin"):
         tokens.create(conn, "admin-other", "admin", None, "globex")
+    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("SELECT webhooks.api_create_token('admin-other', 'admin', %s, NULL, 'globex')",
+                     (tokens.token_hash(tokens.generate_token()),))
     with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.NoDataFound):
         tokens.create(conn, "reader-nobody", "reader", None, "nobody")
     assert query(db, "SELECT count(*) FROM webhooks.api_tokens") == [(0,)]

@@ -4,6 +4,7 @@ and the operator's connections opened in one place. Read from the source, withou
 import ast
 from pathlib import Path
 
+import bench
 import worker
 
 PACKAGE = Path(worker.__file__).parent
@@ -69,3 +70,50 @@ def test_only_the_database_modules_open_connections():
     # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests;
     # the API's own pool is in api/data; its endpoint writes go through operations, as the CLI's do.
     assert opening == {"queue", "operations", "schema", "localpg"}
+
+
+BENCH = Path(bench.__file__).parent
+
+
+def bench_imports() -> dict[str, set[str]]:
+    """Each bench module's imports of other bench modules (subpackages too, function-level and
+    TYPE_CHECKING imports included), and of anything under `tests` (as "tests…")."""
+    def module_of(path: Path) -> str:
+        return ".".join(("bench", *path.relative_to(BENCH).with_suffix("").parts)).removesuffix(".__init__")
+
+    modules = {module_of(path): path for path in sorted(BENCH.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        graph[name] = {m for m in found if m in modules or m == "tests" or m.startswith("tests.")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each module's shortest-found path back to itself through the modules it imports."""
+    def reaches(start: str) -> list[str] | None:
+        stack, seen = [[start]], set()
+        while stack:
+            path = stack.pop()
+            for nxt in sorted(graph.get(path[-1], ())):
+                if nxt == start:
+                    return [*path, nxt]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append([*path, nxt])
+        return None
+
+    return [circle for module in graph if (circle := reaches(module))]
+
+
+def test_the_benchmark_has_no_import_circles_and_does_not_import_the_tests():
+    graph = bench_imports()
+    assert "bench.sections.e2e" in graph  # the scan reaches the subpackage
+    assert circles(graph) == []
+    assert {module: sorted(m for m in found if m.split(".")[0] == "tests")
+            for module, found in graph.items() if any(m.split(".")[0] == "tests" for m in found)} == {}

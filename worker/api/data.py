@@ -20,6 +20,8 @@ DATABASE_ROLES: dict[Role, str] = {
     "producer": "webhooks_producer",
     "reader": "webhooks_reader",
     "admin": "webhooks_admin",
+    # always with webhooks.tenant set (its token has a tenant); PostgreSQL keeps it there
+    "tenant_admin": "webhooks_tenant_admin",
 }
 # What the API's login rests as between requests: token and session checks, the schema version.
 AUTHENTICATOR_ROLE = "webhooks_authenticator"

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
-# Relative type URIs: documented in README's API section, stable for clients to switch on.
+# Relative type URIs: documented in docs/reference/http-api.md ("Errors"), stable for clients to switch on.
 TYPE_BASE = "/v1/problems/"
 
 

@@ -14,7 +14,7 @@ import psycopg
 from aiohttp import web
 from pydantic import Field, JsonValue, field_validator
 
-from worker import coalescing, signing
+from worker import coalescing, event_types, signing
 from worker import operations as operator_queries
 from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
@@ -112,6 +112,11 @@ async def publish(request: web.Request) -> web.Response:
         raise invalid("payload", "holds \\u0000, which PostgreSQL's jsonb cannot store")
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
+            known = await event_types.get_async(conn, body.event_type)
+            refused = event_types.publish_problem(body.event_type, known, body.payload,
+                                                  _state(request).config.api.require_known_event_types)
+            if refused is not None:
+                raise invalid(refused.field, refused.message)
             rows = await queries.publish(conn, body.event_type, payload, endpoint, body.idempotency_key,
                                          body.ordering_key, body.priority, body.expires_at, traceparent)
     except psycopg.errors.NoDataFound:

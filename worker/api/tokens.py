@@ -17,8 +17,9 @@ TOKEN_PREFIX = "whk_"
 # the hash only has to keep a read of the table from being usable as a token.
 TOKEN_BYTES = 32
 _TOKEN_SHAPE = re.compile(r"^whk_[A-Za-z0-9_-]{43}$")
-ROLES = ("producer", "reader", "admin")
-Role = Literal["producer", "reader", "admin"]
+# tenant_admin: an admin kept to one tenant by PostgreSQL (webhooks_tenant_admin; always scoped).
+ROLES = ("producer", "reader", "admin", "tenant_admin")
+Role = Literal["producer", "reader", "admin", "tenant_admin"]
 MAX_NAME_LENGTH = 200
 
 
@@ -47,6 +48,17 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+def scope_problem(role: str, tenant: str | None) -> str | None:
+    """What is wrong with a token's tenant for its role, or None: a tenant_admin token needs one, an
+    admin token cannot have one (its functions keep to no tenant). The database holds the same rule
+    (constraints api_token_tenant_role and api_token_tenant_admin_scoped)."""
+    if role == "tenant_admin" and tenant is None:
+        return "a tenant_admin token administers one tenant: name it"
+    if role == "admin" and tenant is not None:
+        return "an admin token is every tenant's; a tenant's administrator is role tenant_admin"
+    return None
+
+
 @dataclass(frozen=True)
 class Caller:
     """Who a request comes from: the token's name and its role."""
@@ -59,7 +71,11 @@ class Caller:
 def create(conn: psycopg.Connection, name: str, role: str, expires_at: datetime | None,
            tenant: str | None = None) -> str:
     """Store a new token's hash under its name and return the token (shown once, never stored);
-    with a tenant (its name), the token sees and changes only that tenant's rows."""
+    with a tenant (its name), the token sees and changes only that tenant's rows. A role and tenant
+    that do not go together (scope_problem()) raise ValueError naming the tenant."""
+    problem = scope_problem(role, tenant)
+    if problem is not None:
+        raise ValueError(f"tenant: {problem}")
     token = generate_token()
     conn.execute("SELECT webhooks.api_create_token(%s, %s, %s, %s, %s)",
                  (name, role, token_hash(token), expires_at, tenant))

@@ -1,4 +1,4 @@
-"""What each feature and each index costs per delivery in PostgreSQL CPU (issue 22).
+"""Section `features`: what each feature and each index costs per delivery in PostgreSQL CPU.
 
 A ladder of modelled claims and finishes, the product's acquire()+finish(), and the product's drain
 with each secondary index dropped in turn. The ladder is a *model*: plain SQL statements the harness
@@ -12,10 +12,11 @@ bench/README.md, section `features`).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
@@ -27,10 +28,8 @@ from bench.common import (
     preload,
     register_endpoints,
 )
-from tests.support import query, worker_dsn
-
-if TYPE_CHECKING:
-    from bench.run import Context
+from bench.localworker import query, worker_dsn
+from bench.section import Context, Figures, Section
 
 # Each figure is the median of this many runs, taken in rounds through every variant (A B C … A B C …).
 ROUNDS = 3
@@ -101,7 +100,7 @@ async def acquire_finish_drain(dsn: str, rows: int, batch: int,
 
 # --- the ladder: modelled claims and finishes ------------------------------------------------------
 
-# A features-free claim and finish on the same table shape (issue 22): the oldest due rows leased
+# A features-free claim and finish on the same table shape: the oldest due rows leased
 # and returned with their payload, then marked delivered with an audit row. No rate limit,
 # concurrency cap, circuit, fencing, health row, ordering or settings. (The `db` section's
 # features-free side, and the ladder's step `audit row`.)
@@ -483,6 +482,12 @@ def secondary_indexes(ctx: Context) -> list[dict[str, str]]:
 # --- the section -----------------------------------------------------------------------------------
 
 
+def options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--features-index-rows", type=int, default=20_000,
+                       help="rows for each drain of the features section's index prices, at most --db-rows"
+                            " (20,000)")
+
+
 def _priced(runs: list[dict[str, Any]], before: dict[str, Any] | None) -> dict[str, Any]:
     """A variant's median with its values, and its price: its median minus the one before's."""
     cpu = median_of([r["pg_cpu_us_per_delivery"] for r in runs])
@@ -491,7 +496,7 @@ def _priced(runs: list[dict[str, Any]], before: dict[str, Any] | None) -> dict[s
                 cpu["median"] - before["pg_cpu_us_per_delivery"]["median"], 1)}
 
 
-def section_features(ctx: Context) -> dict[str, Any]:
+def run(ctx: Context) -> dict[str, Any]:
     """The ladder, then each index (see the module's docstring and README, section `features`)."""
     rows = min(ctx.args.rows, ctx.args.db_rows)
     index_rows = min(rows, ctx.args.features_index_rows)
@@ -553,7 +558,7 @@ def runs_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return not (min(a["values"]) > max(b["values"]) or max(a["values"]) < min(b["values"]))
 
 
-def table_lines(f: dict[str, Any]) -> list[tuple[str, str]]:
+def figures(f: dict[str, Any]) -> Figures:
     """The section's rows in the benchmark's printed table."""
     def values(m: dict[str, Any]) -> str:
         return f"{m['median']:,.1f} µs (of {', '.join(f'{v:,.1f}' for v in m['values'])})"
@@ -589,3 +594,6 @@ def table_lines(f: dict[str, Any]) -> list[tuple[str, str]]:
     lines.append(("   load average (1, 5, 15 min) before, after",
                   f"{f['load_average_before']}, {f['load_average_after']}"))
     return lines
+
+
+SECTION = Section("features", run, options=options, figures=figures, quick={"features_index_rows": 300})

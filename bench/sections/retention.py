@@ -1,4 +1,5 @@
-"""Retention under a drain at full speed (section `retention`): does the purge keep pace?
+"""Section `retention` (not in the default run): retention under a drain at full speed, does the purge
+keep pace?
 
 `--retention-rows` rows are preloaded and drained by `--retention-workers` workers with
 `delivered_retention` set to `--retention-seconds`. Every SAMPLE_SECONDS the harness counts the
@@ -11,26 +12,25 @@ none: the steady size of a queue with nothing delivered within the retention.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import (
     GENEROUS_LIMITS,
-    WorkerProcess,
     preload,
     register_endpoints,
     reset_statements,
     spawn_worker,
     statement_counts,
 )
-from tests.support import query, wait_started
+from bench.localworker import WorkerProcess, query, wait_started
+from bench.section import Context, Figures, Section, Target, get, target
 from worker.config import HousekeepingConfig
-
-if TYPE_CHECKING:
-    from bench.run import Context
 
 SAMPLE_SECONDS = 2.0
 # Receipt at the sink comes a little before the finish that marks the row delivered (outcomes wait
@@ -38,7 +38,17 @@ SAMPLE_SECONDS = 2.0
 RECEIPT_SLACK_SECONDS = 1.0
 
 
-def section_retention(ctx: Context) -> dict[str, Any]:
+def options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--retention-rows", type=int, default=200_000,
+                       help="retention section: backlog (200,000)")
+    group.add_argument("--retention-workers", type=int, default=2, help="retention section: workers (2)")
+    group.add_argument("--retention-seconds", type=float, default=10.0,
+                       help="retention section: delivered_retention, seconds (10)")
+    group.add_argument("--retention-interval", type=float,
+                       help="retention section: housekeeping.interval_seconds (default: production's, 30)")
+
+
+def run(ctx: Context) -> dict[str, Any]:
     a = ctx.args
     name = "bench_retention"
     rows, retention = a.retention_rows, a.retention_seconds
@@ -152,7 +162,7 @@ def _purge_metrics(worker: WorkerProcess) -> dict[str, Any]:
     return found
 
 
-def figure_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
+def figures(r: dict[str, Any]) -> Figures:
     """The section's lines in the printed table."""
     split = ", ".join(f"{name} {p['delivered']:,} in {p['batches']:,} batches"
                       for name, p in r["purged_by_worker"].items())
@@ -167,3 +177,20 @@ def figure_lines(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("    retention: purged by each worker",
          f"{split}; purge() mean {mean_ms} ms per batch of {r['housekeeping']['purge_batch_size']:,}"),
     ]
+
+
+def targets(results: dict[str, Any], _args: argparse.Namespace) -> Iterator[Target]:
+    kept = get(results, "retention", "worst_kept_over_window")
+    if kept is not None:
+        r = results["retention"]
+        yield target(f"retention keeps pace: delivered rows kept vs the last {r['window_seconds']:g} s of "
+                     "deliveries",
+                     f"at most {kept}× ({r['peak_delivered_kept']:,} rows at worst), {r['per_second']}/s",
+                     "<= 1", kept <= 1)
+        yield target("retention: table rows one window after the drain (its steady size: 0)",
+                     str(r["table_rows_at_end"]), "0", r["table_rows_at_end"] == 0)
+
+
+SECTION = Section("retention", run, options=options, figures=figures, targets=targets,
+                  quick={"retention_rows": 3000, "retention_seconds": 2.0, "retention_interval": 5.0},
+                  default=False)
