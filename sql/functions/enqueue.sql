@@ -312,6 +312,5 @@ SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
 FROM webhooks.alert_delivery_queue q
 LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
-WHERE nullif(current_setting('webhooks.tenant', true), '') IS NULL
-   OR q.tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint;
-GRANT SELECT ON webhooks.deliveries TO webhooks_reader, webhooks_admin;
+WHERE (SELECT webhooks.caller_tenant()) IS NULL OR q.tenant_id = (SELECT webhooks.caller_tenant());
+GRANT SELECT ON webhooks.deliveries TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
