@@ -50,6 +50,10 @@ CREATE OR REPLACE FUNCTION webhooks.record_endpoint_outcomes(p_decided_by text, 
 RETURNS TABLE (webhook_id bigint, last_delivery_id bigint, gone_delivery_id bigint, change text)
 LANGUAGE plpgsql
 SET jit = off
+-- Planned once per session: a custom plan of the statement below took 4-5 ms to make, ten times
+-- its execution for a batch of one endpoint. Its rows are reached by primary key whatever the
+-- estimates (finish() turns seq scans off).
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
