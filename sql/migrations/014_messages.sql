@@ -88,3 +88,15 @@ ALTER TABLE webhooks.messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON webhooks.messages
     USING (nullif(current_setting('webhooks.tenant', true), '') IS NULL
            OR tenant_id = nullif(current_setting('webhooks.tenant', true), '')::bigint);
+
+-- The claim's line of endpoints, per tenant. acquire() takes each tenant's least recently served
+-- endpoints that have due rows; it used to rank every endpoint (and ask each whether it had a due
+-- row) on every claim, 94 ms per claim over 10,000 endpoints. With the tenant on the state row and
+-- this index it walks each tenant's endpoints in that order and stops when it has enough. The
+-- tenant is kept equal to the endpoint's by the endpoints' trigger (functions/endpoints.sql).
+ALTER TABLE webhooks.webhook_health_metrics ADD COLUMN tenant_id bigint NOT NULL DEFAULT 1;
+UPDATE webhooks.webhook_health_metrics h SET tenant_id = e.tenant_id
+FROM webhooks.endpoints e
+WHERE e.id = h.webhook_id AND h.tenant_id IS DISTINCT FROM e.tenant_id;
+CREATE INDEX webhook_health_metrics_claim_order
+    ON webhooks.webhook_health_metrics (tenant_id, last_claimed_at NULLS FIRST, webhook_id);
