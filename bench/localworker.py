@@ -25,7 +25,7 @@ from worker import signing
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role
-from worker.operations import EndpointSpec, register_endpoint
+from worker.operator_sql import EndpointSpec, register_endpoint
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The delivery loop: claim → deliver → hand outcomes to the finisher; concurrency, liveness, shutdown."""
+"""The delivery loop: claim → hand each request to the executor → the finisher; concurrency, shutdown."""
 
 from __future__ import annotations
 
@@ -10,25 +10,24 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any, TypeVar
-from uuid import UUID, uuid4
 
 import psycopg
 
-from worker import coalescing, formats, outcomes, schema
+from worker import coalescing, outcomes, schema
+from worker.attempt import Executor, InFlight
 from worker.config import LEASE_MARGIN_SECONDS, Config, check_lease
-from worker.delivery import Sender, carries_transport_text, display_url, error_text
+from worker.delivery import Sender
 from worker.destinations import DestinationPolicy
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.errors import ConfigError
 from worker.finisher import Finisher
+from worker.liveness import Liveness, id_in_use
 from worker.maintenance import Maintenance
-from worker.model import Claimed, Finished, Sent
-from worker.observability import Metrics, ProbeServer, attempt_span, get_logger
-from worker.policy import Outcome
-from worker.queue import DeliverySettings, Queue, Registration
+from worker.model import Claimed
+from worker.observability import Metrics, ProbeServer, get_logger
+from worker.queue import DeliverySettings, Queue
 from worker.retrying import DATABASE_ERRORS, Backoff, brief
 
 T = TypeVar("T")
@@ -47,12 +46,6 @@ WAKE_QUIET_MAX_SECONDS = 0.25
 RELEASE_SECONDS = 2.0
 FINAL_FLUSH_SECONDS = 5.0
 GC_YOUNG_THRESHOLD = 50_000
-# Liveness: each worker checks its own liveness connection and reclaims the rows of lost
-# workers this often; a worker's lock must be missing for the grace before its rows are reclaimed,
-# which a cut liveness connection, noticed at once and reconnected, stays well within.
-LIVENESS_INTERVAL_SECONDS = 0.5
-LIVENESS_GRACE_SECONDS = 1.0
-LIVENESS_MAX_BACKOFF_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -82,11 +75,10 @@ class Effective:
         return effective
 
 
-class PoisonRow(Exception):
-    """A claimed row that cannot be attempted (for example unreadable endpoint settings)."""
-
-
 class Worker:
+    """One worker process: claims rows and hands each request to the executor (worker/attempt.py),
+    within its concurrency; holds its liveness; drains in-flight requests at shutdown."""
+
     def __init__(self, config: Config, queue: Queue, sender: Sender) -> None:
         self.config = config
         self.queue = queue
@@ -99,18 +91,13 @@ class Worker:
         # Set with _wake by a NOTIFY (anyone may send one), not by this process's own finishes.
         self._notified = False
         self._slot_freed = asyncio.Event()
-        self._in_flight: dict[UUID, tuple[Claimed, asyncio.Task[None]]] = {}
-        # A digest in flight (one request, one _in_flight entry under its first member): its members.
-        self._digests: dict[UUID, list[Claimed]] = {}
-        # Rows whose request has started, by lease token: when (time.monotonic()) it started.
-        self._sending: dict[UUID, float] = {}
-        # This process, as opposed to another process under the same worker id.
-        self._instance = uuid4()
-        # Set while this process's liveness is registered; claims wait for it.
-        self._alive = asyncio.Event()
-        self._liveness: psycopg.AsyncConnection[Any] | None = None
+        # Each request in flight (a row of its own or a digest) and the task running it.
+        self._in_flight: dict[InFlight, asyncio.Task[None]] = {}
         self.metrics = Metrics(tenant_label_limit=config.http.endpoint_label_limit)
         self.finisher = Finisher(queue, self.worker_id, self.metrics, self.log, self.wake)
+        self.liveness = Liveness(queue, self.worker_id, self.log, self.wake)
+        # Set once the effective settings are known (run()).
+        self._executor: Executor | None = None
         self.metrics.in_flight.set_function(lambda: len(self._in_flight))
         self._debug = self.log.is_enabled_for(logging.DEBUG)
         self.started = False
@@ -175,6 +162,8 @@ class Worker:
             if not await self._register_at_start():
                 return
             longest_request = self.effective.lease_seconds - LEASE_MARGIN_SECONDS
+            self._executor = Executor(self.sender, self.metrics, self.log, self.finisher.put, self._done,
+                                      self.effective.timeout_seconds, longest_request)
             if self.config.worker.shutdown_grace_seconds < longest_request:
                 self.log.warning(
                     "worker.shutdown_grace_seconds is shorter than the longest request the lease allows:"
@@ -191,7 +180,7 @@ class Worker:
             batch, delay = self.effective.finish_batch_size, self.config.worker.finish_max_delay_seconds
             finisher = asyncio.create_task(self.finisher.run(batch, delay), name="finisher")
             # Runs through the drain: outcomes written during the grace need the rows still ours.
-            liveness = asyncio.create_task(self._liveness_loop(), name="liveness")
+            liveness = asyncio.create_task(self.liveness.run(), name="liveness")
             side_tasks = Maintenance(self.config, self.queue, self.metrics, self.log, self.notified).start()
             try:
                 await self._claim_loop()
@@ -208,7 +197,7 @@ class Worker:
             if liveness is not None:
                 liveness.cancel()
                 await asyncio.gather(liveness, return_exceptions=True)
-            await self._close_liveness()
+            await self.liveness.close()
             await self._probes.stop()
             self.log.info("worker stopped")
 
@@ -253,87 +242,22 @@ class Worker:
                 await self._sleep(delay)
         return None
 
-    # --- liveness ------------------------------------------------------------------------------
-
-    async def _register(self) -> Registration:
-        """Open a liveness connection and register this process on it (sql/functions/liveness.sql)."""
-        await self._close_liveness()
-        conn = await self.queue.liveness_connection()
-        try:
-            registration = await self.queue.register_worker(conn, self.worker_id, self._instance)
-        except BaseException:
-            await conn.close()
-            raise
-        if not registration.registered:
-            await conn.close()
-            return registration
-        self._liveness = conn
-        self._alive.set()
-        if registration.reclaimed:
-            self.log.warning("reclaimed the rows an earlier process under this worker id left in flight",
-                             rows=registration.reclaimed)
-        return registration
-
     async def _register_at_start(self) -> bool:
         """Register before the first claim, waiting for the database; False if stopped meanwhile.
         A second live process under the same worker id is refused with one clear error."""
         registration = await self._until_database(
-            self._register, "could not register the worker's liveness; retrying")
+            self.liveness.register, "could not register the worker's liveness; retrying")
         if registration is None:
             return False
         if not registration.registered:
-            raise ConfigError(_id_in_use(self.worker_id, registration))
+            raise ConfigError(id_in_use(self.worker_id, registration))
         return True
-
-    async def _liveness_loop(self) -> None:
-        """Keep this process registered and reclaim lost workers' rows, every
-        LIVENESS_INTERVAL_SECONDS. While the liveness connection is down, claims wait: rows claimed
-        then could be reclaimed by others."""
-        backoff = Backoff(first=0.05, cap=LIVENESS_MAX_BACKOFF_SECONDS)
-        while True:
-            try:
-                if self._liveness is None or self._liveness.closed:
-                    registration = await self._register()
-                    if not registration.registered:
-                        self.log.error(_id_in_use(self.worker_id, registration),
-                                       action="not claiming until the id is free")
-                        await asyncio.sleep(backoff.next())
-                        continue
-                    self.log.info("liveness registered again; claiming")
-                conn = self._liveness
-                assert conn is not None
-                reclaimed = await self.queue.reclaim_lost_workers(conn, LIVENESS_GRACE_SECONDS)
-                backoff.reset()
-                if reclaimed:
-                    self.log.warning("reclaimed the rows of lost workers", rows=reclaimed)
-                    self._wake.set()
-                # Reading the idle connection until the next round: a connection closed by the
-                # server (restart, pg_terminate_backend) is noticed at once, not a round later.
-                async for _ in conn.notifies(timeout=LIVENESS_INTERVAL_SECONDS):
-                    pass
-            except DATABASE_ERRORS as exc:
-                if self._alive.is_set():
-                    self.log.warning("liveness connection lost; claims wait until it is back",
-                                     error=brief(exc))
-                self._alive.clear()
-                await self._close_liveness()
-                await asyncio.sleep(backoff.next())
-            except Exception:  # a side task must never die silently
-                self.log.exception("liveness check failed")
-                await asyncio.sleep(LIVENESS_INTERVAL_SECONDS)
-
-    async def _close_liveness(self) -> None:
-        # alive means holding a registered liveness connection: claims wait from here on
-        self._alive.clear()
-        conn, self._liveness = self._liveness, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
 
     # --- claim ---------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        assert self.effective is not None
+        assert self.effective is not None and self._executor is not None
+        executor = self._executor
         concurrency = self.config.worker.concurrency
         batch_size = self.effective.claim_batch_size
         # Claim again only once a good share of slots is free, so a busy worker makes few large
@@ -343,8 +267,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         quiet = 0.0
         while not self._stopping.is_set():
-            if not self._alive.is_set():
-                await self._wait_for(self._alive)  # liveness lost: see _liveness_loop
+            if not self.liveness.alive.is_set():
+                await self._wait_for(self.liveness.alive)  # liveness lost: see Liveness.run
                 continue
             free = concurrency - len(self._in_flight)
             if self._in_flight and free < refill_at:
@@ -376,16 +300,11 @@ class Worker:
                 quiet = 0.0  # rows found: the next wake-up after an empty claim is not held
             if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
-            for request in coalescing.requests(rows):
-                row = request[0]
+            for members in coalescing.requests(rows):
+                flight = InFlight(members)
                 # unnamed: a name costs a string and a call per delivery, and _in_flight already
-                # maps each task to its row
-                if len(request) == 1:
-                    task = asyncio.create_task(self._deliver(row))
-                else:
-                    self._digests[row.lease_token] = request
-                    task = asyncio.create_task(self._deliver_digest(request))
-                self._in_flight[row.lease_token] = (row, task)
+                # maps each task to its request
+                self._in_flight[flight] = asyncio.create_task(executor.run(flight))
             if len(rows) < want:
                 claimed_at = loop.time()
                 quiet = quiet_after_claim(quiet, found_rows=bool(rows), by_notify=by_notify)
@@ -435,142 +354,10 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    # --- deliver and classify ------------------------------------------------------------------
-
-    def _row_log(self, row: Claimed) -> Any:
-        # Bound only when a line is written: binding on every delivery cost more than the line.
-        return self.log.bind(
-            delivery_id=row.delivery_id,
-            endpoint_id=row.webhook_id,
-            attempt=row.attempt,
-            event_type=row.event_type,
-            **({"traceparent": row.traceparent} if row.traceparent else {}),
-        )
-
-    def _request_timeout(self, row: Claimed) -> float:
-        """A request may never outlive its lease, whatever the endpoint asks for."""
-        assert self.effective is not None
-        return row.retry_policy.timeout(
-            row.timeout_seconds or self.effective.timeout_seconds, row.attempt,
-            self.effective.lease_seconds - LEASE_MARGIN_SECONDS)
-
-    async def _deliver(self, row: Claimed) -> None:
-        assert self.effective is not None
-        try:
-            if row.problem is not None:
-                raise PoisonRow(row.problem)
-            timeout = self._request_timeout(row)
-            try:
-                body = formats.render(row.body_format, row.body, _event(row))
-            except (formats.FormatError, ValueError) as exc:
-                # The payload cannot take this endpoint's format: retrying would not change that.
-                finished = outcomes.cannot_render(row, str(exc))
-                self._row_log(row).error(
-                    "payload cannot be rendered", body_format=row.body_format, error=str(exc))
-            else:
-                with attempt_span(row.traceparent, {
-                    "webhook.delivery_id": row.delivery_id, "webhook.endpoint_id": row.webhook_id,
-                    "webhook.attempt": row.attempt, "webhook.event_type": row.event_type,
-                }) as span:
-                    self._sending[row.lease_token] = time.monotonic()
-                    sent = await self.sender.send(row, body, timeout)
-                    if span is not None:
-                        span.set_attribute("http.response.status_code", sent.result.status or 0)
-                self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
-                finished = outcomes.from_attempt(row, sent)
-                if finished.outcome != Outcome.DELIVERED or self._debug:
-                    with contextlib.suppress(Exception):  # a log line must never cost an outcome
-                        _log_attempt(self._row_log(row), row, sent, finished)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one bad delivery must never stop the worker (logged below)
-            if isinstance(exc, PoisonRow):
-                self._row_log(row).error("delivery cannot be attempted", error=str(exc))
-            elif carries_transport_text(exc):
-                # its text, and so its traceback, may quote the endpoint's URL: the type only
-                self._row_log(row).error("delivery failed inside the worker", error=error_text(exc))
-            else:
-                self._row_log(row).exception("delivery failed inside the worker")
-            finished = outcomes.internal_failure(row, _failure_text(exc))
-        finally:
-            self._in_flight.pop(row.lease_token, None)
-            self._sending.pop(row.lease_token, None)
-            self._slot_freed.set()
-        self.finisher.put(finished)
-
-    async def _deliver_digest(self, members: list[Claimed]) -> None:
-        """One request for a digest's members. Each member gets its own outcome, under its own lease
-        token; a member whose payload cannot be rendered fails alone and the rest go. One outcome
-        reports the request to the endpoint's health and circuit, the others do not."""
-        assert self.effective is not None
-        leader = members[0]
-        finished: list[Finished] = []
-        left: set[int] = set()  # members that failed alone, their outcome already given
-        try:
-            if leader.problem is not None:
-                raise PoisonRow(leader.problem)
-            timeout = self._request_timeout(leader)
-            items, carried = [], []
-            for member in members:
-                try:
-                    items.append(formats.digest_item(member.body_format, member.body, _event(member)))
-                    carried.append(member)
-                except (formats.FormatError, ValueError) as exc:
-                    # given at once, so that a shutdown does not release it again; no request was
-                    # made for it, so it says nothing of the endpoint's health
-                    self.finisher.put(replace(outcomes.cannot_render(member, str(exc)),
-                                              reports_request=False))
-                    left.add(member.delivery_id)
-                    self._row_log(member).error(
-                        "payload cannot be rendered", body_format=member.body_format, error=str(exc))
-            if leader.lease_token in self._digests:  # what a shutdown still has to release or record
-                self._digests[leader.lease_token] = list(carried)
-            if carried:
-                # a message of its own once the others left: no digest id to show
-                request = replace(carried[0], digest_id=None)
-                if len(carried) > 1:
-                    body = formats.render_digest(leader.body_format, items)
-                    request = replace(carried[0], idempotency_key=coalescing.digest_webhook_id(carried),
-                                      event_type=coalescing.DIGEST_EVENT_TYPE)
-                else:
-                    body = formats.render(request.body_format, request.body, _event(request))
-                started = time.monotonic()
-                for member in carried:
-                    self._sending[member.lease_token] = started
-                sent = await self.sender.send(request, body, timeout)
-                self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
-                if len(carried) > 1:  # the others left: a message of its own
-                    self.metrics.digests.inc()
-                    self.metrics.digest_rows.observe(len(carried))
-                first = outcomes.from_attempt(request, sent)
-                # one delay for all: a failed digest is claimed again as one group
-                finished += [replace(first, delivery_id=m.delivery_id, lease_token=m.lease_token,
-                                     attempt=m.attempt, reports_request=m is carried[0]) for m in carried]
-                if first.outcome != Outcome.DELIVERED or self._debug:
-                    with contextlib.suppress(Exception):  # a log line must never cost an outcome
-                        _log_attempt(self._row_log(leader).bind(
-                            digest=coalescing.digest_label(leader.digest_id or 0), rows=len(carried)),
-                            request, sent, first)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one bad digest must never stop the worker (logged below)
-            if isinstance(exc, PoisonRow) or carries_transport_text(exc):
-                self._row_log(leader).error("digest failed inside the worker", error=error_text(exc))
-            else:
-                self._row_log(leader).exception("digest failed inside the worker")
-            done = left | {f.delivery_id for f in finished}
-            error = _failure_text(exc)
-            failed = [m for m in members if m.delivery_id not in done]
-            finished += [replace(outcomes.internal_failure(m, error), reports_request=m is failed[0])
-                         for m in failed]
-        finally:
-            self._in_flight.pop(leader.lease_token, None)
-            self._digests.pop(leader.lease_token, None)
-            for member in members:
-                self._sending.pop(member.lease_token, None)
-            self._slot_freed.set()
-        for outcome in finished:
-            self.finisher.put(outcome)
+    def _done(self, flight: InFlight) -> None:
+        """A request's outcomes are given: its slot is free."""
+        self._in_flight.pop(flight, None)
+        self._slot_freed.set()
 
     # --- shutdown ------------------------------------------------------------------------------
 
@@ -580,28 +367,27 @@ class Worker:
         grace = self.config.worker.shutdown_grace_seconds
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        tasks = [task for _, task in self._in_flight.values()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
-        # a digest's members one by one: each is released or recorded as interrupted on its own
-        leftover = [(member, task) for row, task in self._in_flight.values()
-                    for member in self._digests.get(row.lease_token, [row])]
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight.values()), timeout=grace)
+        leftover = list(self._in_flight.values())
+        # A digest's members one by one: each is released or recorded as interrupted on its own.
         # No task runs between this snapshot and the cancellations below (no await between them).
-        sending, interrupted_at = dict(self._sending), time.monotonic()
-        for _, task in leftover:
+        members = [(row, flight.started) for flight in self._in_flight for row in flight.members]
+        interrupted_at = time.monotonic()
+        for task in leftover:
             task.cancel()
         if leftover:
-            await asyncio.gather(*(task for _, task in leftover), return_exceptions=True)
-            sent = [row for row, _ in leftover if row.lease_token in sending]
-            for row in sent:
-                latency_ms = int((interrupted_at - sending[row.lease_token]) * 1000)
+            await asyncio.gather(*leftover, return_exceptions=True)
+            sent = [(row, started) for row, started in members if started is not None]
+            for row, started in sent:
+                latency_ms = int((interrupted_at - started) * 1000)
                 self.finisher.put(outcomes.interrupted(row, grace, latency_ms))
             if sent:
                 self.log.warning("requests still open when the grace ran out: recorded as interrupted "
                                  "attempts", requests=len(sent))
             try:
                 await asyncio.wait_for(
-                    self._release([row for row, _ in leftover if row.lease_token not in sending],
+                    self._release([row for row, started in members if started is None],
                                   "claimed, not yet sent when the grace ran out"),
                     timeout=max(deadline - loop.time(), RELEASE_SECONDS),
                 )
@@ -635,43 +421,6 @@ def quiet_after_claim(previous: float, found_rows: bool, by_notify: bool) -> flo
     if not by_notify:
         return previous
     return min(max(previous * 2, WAKE_QUIET_MIN_SECONDS), WAKE_QUIET_MAX_SECONDS)
-
-
-def _id_in_use(worker_id: str, registration: Registration) -> str:
-    since = f" since {registration.holder_since:%Y-%m-%d %H:%M:%S %Z}" if registration.holder_since else ""
-    holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
-    return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
-            "give each worker process its own id")
-
-
-def _failure_text(exc: Exception) -> str:
-    """The error column's text for a failure inside the worker: a poison row says why; anything
-    else by its type only, as its text may quote the endpoint's URL."""
-    return str(exc) if isinstance(exc, PoisonRow) else f"internal error: {error_text(exc)}"
-
-
-def _event(row: Claimed) -> formats.Event:
-    created_at = row.created_at or datetime.now(UTC)
-    return formats.Event(row.event_id, row.event_type, created_at, row.secret_settings)
-
-
-def _log_attempt(log: Any, row: Claimed, sent: Sent, finished: Finished) -> None:
-    fields = {
-        "outcome": finished.outcome,
-        "http_status": finished.http_status,
-        "latency_ms": finished.latency_ms,
-        "endpoint": display_url(row.url),
-    }
-    if finished.outcome == Outcome.DELIVERED:
-        log.debug("delivered", **fields)
-    else:
-        log.info(
-            "attempt failed",
-            failure_category=finished.failure_category,
-            error=finished.error,
-            retry_in=finished.retry_after_s,
-            **fields,
-        )
 
 
 def destination_policy(config: Config) -> DestinationPolicy:

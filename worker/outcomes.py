@@ -6,6 +6,9 @@ the response excerpt already came without them from the HTTP side, which knows w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 from worker.model import Claimed, Finished, Sent
 from worker.policy import Category, Outcome, classify, retry_delay
 from worker.redaction import redact
@@ -63,8 +66,17 @@ def interrupted(row: Claimed, grace_seconds: float, latency_ms: int) -> Finished
     )
 
 
-def cannot_render(row: Claimed, reason: str) -> Finished:
-    """A payload the endpoint's body format cannot take: retrying would not change that."""
+def for_members(answered: Finished, members: Sequence[Claimed]) -> list[Finished]:
+    """A digest's outcome given to each member it carried, under the member's own lease token and
+    attempt; the first reports the request to the endpoint's health and circuit, the others do not.
+    One delay for all: a failed digest is claimed again as one group."""
+    return [replace(answered, delivery_id=m.delivery_id, lease_token=m.lease_token, attempt=m.attempt,
+                    reports_request=i == 0) for i, m in enumerate(members)]
+
+
+def cannot_render(row: Claimed, reason: str, reports_request: bool = True) -> Finished:
+    """A payload the endpoint's body format cannot take: retrying would not change that.
+    `reports_request`: False when the request goes for the others of its digest, which speaks for it."""
     text = stored_text(f"cannot render as {row.body_format}: {reason}", row)
     return Finished(
         delivery_id=row.delivery_id,
@@ -76,10 +88,17 @@ def cannot_render(row: Claimed, reason: str) -> Finished:
         failure_category=Category.INTERNAL.value,
         error=text,
         reason=text,
+        reports_request=reports_request,
     )
 
 
-def internal_failure(row: Claimed, error: str) -> Finished:
+def internal_failures(rows: Sequence[Claimed], error: str) -> list[Finished]:
+    """The worker's own failure of one request: each row it was to carry tried again on the
+    schedule; the first reports the request."""
+    return [internal_failure(row, error, reports_request=i == 0) for i, row in enumerate(rows)]
+
+
+def internal_failure(row: Claimed, error: str, reports_request: bool = True) -> Finished:
     """The worker's own failure (unreadable settings, an exception): tried again on the schedule."""
     return Finished(
         delivery_id=row.delivery_id,
@@ -91,6 +110,7 @@ def internal_failure(row: Claimed, error: str) -> Finished:
         retry_after_s=row.schedule.delay(row.attempt),
         failure_category=Category.INTERNAL.value,
         error=stored_text(error, row),
+        reports_request=reports_request,
     )
 
 

@@ -444,7 +444,7 @@ BEGIN
     WHERE k NOT IN ('url', 'url_display', 'event_types', 'headers', 'max_attempts', 'timeout_ms',
                     'retry_schedule', 'rate_limit_per_second', 'rate_limit_burst', 'max_in_flight',
                     'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy',
-                    'coalesce_max', 'coalesce_window', 'operational_all_tenants')
+                    'coalesce_max', 'coalesce_window', 'operational_all_tenants', 'description')
     LIMIT 1;
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'update_endpoint: unknown field %', v_unknown;
@@ -487,6 +487,7 @@ BEGIN
         operational_all_tenants = CASE WHEN p_changes ? 'operational_all_tenants'
                                        THEN coalesce((p_changes ->> 'operational_all_tenants')::boolean, false)
                                        ELSE e.operational_all_tenants END,
+        description = CASE WHEN p_changes ? 'description' THEN p_changes ->> 'description' ELSE e.description END,
         updated_at = now()
     WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(p_webhook_id);
     RETURN FOUND;
@@ -595,7 +596,7 @@ SELECT e.id, e.name, e.url_display, e.active, e.disabled_reason, e.event_types,
        h.consecutive_failures, h.last_success_at, h.last_failure_at, h.circuit_state,
        h.circuit_open_until, h.paused_until, e.rate_limit_per_second, e.rate_limit_burst,
        e.max_in_flight, e.coalesce_max, e.coalesce_window, e.tenant_id, t.name AS tenant,
-       e.operational_all_tenants
+       e.operational_all_tenants, e.retry_schedule, e.delivery_ttl, e.description
 FROM webhooks.endpoints e
 JOIN webhooks.tenants t ON t.id = e.tenant_id
 LEFT JOIN webhooks.webhook_health_metrics h ON h.webhook_id = e.id

@@ -212,14 +212,14 @@ def test_coalescing_is_set_at_add_changed_by_update_and_refused_where_it_cannot_
     shown = json.loads(ok(db, "endpoints", "show", "storm", "--json").stdout)
     assert shown["coalesce_max"] == 50 and shown["coalesce_window"]
     # a format that is never coalesced, while the endpoint coalesces: refused before SQL sees it
-    assert "--format raw: the endpoint coalesces" in refused(
+    assert "--format: the endpoint coalesces" in refused(
         db, "endpoints", "update", "storm", "--format", "raw")
     ok(db, "endpoints", "update", "storm", "--coalesce-max", "0")
     assert coalescing(db, "storm") == (None, None)
     ok(db, "endpoints", "update", "storm", "--format", "raw")
     assert "--coalesce-max: format raw is never coalesced" in refused(
         db, "endpoints", "update", "storm", "--coalesce-max", "10")
-    assert "--coalesce-max: must be between 2 and 1000" in refused(
+    assert "--coalesce-max: Input should be less than or equal to 1000" in refused(
         db, "endpoints", "add", "--name", "big", "--url", URL, "--format", "envelope",
         "--coalesce-max", "5000")
 
@@ -255,3 +255,18 @@ def test_a_url_longer_than_2048_characters_is_refused_at_add_and_update(db, tmp_
     assert "--url: URL longer than 2,048 characters" in refused(db, "endpoints", "update", "long",
                                                                  "--url", longest + "p")
     assert stored(db, "long")["url"] == longest
+
+
+def test_a_description_is_set_shown_changed_and_bounded(db):
+    ok(db, "endpoints", "add", "--name", "described", "--url", URL, "--description", "billing's receiver",
+       "--timeout-seconds", "2.5", "--rate-limit", "5")
+    shown = json.loads(ok(db, "endpoints", "show", "described", "--json").stdout)
+    # the API's shape: numbers as numbers, durations in seconds
+    assert (shown["description"], shown["timeout_seconds"], shown["rate_limit_per_second"]) == (
+        "billing's receiver", 2.5, 5.0)
+    assert "description: billing's receiver" in ok(db, "endpoints", "show", "described").stdout
+    assert "description" in ok(db, "endpoints", "update", "described", "--description", "finance").stdout
+    assert json.loads(ok(db, "endpoints", "list", "--json").stdout)[0]["description"] == "finance"
+    message = refused(db, "endpoints", "update", "described", "--description", "x" * 1001)
+    assert message.startswith("webhook-worker: --description: ") and "1000" in message
+    assert query(db, "SELECT description FROM webhooks.endpoints") == [("finance",)]

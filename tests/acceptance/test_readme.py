@@ -31,7 +31,8 @@ import pytest
 from tests.receiver import Receiver, Reply
 from tests.support import ROOT, TEST_KEYS
 from worker import signing
-from worker.cli import build_parser, cmd_api, cmd_run
+from worker.cli import build_parser
+from worker.cli.process import cmd_api, cmd_run
 from worker.encryption import KEYS_ENV
 
 README = ROOT / "README.md"

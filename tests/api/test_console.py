@@ -320,8 +320,11 @@ def test_endpoint_changes_call_the_sql_functions_and_record_the_reason(console, 
         ("circuit_forced_open", None, "bob (console): receiver asked us to hold"),
         ("circuit_reset", None, "bob (console): receiver is back"),
     ]
+    query(db, "SELECT webhooks.update_endpoint(%s, %s)",
+          (endpoint, json.dumps({"description": "<b>on-call</b> pager"})))
     page = person.get("/console/endpoints").body.decode()
     assert "receiver asked us to hold" in page
+    assert "&lt;b&gt;on-call&lt;/b&gt; pager" in page  # the description, as text
     answer = person.post(f"/console/endpoints/{endpoint}", {"csrf": person.csrf(), "action": "disable"})
     assert answer.status == 422 and "reason: say why" in answer.body.decode()
     answer = person.post(f"/console/endpoints/{endpoint}",

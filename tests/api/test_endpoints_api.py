@@ -20,7 +20,7 @@ def test_register_seals_the_url_and_a_reader_never_sees_its_path(api, role_token
             "name": "slack",
             "url": SECRET_URL,
             "event_types": ["alert.*"],
-            "format": "slack",
+            "body_format": "slack",
             "headers": {"X-Team": "ops"},
             "max_attempts": 5,
             "retry_delays": [1, 10],
@@ -58,7 +58,7 @@ def test_registration_applies_the_destination_and_header_rules(api, role_tokens,
             "cannot be overridden",
         ),
         ({"name": "a", "url": "https://example.com", "secret": "not-a-secret"}, "secret", ""),
-        ({"name": "a", "url": "https://example.com", "format": "pagerduty"}, "routing_key", "required"),
+        ({"name": "a", "url": "https://example.com", "body_format": "pagerduty"}, "routing_key", "required"),
         ({"name": "a", "url": "https://example.com", "max_attempts": 0}, "max_attempts", ""),
         ({"name": "a", "url": "https://example.com", "retry_delays": [-1]}, "retry_delays", ""),
         ({"name": "a", "url": "https://example.com", "colour": "red"}, "colour", "unknown field"),
@@ -152,7 +152,8 @@ def test_rotate_secret_and_delete(api, role_tokens, db):
 def test_the_coalescing_policy_is_set_read_changed_and_turned_off_over_http(api, role_tokens, db):
     admin = role_tokens["admin"]
     created = api.post("/v1/endpoints", admin, {"name": "storm", "url": "https://example.com/x",
-                                                "format": "slack", "coalesce_max": 20, "coalesce_window": 5})
+                                                "body_format": "slack", "coalesce_max": 20,
+                                                "coalesce_window": 5})
     assert created.status == 201, created.body
     assert (created.json["coalesce_max"], created.json["coalesce_window"]) == (20, 5.0)
     endpoint = created.json["id"]
@@ -173,22 +174,23 @@ def test_the_coalescing_policy_is_set_read_changed_and_turned_off_over_http(api,
 def test_a_bad_coalescing_policy_is_refused_naming_the_field(api, role_tokens, db):
     admin = role_tokens["admin"]
     cases = [
-        ({"format": "raw", "coalesce_max": 10}, "coalesce_max", "never coalesced"),
-        ({"format": "slack", "coalesce_max": 1}, "coalesce_max", "between 2 and 1000"),
-        ({"format": "slack", "coalesce_max": 1001}, "coalesce_max", ""),
-        ({"format": "slack", "coalesce_window": 5}, "coalesce_window", "needs coalesce_max"),
-        ({"format": "slack", "coalesce_max": 5, "coalesce_window": 3601}, "coalesce_window", ""),
+        ({"body_format": "raw", "coalesce_max": 10}, "coalesce_max", "never coalesced"),
+        ({"body_format": "slack", "coalesce_max": 1}, "coalesce_max", "between 2 and 1000"),
+        ({"body_format": "slack", "coalesce_max": 1001}, "coalesce_max", ""),
+        ({"body_format": "slack", "coalesce_window": 5}, "coalesce_window", "needs coalesce_max"),
+        ({"body_format": "slack", "coalesce_max": 5, "coalesce_window": 3601}, "coalesce_window", ""),
     ]
     for fields, field, words in cases:
         answer = api.post("/v1/endpoints", admin, {"name": "a", "url": "https://example.com/x", **fields})
         assert answer.status == 422, (fields, answer.body)
         assert answer.json["field"] == field and words in answer.json["detail"], (fields, answer.json)
     assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(0,)]
-    slack = api.post("/v1/endpoints", admin, {"name": "s", "url": "https://example.com/x", "format": "slack",
+    slack = api.post("/v1/endpoints", admin, {"name": "s", "url": "https://example.com/x",
+                                              "body_format": "slack",
                                               "coalesce_max": 5}).json["id"]
     # a coalescing endpoint cannot move to a format that never is
-    answer = api.request("PATCH", f"/v1/endpoints/{slack}", admin, {"format": "raw"})
-    assert answer.status == 422 and answer.json["field"] == "format", answer.body
+    answer = api.request("PATCH", f"/v1/endpoints/{slack}", admin, {"body_format": "raw"})
+    assert answer.status == 422 and answer.json["field"] == "body_format", answer.body
     assert query(db, "SELECT body_format, coalesce_max FROM webhooks.endpoints WHERE id = %s",
                  (slack,)) == [("slack", 5)]
 
@@ -296,3 +298,68 @@ def test_a_url_longer_than_2048_characters_is_refused_at_registration_and_change
     assert api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"url": longest}).status == 200
     [(url,)] = query(db, "SELECT url FROM webhooks.endpoints")
     assert TEST_KEYRING.open(url, encryption.URL, endpoint) == longest
+
+
+# --- one shape: what GET answers can be sent back -------------------------------------------------
+
+
+def test_an_endpoint_read_can_be_sent_back_unchanged_numbers_as_numbers_durations_in_seconds(
+        api, role_tokens, db):
+    admin = role_tokens["admin"]
+    created = api.post("/v1/endpoints", admin, {
+        "name": "shaped", "url": "https://example.com/x", "body_format": "slack", "rate_limit_per_second": 5,
+        "rate_limit_burst": 3, "timeout_seconds": 2.5, "ttl_seconds": 3600, "retry_delays": [1, 10],
+        "coalesce_max": 5, "coalesce_window": 30, "description": "the ops channel"})
+    assert created.status == 201, created.body
+    endpoint = created.json["id"]
+    read = api.get(f"/v1/endpoints/{endpoint}", role_tokens["reader"]).json
+    assert (read["rate_limit_per_second"], read["timeout_seconds"], read["ttl_seconds"], read["retry_delays"],
+            read["coalesce_window"], read["body_format"]) == (5.0, 2.5, 3600.0, [1.0, 10.0], 30.0, "slack")
+    assert isinstance(read["rate_limit_per_second"], float)  # a number, not the text "5.0"
+    sent_back = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, read)
+    assert sent_back.status == 200, sent_back.body
+    again = api.get(f"/v1/endpoints/{endpoint}", role_tokens["reader"]).json
+    assert again == read
+    # and as a new endpoint: the read shape plus a URL and another name
+    copy = api.post("/v1/endpoints", admin, {**read, "name": "shaped-copy", "url": "https://example.com/y"})
+    assert copy.status == 201, copy.body
+    settings = {k: v for k, v in read.items() if k not in ("id", "name", "created_at", "health_status")}
+    assert {k: copy.json[k] for k in settings} == settings
+
+
+def test_the_input_names_before_one_shape_still_work(api, role_tokens):
+    created = api.post("/v1/endpoints", role_tokens["admin"], {
+        "name": "old-names", "url": "https://example.com/x",
+        "rate_limit": 2, "burst": 4, "format": "envelope"})
+    assert created.status == 201, created.body
+    assert (created.json["rate_limit_per_second"], created.json["rate_limit_burst"],
+            created.json["body_format"]) == (2.0, 4, "envelope")
+
+
+def test_a_description_is_written_read_changed_and_cleared(api, role_tokens, db):
+    admin = role_tokens["admin"]
+    created = api.post("/v1/endpoints", admin, {"name": "described", "url": "https://example.com/x",
+                                                "description": "billing team's receiver"})
+    assert created.status == 201 and created.json["description"] == "billing team's receiver", created.body
+    endpoint = created.json["id"]
+    listed = api.get("/v1/endpoints", role_tokens["reader"]).json["items"]
+    assert [e["description"] for e in listed] == ["billing team's receiver"]
+    changed = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"description": "moved to finance"})
+    assert changed.status == 200 and changed.json["description"] == "moved to finance"
+    too_long = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"description": "x" * 1001})
+    assert too_long.status == 422 and too_long.json["field"] == "description"
+    cleared = api.request("PATCH", f"/v1/endpoints/{endpoint}", admin, {"description": ""})
+    assert cleared.status == 200 and cleared.json["description"] is None
+    assert query(db, "SELECT description FROM webhooks.endpoints") == [(None,)]
+
+
+def test_the_config_read_can_be_sent_back_with_durations_in_seconds(api, role_tokens):
+    read = api.get("/v1/config", role_tokens["reader"]).json
+    assert read["delivered_retention"] == 7 * 86400 and isinstance(read["delivered_retention"], float), read
+    assert all(not isinstance(v, str) or k == "updated_at" for k, v in read.items()), read
+    sent_back = api.request("PATCH", "/v1/config", role_tokens["admin"], read)
+    assert sent_back.status == 200, sent_back.body
+    assert {k: v for k, v in sent_back.json.items() if k != "updated_at"} == {
+        k: v for k, v in read.items() if k != "updated_at"}
+    in_seconds = api.request("PATCH", "/v1/config", role_tokens["admin"], {"log_retention": 86400 * 3})
+    assert in_seconds.status == 200 and in_seconds.json["log_retention"] == 3 * 86400

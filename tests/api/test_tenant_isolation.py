@@ -112,7 +112,7 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
         ("GET", "/v1/tenants/{id}"): [("GET", "/v1/tenants/acme", None, 403)],
         ("PATCH", "/v1/tenants/{id}"): [("PATCH", "/v1/tenants/acme", {"max_queued": 1}, 403)],
     }
-    assert set(calls) == {(method, path) for method, path, _ in ROUTES}  # every route is tried
+    assert set(calls) == {(route.method, route.path) for route in ROUTES}  # every route is tried
     for (method, _path), tries in calls.items():
         for verb, path, body, status in tries:
             token = producer if (method, _path) == ("POST", "/v1/messages") else reader

@@ -10,7 +10,7 @@ import psycopg
 from tests.integration.test_observability import scrape, value
 from tests.receiver import Reply
 from tests.support import add_endpoint, enqueue, eventually, query, wait_final, wait_started
-from worker.operations import find_deliveries
+from worker.operator_sql import find_deliveries
 
 FAST_RETRY = {"delays": [0.2]}
 

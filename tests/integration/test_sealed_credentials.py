@@ -9,7 +9,7 @@ from tests.acceptance.test_cli import cli
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, eventually, query, statuses
 from worker import encryption
 from worker.encryption import DecryptionError
-from worker.operations import InvalidEndpoint, update_endpoint
+from worker.operator_sql import InvalidEndpoint, update_endpoint
 
 FAST_RETRY = {"delays": [0.2]}
 

@@ -16,7 +16,7 @@ from tests.support import TEST_KEYRING, add_endpoint, api_dsn, enqueue, query
 from worker import self_service, signing
 from worker.api import tokens
 from worker.delivery import display_url
-from worker.operations import EndpointSpec, register_endpoint
+from worker.operator_sql import EndpointSpec, register_endpoint
 
 TENANT_ADMIN = "webhooks_tenant_admin"
 

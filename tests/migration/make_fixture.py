@@ -23,7 +23,7 @@ from worker import signing
 from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring
 from worker.localpg import LocalPostgres, _find_binary
-from worker.operations import EndpointSpec, register_endpoint
+from worker.operator_sql import EndpointSpec, register_endpoint
 
 # A key for this fixture only (it seals the fixture endpoints' URL and secrets): the migration test
 # gives it to the worker that finishes the fixture's rows. It protects nothing else.

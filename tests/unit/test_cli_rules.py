@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from worker.cli import UsageError, _check_routing_key, allow_networks_hint
+from worker.cli.base import UsageError
+from worker.cli.endpoints import _check_routing_key, allow_networks_hint
 
 
 def test_the_hint_names_the_cidr_to_allow_and_where_it_goes():

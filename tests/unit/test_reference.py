@@ -78,7 +78,7 @@ def test_every_configuration_key_has_its_row_and_meaning():
 
 
 def test_the_fleet_defaults_table_names_every_key_config_set_takes():
-    from worker.operations import SETTABLE
+    from worker.operator_sql import SETTABLE
 
     part = section((REFERENCE / "configuration.md").read_text(encoding="utf-8"),
                    "## The fleet's defaults (`config set`)")
@@ -96,7 +96,7 @@ def test_every_metric_is_on_the_metrics_page():
 
 def test_the_http_api_guide_names_only_routes_that_exist_and_each_route_s_roles():
     text = (REFERENCE / "http-api.md").read_text(encoding="utf-8")
-    served = {(route[0], route[1]) for route in ROUTES}
+    served = {(route.method, route.path) for route in ROUTES}
     paths = {path for _method, path in served}
     named = {p.split("?")[0] for p in re.findall(r"(/v1/[\w{}./-]*)", text)}
     unknown = sorted(named - paths - set(NOT_ROUTES))

@@ -9,8 +9,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from worker.api.data import fetch_all, fetch_one
-from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
+from worker import endpoints as endpoint_service
+from worker.api.database import fetch_all, fetch_one
+from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -18,7 +19,7 @@ Conn = psycopg.AsyncConnection[Any]
 DELIVERY_COLUMNS = (
     "delivery_id, webhook_id AS endpoint_id, endpoint_name, event_id, idempotency_key, event_type, status,"
     " attempts, max_attempts, replays, next_retry_at, last_http_status, failure_category, last_error,"
-    " dead_letter_reason, priority, created_at, delivered_at, dead_lettered_at"
+    " dead_letter_reason, priority, created_at, delivered_at, dead_lettered_at, endpoint_deleted_at"
 )
 ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
                    " worker_id, stale, logged_at, digest_id,"
@@ -116,12 +117,7 @@ async def operation(conn: Conn, operation_id: int) -> dict[str, Any] | None:
         (operation_id,))
 
 
-ENDPOINT_COLUMNS = (
-    "id, name, url_display, active, disabled_reason, event_types, secrets, body_format, max_attempts,"
-    " timeout_ms, rate_limit_per_second, rate_limit_burst, max_in_flight, health_status, circuit_state,"
-    " circuit_open_until, consecutive_failures, last_success_at, last_failure_at, created_at, coalesce_max,"
-    " extract(epoch FROM coalesce_window)::float8 AS coalesce_window, operational_all_tenants"
-)
+ENDPOINT_COLUMNS = endpoint_service.COLUMNS  # one shape, read and written (worker/endpoints.py)
 
 
 async def endpoints(conn: Conn, after_id: int | None, limit: int) -> list[dict[str, Any]]:

@@ -7,11 +7,11 @@ from typing import Any
 
 import psycopg
 
-from worker.api.data import fetch_all, fetch_one
+from worker.api.database import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.coalescing import digest_label
 from worker.console import chart
-from worker.operations import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
+from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
 
 CHART_HOURS = 6
 CHART_BUCKET = timedelta(minutes=10)
@@ -42,7 +42,8 @@ async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     # The last failure's category comes from the audit log, read only from the last failure's time on.
     return await fetch_all(
         conn,
-        "SELECT s.id, s.name, s.url_display, s.active, s.disabled_reason, s.health_status, s.circuit_state,"
+        "SELECT s.id, s.name, s.description, s.url_display, s.active, s.disabled_reason, s.health_status,"
+        "       s.circuit_state,"
         "       s.circuit_open_until, s.consecutive_failures, s.last_success_at, s.last_failure_at,"
         "       f.failure_category AS last_failure_category"
         " FROM webhooks.endpoint_summary s"

@@ -1,4 +1,5 @@
-"""The operator's calls: synchronous functions over one psycopg connection, for the CLI and the demo."""
+"""The operator's SQL: synchronous calls over one psycopg connection, for the CLI, the demo and the
+endpoint service (the API runs its endpoint writes through them too, in a thread)."""
 
 from __future__ import annotations
 
@@ -161,12 +162,6 @@ def set_circuit(conn: psycopg.Connection, endpoint_id: int, action: str, until: 
     return str(row[0])
 
 
-def list_endpoints(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=dict_row)
-    cur.execute("SELECT * FROM webhooks.endpoint_summary ORDER BY id")
-    return cur.fetchall()
-
-
 # --- Deliveries, the queue and the defaults -----------------------------------------------------
 
 
@@ -178,24 +173,20 @@ def fetch_dicts(
     return cur.fetchall()
 
 
-def show_endpoint(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
-    [summary] = fetch_dicts(conn, "SELECT * FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,))
-    [coalescing] = fetch_dicts(conn, "SELECT coalesce_max, coalesce_window FROM webhooks.endpoints"
-                                     " WHERE id = %s", (endpoint_id,))
-    summary.update(coalescing)
-    summary["events"] = fetch_dicts(
-        conn,
-        "SELECT change, reason, decided_by, delivery_id, at FROM webhooks.endpoint_events"
-        " WHERE webhook_id = %s ORDER BY at DESC LIMIT 10",
-        (endpoint_id,),
-    )
-    summary["queued"] = dict(
-        conn.execute(
+def endpoint_activity(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any]:
+    """The endpoint's queued rows by status and its last state changes (`endpoints show`)."""
+    return {
+        "queued": dict(conn.execute(
             "SELECT status, count(*) FROM webhooks.alert_delivery_queue WHERE webhook_id = %s GROUP BY 1",
             (endpoint_id,),
-        ).fetchall()
-    )
-    return summary
+        ).fetchall()),
+        "events": fetch_dicts(
+            conn,
+            "SELECT change, reason, decided_by, delivery_id, at FROM webhooks.endpoint_events"
+            " WHERE webhook_id = %s ORDER BY at DESC LIMIT 10",
+            (endpoint_id,),
+        ),
+    }
 
 
 def endpoint_coalescing(conn: psycopg.Connection, endpoint_id: int) -> tuple[str, int | None] | None:

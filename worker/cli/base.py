@@ -1,0 +1,114 @@
+"""What every command group shares: the exit-status rule, the errors that carry it, the config, the
+connection, output, and how a group registers its commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from worker import operator_sql
+from worker.config import Config, load_config
+from worker.encryption import Keyring, load_keyring
+from worker.operator_sql import find_endpoint
+from worker.shapes import json_default
+from worker.tables import cell, print_table
+
+Handler = Callable[[argparse.Namespace], int]
+CONFIG_HELP = "YAML config file (DATABASE_URL and WEBHOOK_WORKER_* variables override it)"
+
+# One rule for every command (README, "Exit status"): 0 done; 1 understood but not done (the
+# database unreachable or refusing, what the command names does not exist, or its state refuses the
+# change); 2 what the user gave is wrong: the command line or the configuration, keys included.
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UsageError(Exception):
+    """A command-line value that cannot be used; the message names the option."""
+
+
+class CommandFailed(Exception):
+    """A well-formed command that could not be done: what it names does not exist, or the state of
+    the database refuses it."""
+
+
+def config_of(args: argparse.Namespace) -> Config:
+    return load_config(getattr(args, "config", None))
+
+
+def keyring_of(config: Config) -> Keyring:
+    return load_keyring(config.security.encryption_keys_file, os.environ)
+
+
+def connect(args: argparse.Namespace) -> psycopg.Connection:
+    return operator_sql.connect(config_of(args))
+
+
+def emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> None:
+    """JSON for scripts (--json), a table for people."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, default=json_default))
+    elif columns is not None:
+        rows = data if isinstance(data, list) else [data]
+        print_table(columns, [[cell(row.get(c)) for c in columns] for row in rows])
+    else:
+        for key, value in data.items():
+            print(f"{key}: {cell(value)}")
+
+
+def endpoint_ref(conn: psycopg.Connection, name_or_id: str) -> int:
+    endpoint_id = find_endpoint(conn, name_or_id)
+    if endpoint_id is None:
+        raise CommandFailed(f"ENDPOINT {name_or_id!r}: no endpoint with this name or id")
+    return endpoint_id
+
+
+def tenant_scope(conn: psycopg.Connection, args: argparse.Namespace) -> None:
+    """--tenant: this command sees only that tenant's rows."""
+    if getattr(args, "tenant", None) is None:
+        return
+    try:
+        operator_sql.scope_to_tenant(conn, args.tenant)
+    except psycopg.errors.NoDataFound:
+        raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
+
+
+def first_line(exc: psycopg.Error) -> str:
+    """The server's primary message only: its DETAIL may quote a whole row, credentials included."""
+    message = exc.diag.message_primary or str(exc).strip() or type(exc).__name__
+    return message.splitlines()[0]
+
+
+
+class Commands:
+    """The top level's subcommands, handed to each group's `register()`: a command gets its own
+    --config, its handler and a description equal to its help."""
+
+    def __init__(self, subparsers: Any) -> None:
+        self.subparsers = subparsers
+
+    def command(self, parent: Any, name: str, handler: Handler, help_: str) -> argparse.ArgumentParser:
+        """A command under `parent` (a group's subcommands, or None: the top level)."""
+        parent = self.subparsers if parent is None else parent
+        sub: argparse.ArgumentParser = parent.add_parser(name, help=help_, description=help_)
+        sub.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=CONFIG_HELP)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    def group(self, name: str, help_: str, description: str) -> Any:
+        """A command with subcommands; given alone, it prints its help rather than falling through
+        to the top level's default (which runs the worker)."""
+        parser: argparse.ArgumentParser = self.subparsers.add_parser(
+            name, help=help_, description=description)
+
+        def print_help(_args: argparse.Namespace) -> int:
+            parser.print_help()
+            return EXIT_USAGE
+
+        parser.set_defaults(handler=print_help)
+        return parser.add_subparsers(title="commands", metavar="COMMAND")

@@ -1,0 +1,64 @@
+"""`config show|set` (the fleet-wide defaults in webhooks.delivery_config) and `purge` (retention now)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import psycopg
+
+from worker import operator_sql
+from worker.cli.base import Commands, UsageError, connect, emit, endpoint_ref
+from worker.policy import RetrySchedule
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        emit(args, operator_sql.show_config(conn))
+    return 0
+
+
+def cmd_config_set(args: argparse.Namespace) -> int:
+    if args.key not in operator_sql.SETTABLE:
+        settable = ", ".join(sorted(operator_sql.SETTABLE))
+        raise UsageError(f"KEY {args.key!r}: not a setting; one of {settable}")
+    if args.key == "retry_schedule":
+        try:
+            RetrySchedule.from_json(json.loads(args.value), 0.0)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise UsageError(f"retry_schedule: {exc}") from None
+    with connect(args) as conn:
+        try:
+            operator_sql.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
+            raise UsageError(f"{args.key}: {message}") from None
+    print(f"{args.key} = {args.value}")
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        webhook_id = endpoint_ref(conn, args.endpoint) if args.endpoint else None
+        done = operator_sql.purge(conn, args.dead_letters_older_than, webhook_id)
+    emit(args, done)
+    return 0
+
+
+
+def register(cli: Commands) -> None:
+    config_commands = cli.group("config", "the fleet-wide defaults in webhooks.delivery_config",
+                                "The fleet-wide defaults in webhooks.delivery_config.")
+    config_show = cli.command(config_commands, "show", cmd_config_show, "print the defaults")
+    config_show.add_argument("--json", action="store_true", help="print JSON")
+    config_set = cli.command(config_commands, "set", cmd_config_set,
+                             "change one default (workers pick it up)")
+    config_set.add_argument("key", metavar="KEY")
+    config_set.add_argument("value", metavar="VALUE", help="'null' resets a nullable default")
+
+    purge_parser = cli.command(None, "purge", cmd_purge,
+                               "apply retention now; with --dead-letters-older-than, also drop dead letters")
+    purge_parser.add_argument("--dead-letters-older-than", metavar="INTERVAL",
+                              help="e.g. '30 days'; dead letters are otherwise kept until replayed")
+    purge_parser.add_argument("--endpoint", help="only this endpoint's dead letters")
+    purge_parser.add_argument("--json", action="store_true", help="print JSON")

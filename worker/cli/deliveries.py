@@ -1,0 +1,218 @@
+"""Deliveries, dead letters and replay: `enqueue`, `status`, `deliveries show`, `dlq list`, `replay`,
+and the bulk replays started over the API (`operations`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from worker import coalescing, operator_sql
+from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, endpoint_ref, tenant_scope
+from worker.policy import CATEGORIES
+from worker.tables import cell, print_table
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    try:
+        json.loads(args.payload)
+    except ValueError:
+        raise UsageError("--payload: not valid JSON") from None
+    with connect(args) as conn:
+        delivery_id = operator_sql.enqueue_one(conn, endpoint_ref(conn, args.endpoint), args.event_type,
+                                     args.payload, args.key)
+    emit(args, {"delivery_id": delivery_id}) if args.json else print(f"delivery {delivery_id} queued")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        tenant_scope(conn, args)
+        status = operator_sql.queue_status(conn)
+    if args.json:
+        emit(args, status)
+        return 0
+    emit(args, status["queue"], ["status", "deliveries", "oldest_due_age_seconds"])
+    if status["held_back"]:
+        print()
+        emit(args, status["held_back"], ["reason", "rows"])
+    print()
+    emit(args, status["endpoints"], ["id", "name", "active", "health_status", "circuit_state",
+                                      "consecutive_failures", "last_success_at", "last_failure_at"])
+    return 0
+
+
+def cmd_deliveries_show(args: argparse.Namespace) -> int:
+    if (args.id is None) == (args.key is None):
+        raise UsageError("give a delivery id or --key, not both")
+    with connect(args) as conn:
+        found = operator_sql.find_deliveries(conn, args.id, args.key)
+    if not found:
+        raise CommandFailed("no such delivery")
+    if args.json:
+        emit(args, found)
+        return 0
+    for delivery in found:
+        history = delivery.pop("history")
+        delivery.pop("payload", None)
+        emit(args, delivery)
+        print()
+        print_table(["attempt", "outcome", "failure_category", "http_status", "latency_ms", "worker_id",
+                     "stale", "logged_at", "digest", "error"],
+                    [[cell(h[c]) for c in ("attempt", "outcome", "failure_category", "http_status",
+                                            "latency_ms", "worker_id", "stale", "logged_at")]
+                     + [_digest_cell(h), cell(h["error"])]
+                     for h in history])
+        print()
+    return 0
+
+
+def _digest_cell(attempt: dict[str, Any]) -> str:
+    """"d-17 (37 rows)": the digest that carried the attempt, and how many rows it carried."""
+    if attempt.get("digest_id") is None:
+        return ""
+    return f"{coalescing.digest_label(attempt['digest_id'])} ({attempt['digest_rows']} rows)"
+
+
+def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "webhook_id": endpoint_ref(conn, args.endpoint) if args.endpoint else None,
+        "event_type": args.event_type,
+        "category": args.category,
+        "since": _point_in_time(conn, "--since", args.since),
+        "until": _point_in_time(conn, "--until", args.until),
+    }
+
+
+def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> datetime | None:
+    """The option's timestamp or time ago (operator_sql.point_in_time); anything else names the option."""
+    if value is None:
+        return None
+    when = operator_sql.point_in_time(conn, value)
+    if when is None:
+        raise UsageError(f"{option}: {value!r} is neither a timestamp nor a time ago such as '1 hour ago'")
+    return when
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        tenant_scope(conn, args)
+        rows = operator_sql.dead_letters(conn, _filters(conn, args), args.limit)
+    emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
+                       "last_http_status", "dead_letter_reason", "dead_lettered_at"])
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    filtered = any(getattr(args, f)
+                   for f in ("endpoint", "event_type", "category", "since", "until", "tenant"))
+    if args.id is not None and (filtered or args.all):
+        raise UsageError("give a delivery id, or filters with --all, not both")
+    with connect(args) as conn:
+        tenant_scope(conn, args)
+        if args.id is not None:
+            if not operator_sql.replay_one(conn, args.id):
+                raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
+            print(f"delivery {args.id} queued again (same webhook-id)")
+            return 0
+        if not args.all:
+            raise UsageError("give a delivery id, or --all with filters to replay every matching dead letter")
+        # Batches of the oldest matching dead letters: replayed rows leave the dead-letter state, so
+        # an interrupted run simply continues where it stopped when run again. Only those that were
+        # dead letters when it started: one that fails again is not replayed a second time, so the
+        # run ends even while the receiver keeps refusing.
+        filters, total = _filters(conn, args), 0
+        filters["until"] = operator_sql.started_before(conn, filters["until"])
+        pause = args.batch / args.rate if args.rate else 0.0
+        while True:
+            step = min(args.batch, args.max - total) if args.max else args.batch
+            replayed = operator_sql.replay_batch(conn, filters, step)
+            total += replayed
+            if replayed:
+                print(f"replayed {total} so far", file=sys.stderr)
+            if replayed < step or (args.max and total >= args.max):
+                break
+            time.sleep(pause)  # the rate limit: whole batches, spaced out
+    emit(args, {"replayed": total}) if args.json else print(f"replayed {total} dead letters")
+    return 0
+
+
+def cmd_operations_list(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        rows = operator_sql.bulk_operations(conn, args.limit)
+    emit(args, rows, ["id", "kind", "status", "processed", "max_rows", "rate", "requested_by",
+                       "cancelled_by", "created_at", "finished_at"])
+    return 0
+
+
+def cmd_operations_cancel(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        status = operator_sql.cancel_operation(conn, args.id, "cli")
+    if status is None:
+        raise CommandFailed(f"ID {args.id}: no operation with this id")
+    if status != "cancelled":
+        raise CommandFailed(f"operation {args.id} is {status} already: nothing to cancel")
+    print(f"operation {args.id} cancelled")
+    return 0
+
+
+
+def register(cli: Commands) -> None:
+    enqueue = cli.command(None, "enqueue", cmd_enqueue, "queue one delivery by hand, to test an endpoint")
+    enqueue.add_argument("--endpoint", required=True, help="id (all digits) or name")
+    enqueue.add_argument("--event-type", default="webhook.test", help="default: webhook.test")
+    enqueue.add_argument("--payload", default='{"test": true}', help="JSON body")
+    enqueue.add_argument("--key", help="idempotency key (default: a new event id)")
+    enqueue.add_argument("--json", action="store_true", help="print JSON")
+
+    status = cli.command(None, "status", cmd_status,
+                         "queue counts by status, oldest due, rows held back, endpoint health and circuits")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--tenant", metavar="NAME", help="only this tenant's rows and endpoints")
+
+    delivery_commands = cli.group("deliveries", "look up deliveries", "Look up deliveries.")
+    show_delivery = cli.command(delivery_commands, "show", cmd_deliveries_show,
+                                "a delivery (by id, or every endpoint's by --key) with its attempt history")
+    show_delivery.add_argument("id", nargs="?", type=int, help="delivery id")
+    show_delivery.add_argument("--key", help="idempotency key instead of an id")
+    show_delivery.add_argument("--json", action="store_true", help="print JSON")
+
+    def add_filters(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--endpoint", help="id (all digits) or name")
+        sub.add_argument("--event-type")
+        sub.add_argument("--category", choices=CATEGORIES, metavar="CATEGORY",
+                         help=f"failure category: {', '.join(CATEGORIES)}")
+        sub.add_argument("--since", metavar="TIMESTAMP", help="dead-lettered at or after")
+        sub.add_argument("--until", metavar="TIMESTAMP", help="dead-lettered before")
+        sub.add_argument("--tenant", metavar="NAME", help="only this tenant's dead letters")
+
+    dlq_commands = cli.group("dlq", "the dead letters", "The dead letters.")
+    dlq_list = cli.command(dlq_commands, "list", cmd_dlq_list, "list dead letters, oldest first")
+    add_filters(dlq_list)
+    dlq_list.add_argument("--limit", type=int, default=100, help="default 100")
+    dlq_list.add_argument("--json", action="store_true", help="print JSON")
+
+    replay = cli.command(None, "replay", cmd_replay,
+                         "send a delivery again (same webhook-id), or --all dead letters matching filters")
+    replay.add_argument("id", nargs="?", type=int, help="delivery id")
+    replay.add_argument("--all", action="store_true", help="every dead letter matching the filters")
+    add_filters(replay)
+    replay.add_argument("--batch", type=int, default=100, help="rows per step (default 100)")
+    replay.add_argument("--rate", type=float, help="at most this many rows per second")
+    replay.add_argument("--max", type=int, help="stop after this many")
+    replay.add_argument("--json", action="store_true", help="print JSON")
+
+    operation_commands = cli.group("operations", "bulk replays started over the HTTP API",
+                                   "Bulk replays started over the HTTP API (POST /v1/dead-letters/replay).")
+    operations_list = cli.command(operation_commands, "list", cmd_operations_list,
+                                  "list operations, newest first")
+    operations_list.add_argument("--limit", type=int, default=50, help="default 50")
+    operations_list.add_argument("--json", action="store_true", help="print JSON")
+    operations_cancel = cli.command(operation_commands, "cancel", cmd_operations_cancel,
+                                    "stop a running operation after the step it is in")
+    operations_cancel.add_argument("id", metavar="ID", type=int, help="operation id")

@@ -1,0 +1,82 @@
+"""`tokens create|list|revoke`: the HTTP API's tokens."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit
+
+
+def cmd_tokens_create(args: argparse.Namespace) -> int:
+    from worker.api import tokens
+
+    problem = tokens.name_problem(args.name)
+    if problem is not None:
+        raise UsageError(f"--name: {problem}")
+    if args.tenant is not None and args.role == "admin":
+        # admin requests change things through SECURITY DEFINER functions, which keep to no tenant
+        raise UsageError("--tenant: only producer and reader tokens can be scoped to a tenant")
+    if args.expires_in is not None and not 0 < args.expires_in <= 3650:
+        raise UsageError("--expires-in: expected a number of days above 0, at most 3650")
+    expires_at = datetime.now(UTC) + timedelta(days=args.expires_in) if args.expires_in else None
+    with connect(args) as conn:
+        try:
+            token = tokens.create(conn, args.name, args.role, expires_at, args.tenant)
+        except psycopg.errors.UniqueViolation:
+            raise CommandFailed(f"--name {args.name!r}: a token with this name exists") from None
+        except psycopg.errors.NoDataFound:
+            raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
+    if args.json:
+        print(json.dumps({"name": args.name, "role": args.role, "tenant": args.tenant,
+                          "expires_at": expires_at, "token": token}, default=str))
+        return 0
+    until = f", expires {expires_at:%Y-%m-%d %H:%M:%S} UTC" if expires_at else ""
+    # the token alone on standard output, so `TOKEN=$(webhook-worker tokens create …)` captures it
+    print(f"token {args.name} created (role {args.role}{until}); shown once, store it now:", file=sys.stderr)
+    print(token)
+    return 0
+
+
+def cmd_tokens_list(args: argparse.Namespace) -> int:
+    from worker.api import tokens
+
+    with connect(args) as conn:
+        rows = tokens.listing(conn)
+    emit(args, rows, ["name", "role", "tenant", "state", "created_at", "expires_at", "revoked_at"])
+    return 0
+
+
+def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    from worker.api import tokens
+
+    with connect(args) as conn:
+        if not tokens.revoke(conn, args.name):
+            raise CommandFailed(f"NAME {args.name!r}: no active token with this name")
+    print(f"token {args.name} revoked")
+    return 0
+
+
+
+def register(cli: Commands) -> None:
+    token_commands = cli.group("tokens", "the HTTP API's tokens",
+                               "The HTTP API's tokens: only a hash is stored; a token is shown once.")
+    token_create = cli.command(token_commands, "create", cmd_tokens_create,
+                               "create a token; prints it once, alone on standard output")
+    token_create.add_argument("--name", required=True, help="unique name (shown in lists, never secret)")
+    token_create.add_argument("--role", required=True, choices=["producer", "reader", "admin"],
+                              help="producer: publish only; reader: every read; admin: everything")
+    token_create.add_argument("--expires-in", type=float, metavar="DAYS", help="stops working after this")
+    token_create.add_argument("--tenant", metavar="NAME",
+                              help="producer or reader token that sees and changes only this tenant's rows")
+    token_create.add_argument("--json", action="store_true", help="print JSON")
+    token_list = cli.command(token_commands, "list", cmd_tokens_list,
+                             "list tokens (never the tokens themselves)")
+    token_list.add_argument("--json", action="store_true", help="print JSON")
+    token_revoke = cli.command(token_commands, "revoke", cmd_tokens_revoke,
+                               "revoke a token: it stops at once")
+    token_revoke.add_argument("name", metavar="NAME")
