@@ -17,7 +17,8 @@ from pathlib import Path
 import aiohttp
 import psycopg
 
-NEWER = ("SELECT delivery_id, payload::text FROM webhooks.alert_delivery_queue WHERE delivery_id > %s"
+# (the payload is the row's message's: webhooks.deliveries shows it)
+NEWER = ("SELECT delivery_id, payload::text FROM webhooks.deliveries WHERE delivery_id > %s"
          " ORDER BY delivery_id")
 
 

@@ -101,7 +101,8 @@ async def acquire_finish_drain(dsn: str, rows: int, batch: int,
 # --- the ladder: modelled claims and finishes ------------------------------------------------------
 
 # A features-free claim and finish on the same table shape: the oldest due rows leased
-# and returned with their payload, then marked delivered with an audit row. No rate limit,
+# and returned with their payload (their message's, by primary key, as acquire() reads it),
+# then marked delivered with an audit row. No rate limit,
 # concurrency cap, circuit, fencing, health row, ordering or settings. (The `db` section's
 # features-free side, and the ladder's step `audit row`.)
 BARE_CLAIM = (
@@ -111,7 +112,8 @@ BARE_CLAIM = (
     " WHERE delivery_id = ANY (ARRAY(SELECT delivery_id FROM webhooks.alert_delivery_queue"
     "   WHERE status IN ('pending', 'retrying') AND next_retry_at <= now()"
     "   ORDER BY webhook_id, priority DESC, next_retry_at, delivery_id LIMIT %s FOR UPDATE SKIP LOCKED))"
-    " RETURNING delivery_id, payload::text"
+    " RETURNING delivery_id, (SELECT m.payload::text FROM webhooks.messages m"
+    "   WHERE m.message_id = alert_delivery_queue.message_id)"
 )
 BARE_FINISH = (
     "WITH done AS (UPDATE webhooks.alert_delivery_queue SET status = 'delivered', delivered_at = now(),"
@@ -130,8 +132,8 @@ BARE_FINISH_NO_AUDIT = (
 
 # Fencing: the claim hands out each row's lease token; the finish changes a row only under the same
 # token, and still logs an outcome whose lease was taken over, marked stale (as finish() does).
-FENCED_CLAIM = _with(BARE_CLAIM, " RETURNING delivery_id, payload::text",
-                     " RETURNING delivery_id, lease_token, payload::text")
+FENCED_CLAIM = _with(BARE_CLAIM, " RETURNING delivery_id, (SELECT",
+                     " RETURNING delivery_id, lease_token, (SELECT")
 _FENCED_FINISH_HEAD = """
 WITH o AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS o(delivery_id, lease_token)
@@ -223,7 +225,7 @@ WITH clock AS (
         lease_token = gen_random_uuid(), locked_until = now() + interval '60 seconds', updated_at = now()
     WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
       AND q.status IN ('pending', 'retrying')
-    RETURNING q.delivery_id, q.webhook_id, q.lease_token, q.payload
+    RETURNING q.delivery_id, q.webhook_id, q.lease_token, q.message_id
 ), debited AS (
     UPDATE webhooks.webhook_health_metrics h
     SET rate_tokens = CASE WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
@@ -235,7 +237,8 @@ WITH clock AS (
     WHERE h.webhook_id = n.webhook_id
     RETURNING 1
 )
-SELECT c.delivery_id, c.lease_token, c.payload::text FROM claimed c"""
+SELECT c.delivery_id, c.lease_token, m.payload::text
+FROM claimed c JOIN webhooks.messages m ON m.message_id = c.message_id"""
 
 # Concurrency cap: as the rate limit, and each endpoint's quota is also bounded by its free places
 # (max_in_flight minus its rows in flight, counted on the `leased` index).

@@ -183,8 +183,10 @@ BEGIN
     -- the new message would be lost without a word. Nothing this call inserted is kept.
     IF EXISTS (SELECT 1 FROM unnest(v_targets) AS t(id)
                JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
+               LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
                WHERE NOT q.delivery_id = ANY (v_inserted)
-                 AND (q.event_type IS DISTINCT FROM p_event_type OR q.payload IS DISTINCT FROM p_payload)) THEN
+                 AND (q.event_type IS DISTINCT FROM p_event_type
+                      OR coalesce(m.payload, q.payload) IS DISTINCT FROM p_payload)) THEN
         RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
                         v_key
             USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';

@@ -20,17 +20,25 @@
 -- another tenant's endpoint as it answers a missing one.
 
 -- Every endpoint has its state row from the start, however it was inserted: the claim locks it.
+-- The row carries the endpoint's tenant (the claim walks each tenant's endpoints through the
+-- index webhook_health_metrics_claim_order), here too when the endpoint moves to another tenant.
 CREATE OR REPLACE FUNCTION webhooks.create_health_row() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO webhooks.webhook_health_metrics (webhook_id) VALUES (NEW.id)
-    ON CONFLICT (webhook_id) DO NOTHING;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO webhooks.webhook_health_metrics (webhook_id, tenant_id) VALUES (NEW.id, NEW.tenant_id)
+        ON CONFLICT (webhook_id) DO UPDATE SET tenant_id = excluded.tenant_id;
+    ELSE
+        -- (only when it changed: an update of the endpoint that names its tenant locks no state row)
+        UPDATE webhooks.webhook_health_metrics SET tenant_id = NEW.tenant_id
+        WHERE webhook_id = NEW.id AND tenant_id IS DISTINCT FROM NEW.tenant_id;
+    END IF;
     RETURN NULL;
 END;
 $$;
 
 CREATE OR REPLACE TRIGGER create_health_row
-    AFTER INSERT ON webhooks.endpoints
+    AFTER INSERT OR UPDATE OF tenant_id ON webhooks.endpoints
     FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();
 
 -- The endpoint an operator's or a caller's ENDPOINT argument names: all digits is always an id

@@ -9,7 +9,10 @@
 --
 -- Every way passes through the queue's insert triggers: fill_idempotency_key() sets the row's tenant
 -- from its endpoint (never from the producer), bounds the payload,
--- metadata and source_ref and defaults the key to the event id; refuse_reserved_event_type() keeps
+-- metadata and source_ref, defaults the key to the event id and stores what was published as a
+-- message (webhooks.messages: once for every delivery of one event; the delivery row keeps only
+-- a pointer to it, and its payload, metadata and source_ref columns stay NULL; the view
+-- webhooks.deliveries reads them back); refuse_reserved_event_type() keeps
 -- 'webhook.*' for the worker's own events; notify_workers() sends one NOTIFY per statement (not per
 -- row), switchable off in delivery_config for very high insert rates. A duplicate key neither
 -- raises nor aborts the producer's transaction (ON CONFLICT DO NOTHING). Every delivery of one
@@ -26,6 +29,7 @@ DECLARE
     v_size    integer;
     v_tenant  bigint;
     v_expires timestamptz;
+    v_message bigint;
 BEGIN
     SELECT c.max_payload_bytes INTO v_limit FROM webhooks.delivery_config c;
     -- The text form is what is sent; the stored (binary, maybe compressed) size is no bound on it.
@@ -64,6 +68,47 @@ BEGIN
     IF NEW.expires_at IS NULL THEN
         NEW.expires_at := v_expires;
     END IF;
+
+    -- The message. A row given one by the caller (a function of ours that made it) adds a delivery
+    -- to it; otherwise an earlier delivery of the same event (a fan-out, in the same statement or
+    -- transaction: the same tenant, event id and fields) lends its message, or a new one is made.
+    IF NEW.message_id IS NULL THEN
+        IF NEW.payload IS NULL THEN
+            RAISE EXCEPTION 'null value in column "payload" of relation "alert_delivery_queue" violates '
+                            'not-null constraint'
+                USING ERRCODE = 'not_null_violation', SCHEMA = 'webhooks',
+                      TABLE = 'alert_delivery_queue', COLUMN = 'payload';
+        END IF;
+        -- A key this endpoint already has: the row will not be inserted (ON CONFLICT DO NOTHING, or
+        -- a unique violation), so no message is made or counted for it.
+        SELECT q.message_id INTO v_message FROM webhooks.alert_delivery_queue q
+        WHERE q.webhook_id = NEW.webhook_id AND q.idempotency_key = NEW.idempotency_key;
+        IF NOT FOUND THEN
+            UPDATE webhooks.messages m SET deliveries = m.deliveries + 1
+            WHERE m.message_id = (
+                SELECT o.message_id FROM webhooks.messages o
+                WHERE o.tenant_id = NEW.tenant_id AND o.event_id = NEW.event_id
+                  AND o.event_type = NEW.event_type AND o.payload = NEW.payload
+                  AND o.metadata = coalesce(NEW.metadata, '{}')
+                  AND o.source_ref IS NOT DISTINCT FROM NEW.source_ref
+                  AND o.traceparent IS NOT DISTINCT FROM NEW.traceparent
+                LIMIT 1)
+            RETURNING m.message_id INTO v_message;
+            IF v_message IS NULL THEN
+                INSERT INTO webhooks.messages
+                    (tenant_id, event_id, event_type, traceparent, source_ref, metadata, payload)
+                VALUES (NEW.tenant_id, NEW.event_id, NEW.event_type, NEW.traceparent, NEW.source_ref,
+                        coalesce(NEW.metadata, '{}'), NEW.payload)
+                RETURNING message_id INTO v_message;
+            END IF;
+        END IF;
+        NEW.message_id := v_message;
+    ELSE
+        UPDATE webhooks.messages m SET deliveries = m.deliveries + 1 WHERE m.message_id = NEW.message_id;
+    END IF;
+    NEW.payload := NULL;
+    NEW.metadata := NULL;
+    NEW.source_ref := NULL;
     RETURN NEW;
 END;
 $$;
@@ -305,3 +350,23 @@ BEGIN
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.observer_queue_alert() TO webhooks_producer;
+
+-- Every delivery as the queue's rows read before their messages were stored apart: the queue's
+-- columns, with the payload, metadata and source_ref of the row's message. (A row that never got
+-- a message, inserted with the triggers off, shows its own.) Read this, not the queue table, for a
+-- row's payload.
+CREATE OR REPLACE VIEW webhooks.deliveries AS
+SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
+       coalesce(m.payload, q.payload) AS payload,
+       coalesce(m.source_ref, q.source_ref) AS source_ref,
+       coalesce(m.metadata, q.metadata) AS metadata,
+       q.status, q.priority, q.ordering_key, q.attempts, q.deferrals, q.replays, q.max_attempts,
+       q.next_retry_at, q.locked_by, q.lease_token, q.locked_until, q.last_http_status, q.last_error,
+       q.failure_category, q.dead_letter_reason, q.traceparent, q.expires_at, q.created_at,
+       q.scheduled_at, q.updated_at, q.delivered_at, q.dead_lettered_at, q.digest_id, q.tenant_id,
+       q.message_id
+FROM webhooks.alert_delivery_queue q
+LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
+-- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
+WHERE (SELECT webhooks.caller_tenant()) IS NULL OR q.tenant_id = (SELECT webhooks.caller_tenant());
+GRANT SELECT ON webhooks.deliveries TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;

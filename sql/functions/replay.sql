@@ -107,11 +107,13 @@ SELECT q.delivery_id, q.webhook_id, coalesce(e.name, d.name) AS endpoint_name, e
        q.event_id, q.idempotency_key, q.event_type, q.status, q.attempts, q.deferrals, q.replays,
        coalesce(q.max_attempts, e.max_attempts, c.max_attempts) AS max_attempts,
        q.next_retry_at, q.locked_by, q.locked_until, q.last_http_status, q.failure_category,
-       q.last_error, q.dead_letter_reason, q.priority, q.source_ref, q.payload, q.created_at,
+       q.last_error, q.dead_letter_reason, q.priority, coalesce(m.source_ref, q.source_ref) AS source_ref,
+       coalesce(m.payload, q.payload) AS payload, q.created_at,
        q.delivered_at, q.dead_lettered_at,
        -- a deleted endpoint's finished rows stay as history, under its id and name
        d.deleted_at AS endpoint_deleted_at
 FROM webhooks.alert_delivery_queue q
+LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
 LEFT JOIN webhooks.endpoints e ON e.id = q.webhook_id
 LEFT JOIN webhooks.deleted_endpoints d ON d.id = q.webhook_id
 CROSS JOIN webhooks.delivery_config c

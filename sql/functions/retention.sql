@@ -4,6 +4,7 @@
 -- long as its row is kept. Audit log partitions wholly older than log_retention (30 days) are
 -- dropped, not deleted from; rows of that age in the default partition are deleted in batches.
 -- Dead letters stay until replayed or purged by an operator (webhooks.purge_dead_letters).
+-- A message (webhooks.messages) goes with the last delivery row that points at it (release_messages).
 -- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
 --
 -- purge() is one batch in one short transaction; a worker calls it again while batches come back
@@ -137,3 +138,33 @@ AS $$
     )
     SELECT count(*)::integer FROM deleted;
 $$;
+
+-- Deleting delivery rows (retention, purge_dead_letters(), an operator's DELETE) takes them off
+-- their messages' counts, and deletes the messages no delivery needs any more: once per statement,
+-- over the rows it deleted.
+CREATE OR REPLACE FUNCTION webhooks.release_messages() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    WITH gone AS (
+        SELECT o.message_id, count(*)::integer AS n
+        FROM deleted_rows o WHERE o.message_id IS NOT NULL
+        GROUP BY o.message_id
+    ), unneeded AS (
+        DELETE FROM webhooks.messages m USING gone g
+        WHERE m.message_id = g.message_id AND m.deliveries <= g.n
+        RETURNING 1
+    )
+    UPDATE webhooks.messages m SET deliveries = m.deliveries - g.n
+    FROM gone g
+    WHERE m.message_id = g.message_id AND m.deliveries > g.n;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER release_messages
+    AFTER DELETE ON webhooks.alert_delivery_queue
+    REFERENCING OLD TABLE AS deleted_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.release_messages();

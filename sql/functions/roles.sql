@@ -10,8 +10,8 @@
 --   (delivery_id, webhook_id, idempotency_key), which INSERT … ON CONFLICT (webhook_id,
 --   idempotency_key) DO NOTHING RETURNING delivery_id needs. Event types starting with 'webhook.'
 --   are reserved for the worker's operational events: publish() and an insert trigger refuse them.
--- webhooks_reader may SELECT the queue, the audit log, health, events, the settings and the
---   liveness table, and the endpoints without their credential columns (url, signing_secrets,
+-- webhooks_reader may SELECT the queue, the messages, the audit log, health, events, the settings
+--   and the liveness table, and the endpoints without their credential columns (url, signing_secrets,
 --   secret_settings, headers).
 -- webhooks_admin (an admin token's requests over the HTTP API) reads what webhooks_reader reads,
 --   granted beside each of the reader's grants (and under the same row-level security), and changes
@@ -47,7 +47,7 @@ GRANT SELECT (delivery_id, webhook_id, idempotency_key) ON webhooks.alert_delive
 GRANT SELECT ON webhooks.alert_delivery_queue, webhooks.alert_delivery_log, webhooks.webhook_health_metrics,
                 webhooks.endpoint_events, webhooks.delivery_config, webhooks.stats_sample,
                 webhooks.schema_migrations, webhooks.worker_liveness, webhooks.tenants,
-                webhooks.endpoint_renamed_names
+                webhooks.endpoint_renamed_names, webhooks.messages
     TO webhooks_reader, webhooks_admin;
 GRANT SELECT (id, name, url_display, active, disabled_reason, disabled_at, event_types, body_format,
               max_attempts, retry_schedule, timeout_ms, rate_limit_per_second, rate_limit_burst,

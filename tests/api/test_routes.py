@@ -166,12 +166,12 @@ def test_an_idempotency_key_reused_for_another_message_is_refused_and_writes_not
     producer = role_tokens["producer"]
     paid = {"event_type": "order.paid", "payload": {"order": 42}, "idempotency_key": "order-42-paid"}
     assert api.post("/v1/messages", producer, paid).status == 202
-    before = query(db, "SELECT delivery_id, event_type, payload FROM webhooks.alert_delivery_queue")
+    before = query(db, "SELECT delivery_id, event_type, payload FROM webhooks.deliveries")
     for other in ({**paid, "event_type": "order.refunded"}, {**paid, "payload": {"order": 43}}):
         refused = api.post("/v1/messages", producer, other)
         assert refused.status == 409, refused.body
         assert refused.json["field"] == "idempotency_key" and "another message" in refused.json["detail"]
-    assert query(db, "SELECT delivery_id, event_type, payload FROM webhooks.alert_delivery_queue") == before
+    assert query(db, "SELECT delivery_id, event_type, payload FROM webhooks.deliveries") == before
     again = api.post("/v1/messages", producer, paid)  # the same message: the deliveries it made
     assert again.status == 200 and again.json["created"] is False
     assert [d["delivery_id"] for d in again.json["deliveries"]] == [before[0][0]]

@@ -181,7 +181,8 @@ def test_row_level_security_itself_keeps_a_scoped_session_to_its_tenant(db, two_
     with psycopg.connect(db) as conn:
         conn.execute("SET LOCAL ROLE webhooks_reader")
         conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(w["other"]),))
-        for table, rows in (("alert_delivery_queue", 1), ("alert_delivery_log", 0), ("endpoints", 1),
+        for table, rows in (("alert_delivery_queue", 1), ("messages", 1), ("deliveries", 1),
+                            ("alert_delivery_log", 0), ("endpoints", 1),
                             ("webhook_health_metrics", 1), ("endpoint_events", 0), ("tenants", 1),
                             ("api_operations", 0)):
             count = conn.execute(f"SELECT count(*) FROM webhooks.{table}").fetchone()[0]
@@ -191,6 +192,7 @@ def test_row_level_security_itself_keeps_a_scoped_session_to_its_tenant(db, two_
         # unset, as for the worker's functions, producers and dashboards: nothing is filtered
         conn.execute("SET LOCAL ROLE webhooks_reader")
         assert conn.execute("SELECT count(*) FROM webhooks.alert_delivery_queue").fetchone()[0] == 3
+        assert conn.execute("SELECT count(*) FROM webhooks.messages").fetchone()[0] == 3
 
 
 def test_only_producer_reader_and_tenant_admin_tokens_can_be_scoped(db, two_tenants):

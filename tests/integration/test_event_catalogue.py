@@ -125,7 +125,7 @@ def test_a_test_event_goes_to_the_one_endpoint_and_is_delivered_signed(db, recei
         again = self_service.send_test_event(conn, str(target))
     assert delivery is not None and again is not None and again != delivery
     rows = query(db, "SELECT delivery_id, webhook_id, event_type, payload->>'endpoint', idempotency_key"
-                     " FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
+                     " FROM webhooks.deliveries ORDER BY delivery_id")
     assert [r[:4] for r in rows] == [(delivery, target, "webhook.test", "target"),
                                      (again, target, "webhook.test", "target")]
     assert rows[0][4] != rows[1][4]

@@ -120,7 +120,7 @@ def test_enqueue_stores_exactly_what_it_was_given_or_refuses_it_clearly(db, endp
             return
         assert not required, f"stored what must be refused ({required})"
         assert row is not None
-        stored = conn.execute("SELECT event_type, idempotency_key, payload FROM webhooks.alert_delivery_queue"
+        stored = conn.execute("SELECT event_type, idempotency_key, payload FROM webhooks.deliveries"
                               " WHERE delivery_id = %s", row).fetchone()
     assert stored is not None
     assert stored[0] == event_type
@@ -171,7 +171,7 @@ def test_a_plain_insert_of_any_text_as_a_payload_is_stored_or_refused_clearly(db
             assert document is None, f"refused a JSON document: {type(exc).__name__}: {exc}"
             assert _is_clear(exc), f"{type(exc).__name__}: {exc}"
             return
-        [(stored,)] = conn.execute("SELECT payload FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
+        [(stored,)] = conn.execute("SELECT payload FROM webhooks.deliveries WHERE delivery_id = %s",
                                    (delivery_id,)).fetchall()
     assert document is not None, f"stored what is not JSON: {text!r}"
     assert _numbers_as_floats(stored) == _numbers_as_floats(document[0])

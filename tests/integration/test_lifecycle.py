@@ -136,7 +136,7 @@ def test_fan_out_from_an_application_table(db, receiver, spawn):
     # the application retries the same event: no second delivery, no error
     query(db, "INSERT INTO alerts (alert_key, title, kind) VALUES ('disk-1', 'Disk full', 'alert.created')")
 
-    queued = query(db, "SELECT webhook_id, event_id, source_ref FROM webhooks.alert_delivery_queue"
+    queued = query(db, "SELECT webhook_id, event_id, source_ref FROM webhooks.deliveries"
                        " ORDER BY webhook_id")
     assert [q[0] for q in queued] == [everything, alerts_only]
     assert queued[0][1] == queued[1][1] and queued[0][2] == "alerts:disk-1"

@@ -263,7 +263,7 @@ def test_least_privilege_roles(db, receiver):
         conn.execute(f"GRANT USAGE ON SEQUENCE public.alerts_id_seq TO {PRODUCER_LOGIN}")
     with psycopg.connect(producer, autocommit=True) as conn:
         conn.execute("INSERT INTO public.alerts (title) VALUES ('disk full')")
-    fanned_out = "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE source_ref = 'alerts:1'"
+    fanned_out = "SELECT count(*) FROM webhooks.deliveries WHERE source_ref = 'alerts:1'"
     assert query(db, fanned_out) == [(1,)]
 
     with psycopg.connect(worker, autocommit=True) as conn:

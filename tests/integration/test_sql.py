@@ -347,7 +347,7 @@ def test_dead_letters_past_the_threshold_become_an_operational_event(db):
                    (failing,))
     assert events == [("dead_letters", "3 new dead letters")]  # one finish per row: it trips at 3
     queued = query(db, "SELECT webhook_id, event_type, payload ->> 'endpoint_name'"
-                       " FROM webhooks.alert_delivery_queue WHERE event_type LIKE 'webhook.%%'")
+                       " FROM webhooks.deliveries WHERE event_type LIKE 'webhook.%%'")
     assert queued == [(ops, "webhook.endpoint.dead_letters", "failing")]
     assert everything not in [q[0] for q in queued]
 

@@ -236,7 +236,7 @@ def operational_rows(dsn: str) -> dict[int, list[tuple[str, str, str]]]:
     found: dict[int, list[tuple[str, str, str]]] = {}
     for subscriber, event_type, about, reason, row_tenant, subscriber_tenant in query(
             dsn, "SELECT q.webhook_id, q.event_type, q.payload ->> 'endpoint_name', q.payload ->> 'reason',"
-                 " q.tenant_id, e.tenant_id FROM webhooks.alert_delivery_queue q"
+                 " q.tenant_id, e.tenant_id FROM webhooks.deliveries q"
                  " JOIN webhooks.endpoints e ON e.id = q.webhook_id"
                  " WHERE q.event_type LIKE 'webhook.%%' ORDER BY q.delivery_id"):
         assert row_tenant == subscriber_tenant  # each row is its subscriber's, in its quota
@@ -286,14 +286,14 @@ def test_operational_events_reach_only_their_tenants_subscribers_and_the_operato
     assert disabled in found[ops["globex"]]
     # the operator's channel, marked for it, gets every tenant's, and says whose each is
     assert sorted(found[operator]) == sorted(found[ops["acme"]] + found[ops["globex"]])
-    assert query(db, "SELECT DISTINCT payload ->> 'tenant' FROM webhooks.alert_delivery_queue"
+    assert query(db, "SELECT DISTINCT payload ->> 'tenant' FROM webhooks.deliveries"
                      " WHERE webhook_id = %s ORDER BY 1", (operator,)) == [("acme",), ("globex",)]
     assert set(found) == {*ops.values(), operator}
     # acme's scoped readers (row-level security) see only acme's: no globex event is theirs to read
     with psycopg.connect(db) as conn:
         conn.execute("SET ROLE webhooks_reader")
         conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(acme),))
-        seen = conn.execute("SELECT payload::text FROM webhooks.alert_delivery_queue"
+        seen = conn.execute("SELECT payload::text FROM webhooks.deliveries"
                             " WHERE event_type LIKE 'webhook.%%'").fetchall()
     assert len(seen) == 4 and not any("globex" in text.lower() for (text,) in seen)
 

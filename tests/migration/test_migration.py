@@ -34,14 +34,19 @@ def restore(dsn: str, dump: Path) -> None:
 
 def contents(dsn: str, columns: dict[str, list[str]] | None = None) -> dict[str, tuple[int, str]]:
     """Each table's row count and a digest of its rows, over the given columns (default: all of
-    them), so that columns later migrations add do not hide whether the old ones kept their values."""
+    them), so that columns later migrations add do not hide whether the old ones kept their values.
+    The queue's rows are read through webhooks.deliveries once it exists: their payloads live in
+    their messages since 014."""
     found = {}
     for table in TABLES:
         names = (columns or table_columns(dsn))[table]
         row = "(" + ", ".join(f"t.{name}" for name in names) + ")::text"
+        source = (f"webhooks.{table}" if table != "alert_delivery_queue"
+                  or query(dsn, "SELECT to_regclass('webhooks.deliveries')") == [(None,)]
+                  else "webhooks.deliveries")
         [(count, digest)] = query(
             dsn, f"SELECT count(*), md5(coalesce(string_agg({row}, E'\\n' ORDER BY {row}), ''))"
-                 f" FROM webhooks.{table} t")
+                 f" FROM {source} t")
         found[table] = (count, digest)
     return found
 
@@ -89,6 +94,27 @@ def test_a_fresh_build_defines_nothing_that_migrating_again_would_drop(db):
     query(db, "DELETE FROM webhooks.schema_definitions")
     assert schema.migrate(db) == [f"functions/{d.name}" for d in schema.load_definitions()]
     assert differences(expected, snapshot(db)) == []
+
+
+def test_the_queued_rows_payloads_move_to_messages_each_stored_once_nothing_else_changes(old_db):
+    # 014: every row keeps its state, lease and attempts; its payload, metadata and source_ref are
+    # its message's, one message per event
+    state = ("delivery_id, status, attempts, lease_token, locked_until, next_retry_at, delivered_at,"
+             " dead_lettered_at, idempotency_key")
+    before_state = query(old_db, f"SELECT {state} FROM webhooks.alert_delivery_queue ORDER BY 1")
+    before = query(old_db, "SELECT delivery_id, payload, metadata, source_ref, event_id"
+                           " FROM webhooks.alert_delivery_queue ORDER BY 1")
+    [(events,)] = query(old_db, "SELECT count(*) FROM (SELECT DISTINCT event_id, event_type, traceparent,"
+                                " source_ref, metadata, payload FROM webhooks.alert_delivery_queue) e")
+    schema.migrate(old_db)
+    assert query(old_db, f"SELECT {state} FROM webhooks.alert_delivery_queue ORDER BY 1") == before_state
+    assert query(old_db, "SELECT delivery_id, payload, metadata, source_ref, event_id"
+                         " FROM webhooks.deliveries ORDER BY 1") == before
+    assert query(old_db, "SELECT count(*) FROM webhooks.alert_delivery_queue"
+                         " WHERE payload IS NOT NULL OR metadata IS NOT NULL OR source_ref IS NOT NULL"
+                         " OR message_id IS NULL") == [(0,)]
+    [(stored, counted)] = query(old_db, "SELECT count(*), sum(deliveries) FROM webhooks.messages")
+    assert (stored, counted) == (events, len(before))
 
 
 def test_a_function_left_over_by_the_old_layout_is_gone_after_migrating(old_db):
