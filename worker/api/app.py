@@ -36,9 +36,14 @@ from worker.shapes import json_default
 # (013_endpoint_description.sql), and checks publishes against the event-type catalogue
 # (015_self_service.sql); the worker needs less.
 API_SCHEMA_VERSION = 15
-PUBLISH = ("producer", "admin")
-READ = ("reader", "admin")
-ADMIN = ("admin",)
+# A tenant administrator (tenant_admin) reads, publishes and administers what admin does for
+# endpoints, deliveries, dead letters and operations, kept to its tenant by PostgreSQL
+# (webhooks_tenant_admin); the fleet's settings, tenants and tokens stay the unscoped admin's.
+PUBLISH = ("producer", "admin", "tenant_admin")
+READ = ("reader", "admin", "tenant_admin")
+ADMIN = ("admin", "tenant_admin")
+FLEET_READ = ("reader", "admin")
+FLEET_ADMIN = ("admin",)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Paths under this prefix need a Bearer token; the probes and the console do not (the console has
 # its own login and sessions). /metrics is served on a port of its own (create_metrics_app).

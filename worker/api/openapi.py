@@ -7,7 +7,9 @@ from typing import Any
 
 from worker import __version__
 from worker import endpoints as endpoint_service
+from worker.api import app as app_roles
 from worker.api.inputs import BIGINT_MAX, INTEGER_MAX, SMALLINT
+from worker.api.tokens import ROLES
 from worker.policy import CATEGORIES
 
 TIME = {"type": "string", "format": "date-time"}
@@ -143,6 +145,46 @@ TENANT = {
     "dead_letters": INT,
     "created_at": TIME,
 }
+EVENT_TYPE = {"name": TEXT, "description": TEXT, "schema": {"description": "a JSON Schema, or null"},
+              "deprecated": BOOL}
+TOKEN_ROLE = {"type": "string", "enum": list(ROLES)}
+SELF_SERVICE_SCHEMAS: dict[str, Any] = {
+    "SigningSecrets": obj({
+        "endpoint_id": INT,
+        "signing_secret": {"type": "string", "description": "the newest: what requests are signed with"},
+        "secrets": {"type": "array", "items": obj({"secret": TEXT, "expires_at": NULLABLE_TIME})},
+    }),
+    "TestEventSent": obj({"delivery_id": INT, "endpoint_id": INT, "event_type": {"const": "webhook.test"},
+                          "status": {"const": "pending"}}),
+    "EventType": obj(EVENT_TYPE),
+    "EventTypeList": obj({
+        "items": {"type": "array", "items": obj({**EVENT_TYPE, "created_at": TIME, "updated_at": TIME})},
+        "unmatched_subscriptions": {"type": "array", "items": obj({
+            "endpoint_id": INT, "endpoint_name": TEXT, "pattern": TEXT,
+            "problem": {"type": "string", "enum": ["unknown", "deprecated"]}})},
+    }),
+    "EventTypeRequest": obj({
+        "description": {"type": "string", "maxLength": 2000},
+        "schema": {"description": "a JSON Schema (draft 2020-12) the payloads follow; null: any"},
+        "deprecated": {"type": ["boolean", "null"]},
+    }, []),
+    "DeprecateRequest": obj({"deprecated": BOOL}, []),
+    "Token": obj({"name": TEXT, "role": TOKEN_ROLE, "tenant": NULLABLE_TEXT,
+                  "state": {"type": "string", "enum": ["active", "expired", "revoked"]},
+                  "created_at": TIME, "expires_at": NULLABLE_TIME, "revoked_at": NULLABLE_TIME}),
+    "TokenList": obj({"items": {"type": "array", "items": ref("Token")}}),
+    "TokenRequest": obj({
+        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "role": TOKEN_ROLE,
+        "tenant": {"type": ["string", "null"], "minLength": 1,
+                   "description": "the tenant it is kept to: required for tenant_admin, never for admin"},
+        "expires_in_days": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 3650},
+    }, ["name", "role"]),
+    "TokenCreated": obj({"name": TEXT, "role": TOKEN_ROLE, "tenant": NULLABLE_TEXT,
+                         "expires_at": NULLABLE_TIME,
+                         "token": {"type": "string", "description": "shown once"}}),
+    "TokenRevoked": obj({"name": TEXT, "state": {"const": "revoked"}}),
+}
 PAGE_NOTE = "Keyset pagination: pass `next_cursor` as `cursor` for the next page; null on the last."
 
 SCHEMAS: dict[str, Any] = {
@@ -150,7 +192,7 @@ SCHEMAS: dict[str, Any] = {
         {"type": TEXT, "title": TEXT, "status": INT, "detail": TEXT, "field": TEXT, "instance": TEXT},
         ["type", "title", "status"],
     ),
-    "Caller": obj({"name": TEXT, "role": {"type": "string", "enum": ["producer", "reader", "admin"]}}),
+    "Caller": obj({"name": TEXT, "role": {"type": "string", "enum": list(ROLES)}}),
     "PublishRequest": obj(
         {
             "event_type": {"type": "string", "minLength": 1, "maxLength": 256},
@@ -277,6 +319,7 @@ SCHEMAS: dict[str, Any] = {
     "TenantCreate": obj({"name": {"type": "string", "minLength": 1, "maxLength": 100}, **TENANT_LIMITS},
                         ["name"]),
     "TenantPatch": {**obj(dict(TENANT_LIMITS), []), "minProperties": 1},
+    **SELF_SERVICE_SCHEMAS,
     "Config": {
         "type": "object",
         "description": "webhooks.delivery_config: every fleet-wide default",
@@ -314,7 +357,9 @@ PAGE_PARAMS = [
         "limit", "rows per page, 1 to 1000 (default 100)", {"type": "integer", "minimum": 1, "maximum": 1000}
     ),
 ]
+TENANT_FILTER = _query("tenant", "that tenant's rows only (a token kept to a tenant: its own)")
 FILTERS = [
+    TENANT_FILTER,
     _query("endpoint", "endpoint name or id"),
     _query("event_type", "exact event type"),
     _query("category", "failure category", CATEGORY),
@@ -378,8 +423,51 @@ def _conflict(operation: dict[str, Any]) -> dict[str, Any]:
     return operation
 
 
-READ = ("reader", "admin")
-ADMIN = ("admin",)
+READ = app_roles.READ
+ADMIN = app_roles.ADMIN
+FLEET_ADMIN = app_roles.FLEET_ADMIN
+
+
+def _self_service_paths(endpoint: list[dict[str, Any]]) -> dict[str, Any]:
+    """worker/api/self_service.py's routes."""
+    type_name = [{"name": "name", "in": "path", "required": True, "schema": TEXT,
+                  "description": "the event type"}]
+    token = [{"name": "id", "in": "path", "required": True, "schema": TEXT,
+              "description": "the token's name"}]
+    return {
+        "/v1/endpoints/{id}/secret": {
+            "get": _not_found(_op("The secrets the endpoint's requests are signed with now, newest first "
+                                  "(what its receiver verifies with); each read is logged", ADMIN,
+                                  {200: "SigningSecrets"}, params=endpoint)),
+        },
+        "/v1/endpoints/{id}/test": {
+            "post": _not_found(_op("Send a webhook.test event to this endpoint alone: 202 with its delivery",
+                                   ADMIN, {202: "TestEventSent"}, params=endpoint)),
+        },
+        "/v1/event-types": {
+            "get": _op("The event-type catalogue, and the caller's endpoints' subscriptions that match no "
+                       "current type", READ, {200: "EventTypeList"}),
+        },
+        "/v1/event-types/{name}": {
+            "get": _not_found(_op("An event type", READ, {200: "EventType"}, params=type_name)),
+            "put": _op("Add an event type, or replace its description and schema (201: new)", FLEET_ADMIN,
+                       {200: "EventType", 201: "EventType"}, "EventTypeRequest", type_name),
+        },
+        "/v1/event-types/{name}/deprecate": {
+            "post": _not_found(_op("Mark an event type deprecated (or, with deprecated false, current again)",
+                                   FLEET_ADMIN, {200: "EventType"}, "DeprecateRequest", type_name,
+                                   body_required=False)),
+        },
+        "/v1/tokens": {
+            "get": _op("API tokens (never the tokens themselves)", FLEET_ADMIN, {200: "TokenList"}),
+            "post": _conflict(_op("Create a token: shown once, in this answer", FLEET_ADMIN,
+                                  {201: "TokenCreated"}, "TokenRequest")),
+        },
+        "/v1/tokens/{id}/revoke": {
+            "post": _not_found(_op("Revoke a token: it stops at once", FLEET_ADMIN, {200: "TokenRevoked"},
+                                   params=token)),
+        },
+    }
 
 
 @functools.cache
@@ -387,14 +475,14 @@ def document() -> dict[str, Any]:
     endpoint = [ID_PARAM]
     paths: dict[str, Any] = {
         "/v1/token": {
-            "get": _op("The caller: the token's name and role", ("producer", *READ), {200: "Caller"})
+            "get": _op("The caller: the token's name and role", ROLES, {200: "Caller"})
         },
         "/v1/messages": {
             "post": _conflict(_op(
                 "Publish an event: 202 with the deliveries queued; the same idempotency key again: 200 with "
                 "the existing ones, or 409 when it was used for another event type or payload. "
                 "A `traceparent` header is carried to the receiver.",
-                ("producer", "admin"),
+                app_roles.PUBLISH,
                 {200: "PublishResponse", 202: "PublishResponse"},
                 "PublishRequest",
                 [{"name": "traceparent", "in": "header", "required": False, "schema": TEXT}],
@@ -455,7 +543,8 @@ def document() -> dict[str, Any]:
                 ADMIN, {200: "Operation"}, params=endpoint)))
         },
         "/v1/endpoints": {
-            "get": _op("Endpoints by id. " + PAGE_NOTE, READ, {200: "EndpointPage"}, params=PAGE_PARAMS),
+            "get": _op("Endpoints by id. " + PAGE_NOTE, READ, {200: "EndpointPage"},
+                       params=[TENANT_FILTER, *PAGE_PARAMS]),
             "post": _conflict(
                 _op(
                     "Register an endpoint (the CLI's destination, header and sealing rules); "
@@ -548,23 +637,24 @@ def document() -> dict[str, Any]:
             )
         },
         "/v1/tenants": {
-            "get": _op("Tenants, their limits (null: none) and rows", ADMIN, {200: "TenantList"}),
-            "post": _conflict(_op("Add a tenant", ADMIN, {201: "Tenant"}, "TenantCreate")),
+            "get": _op("Tenants, their limits (null: none) and rows", FLEET_ADMIN, {200: "TenantList"}),
+            "post": _conflict(_op("Add a tenant", FLEET_ADMIN, {201: "Tenant"}, "TenantCreate")),
         },
         "/v1/tenants/{id}": {
-            "get": _not_found(_op("A tenant, by name or id", ADMIN, {200: "Tenant"}, params=endpoint)),
-            "patch": _not_found(_op("Change a tenant's limits; null clears one", ADMIN, {200: "Tenant"},
+            "get": _not_found(_op("A tenant, by name or id", FLEET_ADMIN, {200: "Tenant"}, params=endpoint)),
+            "patch": _not_found(_op("Change a tenant's limits; null clears one", FLEET_ADMIN, {200: "Tenant"},
                                     "TenantPatch", params=endpoint)),
         },
         "/v1/stats": {
             "get": _op("Queue by status, oldest due, rows held back and why", READ, {200: "Stats"})
         },
         "/v1/config": {
-            "get": _op("The fleet-wide defaults", READ, {200: "Config"}),
+            "get": _op("The fleet-wide defaults", app_roles.FLEET_READ, {200: "Config"}),
             "patch": _op(
-                "Change fleet-wide defaults (workers pick them up)", ADMIN, {200: "Config"}, "ConfigPatch"
-            ),
+                "Change fleet-wide defaults (workers pick them up)", FLEET_ADMIN, {200: "Config"},
+                "ConfigPatch"),
         },
+        **_self_service_paths(endpoint),
     }
     # every POST and PATCH reads its body, even those that take none (they refuse one that is not `{}`);
     # 408: the body did not arrive within api.body_timeout_seconds

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -19,9 +18,19 @@ from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
 from worker.api import endpoints as endpoint_rules
-from worker.api import queries
-from worker.api.app import ADMIN, PUBLISH, READ, STATE, ApiState, allow, caller_of, json_response
-from worker.api.data import DATABASE_ROLES, local_role
+from worker.api import queries, self_service
+from worker.api.app import (
+    ADMIN,
+    FLEET_ADMIN,
+    FLEET_READ,
+    PUBLISH,
+    READ,
+    STATE,
+    ApiState,
+    allow,
+    caller_of,
+    json_response,
+)
 from worker.api.inputs import (
     BIGINT_MAX,
     INTEGER_MAX,
@@ -171,7 +180,7 @@ def _check_category(value: str | None, field: str) -> None:
 
 
 DELIVERY_FILTERS = {"status", "endpoint", "event_type", "category", "since", "until", "idempotency_key",
-                    "cursor", "limit"}
+                    "tenant", "cursor", "limit"}
 
 
 @allow(*READ)
@@ -189,6 +198,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
         "since": timestamp_param(params, "since"), "until": timestamp_param(params, "until"),
     }
     async with _state(request).db.transaction(caller_of(request)) as conn:
+        await self_service.narrow_to_tenant(conn, params.get("tenant"))
         filters["webhook_id"] = await _endpoint_filter(conn, params.get("endpoint"), "endpoint")
         rows = await queries.deliveries(conn, filters, before, limit + 1)
     more = len(rows) > limit
@@ -239,7 +249,7 @@ async def _no_body(request: web.Request) -> None:
 
 # --- dead letters -----------------------------------------------------------------------------------
 
-DEAD_LETTER_FILTERS = {"endpoint", "event_type", "category", "since", "until", "cursor", "limit"}
+DEAD_LETTER_FILTERS = {"endpoint", "event_type", "category", "since", "until", "tenant", "cursor", "limit"}
 
 
 @allow(*READ)
@@ -256,6 +266,7 @@ async def list_dead_letters(request: web.Request) -> web.Response:
         "since": timestamp_param(params, "since"), "until": timestamp_param(params, "until"),
     }
     async with _state(request).db.transaction(caller_of(request)) as conn:
+        await self_service.narrow_to_tenant(conn, params.get("tenant"))
         filters["webhook_id"] = await _endpoint_filter(conn, params.get("endpoint"), "endpoint")
         rows = await queries.dead_letters(conn, filters, after, limit + 1)
     more = len(rows) > limit
@@ -353,26 +364,19 @@ def _keyring(state: ApiState) -> Any:
     return state.keyring
 
 
-async def _sync(state: ApiState, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) on a
-    connection of their own, in a thread: the same code the CLI runs, in one transaction as
-    webhooks_admin (admin routes only)."""
-
-    def run() -> T:
-        with (operator_queries.connect(state.config, application_name="webhook-worker api") as conn,
-              conn.transaction()):
-            conn.execute(local_role(DATABASE_ROLES["admin"]))
-            return work(conn)
-
-    return await asyncio.to_thread(run)
+async def _sync(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) in
+    a thread, under the caller's database role and tenant (self_service.in_thread)."""
+    return await self_service.in_thread(state, caller, work)
 
 
 @allow(*READ)
 async def list_endpoints(request: web.Request) -> web.Response:
-    params = query_params(request, {"cursor", "limit"})
+    params = query_params(request, {"tenant", "cursor", "limit"})
     limit = limit_param(params)
     after = decode_cursor(params["cursor"], (int,))[0] if "cursor" in params else None
     async with _state(request).db.transaction(caller_of(request)) as conn:
+        await self_service.narrow_to_tenant(conn, params.get("tenant"))
         rows = await queries.endpoints(conn, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
@@ -386,8 +390,12 @@ async def create_endpoint(request: web.Request) -> web.Response:
     endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
     await endpoint_rules.check_destination(body.url, state.config)
-    registered = await endpoint_rules.settled(
-        _sync(state, lambda conn: endpoint_service.register(conn, body, keyring)))
+    try:
+        registered = await endpoint_rules.settled(
+            _sync(state, caller_of(request), lambda conn: endpoint_service.register(conn, body, keyring)))
+    except psycopg.errors.InsufficientPrivilege as exc:  # a tenant not the scoped caller's own
+        raise Problem(403, "forbidden", "The token may not do this", str(exc.diag.message_primary),
+                      field="tenant") from None
     get_logger().info("api registered an endpoint", endpoint_id=registered.id, by=caller_of(request).name)
     async with state.db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, registered.id)
@@ -412,7 +420,8 @@ async def update_endpoint(request: web.Request) -> web.Response:
     async with state.db.transaction(caller_of(request)) as conn:
         endpoint_id = await _endpoint_path(conn, request)
     await endpoint_rules.settled(
-        _sync(state, lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
+        _sync(state, caller_of(request),
+              lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
     async with state.db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, endpoint_id)
     return json_response(row)
@@ -501,7 +510,8 @@ async def rotate_secret(request: web.Request) -> web.Response:
         expire_at = datetime.now(UTC) + timedelta(hours=body.expire_old_after_hours)
     async with state.db.transaction(caller_of(request)) as conn:
         endpoint_id = await _endpoint_path(conn, request)
-    active = await _sync(state, lambda conn: operator_queries.rotate_secret(conn, endpoint_id, secret,
+    active = await _sync(state, caller_of(request), lambda conn: operator_queries.rotate_secret(
+                                 conn, endpoint_id, secret,
                                                                              expire_at, keyring))
     return json_response({"endpoint_id": endpoint_id, "signing_secret": secret, "active_secrets": active,
                           "old_expire_at": expire_at})
@@ -535,14 +545,14 @@ class TenantCreate(TenantLimits):
         return value
 
 
-@allow(*ADMIN)
+@allow(*FLEET_ADMIN)
 async def list_tenants(request: web.Request) -> web.Response:
     query_params(request, set())
     async with _state(request).db.transaction(caller_of(request)) as conn:
         return json_response({"items": await queries.tenants(conn)})
 
 
-@allow(*ADMIN)
+@allow(*FLEET_ADMIN)
 async def create_tenant(request: web.Request) -> web.Response:
     body = await read_body(request, TenantCreate)
     try:
@@ -555,7 +565,7 @@ async def create_tenant(request: web.Request) -> web.Response:
     return json_response(row, status=201, location=None if row is None else f"/v1/tenants/{row['id']}")
 
 
-@allow(*ADMIN)
+@allow(*FLEET_ADMIN)
 async def get_tenant(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
         row = await queries.tenant(conn, printable_text("id", request.match_info["id"]))
@@ -564,7 +574,7 @@ async def get_tenant(request: web.Request) -> web.Response:
     return json_response(row)
 
 
-@allow(*ADMIN)
+@allow(*FLEET_ADMIN)
 async def update_tenant(request: web.Request) -> web.Response:
     body = await read_body(request, TenantLimits)
     limits = body.given()
@@ -589,14 +599,14 @@ async def stats(request: web.Request) -> web.Response:
         return json_response(await queries.stats(conn))
 
 
-@allow(*READ)
+@allow(*FLEET_READ)
 async def get_config(request: web.Request) -> web.Response:
     query_params(request, set())
     async with _state(request).db.transaction(caller_of(request)) as conn:
         return json_response(await queries.config(conn))
 
 
-@allow(*ADMIN)
+@allow(*FLEET_ADMIN)
 async def patch_config(request: web.Request) -> web.Response:
     data = await read_json(request)
     if not isinstance(data, dict) or not data:
@@ -660,7 +670,7 @@ def _setting_text(key: str, value: Any) -> str | None:
 # --- the table ----------------------------------------------------------------------------------------
 
 
-@allow("producer", "reader", "admin")
+@allow("producer", "reader", "admin", "tenant_admin")
 async def whoami(request: web.Request) -> web.Response:
     caller = caller_of(request)
     return json_response({"name": caller.name, "role": caller.role})
@@ -700,6 +710,7 @@ ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
     ("GET", "/v1/stats", stats),
     ("GET", "/v1/config", get_config),
     ("PATCH", "/v1/config", patch_config),
+    *self_service.ROUTES,
 ]
 
 

@@ -1,0 +1,280 @@
+"""Routes for self-service: an endpoint's signing secrets and test events, the event-type catalogue,
+tokens over HTTP, and the `?tenant=` filter of the lists."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import psycopg
+from aiohttp import web
+from pydantic import Field, JsonValue
+
+from worker import encryption, event_types, operator_sql
+from worker import self_service as secrets_service
+from worker.api import queries
+from worker.api import tokens as token_rules
+from worker.api.app import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, allow, caller_of, json_response
+from worker.api.data import TENANT_SETTING, begin_as
+from worker.api.inputs import Body, printable_text, query_params, read_body, read_optional_body
+from worker.api.problems import Problem, conflict, invalid, not_found
+from worker.api.tokens import Caller
+from worker.observability import get_logger
+
+T = TypeVar("T")
+
+
+def _state(request: web.Request) -> ApiState:
+    return request.app[STATE]
+
+
+class _NoBody(Body):
+    """Routes that take no body accept `{}` or nothing, and refuse any field."""
+
+
+async def in_thread(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+    """Blocking work (the endpoint service and worker.operator_sql, which seal credentials bound to
+    the endpoint's id; the token functions) on a connection of its own, in a thread, in one
+    transaction under the caller's database role and tenant: the code the CLI runs, kept by
+    PostgreSQL to what the caller may do."""
+
+    def run() -> T:
+        with (operator_sql.connect(state.config, application_name="webhook-worker api") as conn,
+              conn.transaction()):
+            begin_as(conn, caller)
+            return work(conn)
+
+    return await asyncio.to_thread(run)
+
+
+def keyring_of(state: ApiState) -> encryption.Keyring:
+    if state.keyring is None:
+        raise Problem(503, "no-encryption-keys", "Endpoint credentials cannot be sealed",
+                      "the API has no encryption keys (WEBHOOK_WORKER_ENCRYPTION_KEYS or "
+                      "security.encryption_keys_file)")
+    return state.keyring
+
+
+async def narrow_to_tenant(conn: psycopg.AsyncConnection[Any], name: str | None) -> None:
+    """`?tenant=NAME` on a list: the rest of the transaction sees that tenant's rows only, as a token
+    kept to it would (row-level security and the views). A token already kept to a tenant finds no
+    other (the tenants table shows it its own), so the filter never widens what it sees."""
+    if name is None:
+        return
+    tenant_id = await queries.tenant_id(conn, name)
+    if tenant_id is None:
+        raise invalid("tenant", "no tenant with this name")
+    await conn.execute(TENANT_SETTING, (str(tenant_id),))
+
+
+async def _endpoint(conn: psycopg.AsyncConnection[Any], request: web.Request) -> int:
+    """The endpoint a path names, by id or by name; another tenant's is a missing one."""
+    value = printable_text("id", request.match_info["id"])
+    found = await queries.endpoint_id(conn, value)
+    if found is None:
+        raise not_found(f"endpoint {value}")
+    return found
+
+
+# --- an endpoint's signing secrets and test events -----------------------------------------------------
+
+
+@allow(*ADMIN)
+async def read_secret(request: web.Request) -> web.Response:
+    """What an endpoint's requests are signed with now: the receiver needs it to verify them."""
+    query_params(request, set())
+    state, caller = _state(request), caller_of(request)
+    keyring = keyring_of(state)
+    async with state.db.transaction(caller) as conn:
+        endpoint_id = await _endpoint(conn, request)
+    plaintext = not state.config.security.require_sealed
+    try:
+        found = await in_thread(state, caller, lambda conn: secrets_service.signing_secrets(
+            conn, keyring, endpoint_id, plaintext))
+    except encryption.DecryptionError as exc:
+        # the message names the purpose and the key, never the value
+        raise Problem(503, "secret-unreadable", "The signing secret cannot be opened", str(exc)) from None
+    if not found:
+        raise not_found(f"endpoint {request.match_info['id']}")
+    # who read which endpoint's secret, never the secret: the log is the audit trail of reads
+    get_logger().info("api read a signing secret", endpoint_id=endpoint_id, by=caller.name,
+                      role=caller.role)
+    return json_response({
+        "endpoint_id": endpoint_id, "signing_secret": found[0].secret,
+        "secrets": [{"secret": s.secret, "expires_at": s.expires_at} for s in found]})
+
+
+@allow(*ADMIN)
+async def send_test_event(request: web.Request) -> web.Response:
+    """A `webhook.test` event to this endpoint alone; its delivery is followed like any other."""
+    await read_optional_body(request, _NoBody)
+    caller = caller_of(request)
+    async with _state(request).db.transaction(caller) as conn:
+        endpoint_id = await _endpoint(conn, request)
+        try:
+            delivery_id = await queries.send_test_event(conn, endpoint_id)
+        except psycopg.errors.NoDataFound:
+            raise not_found(f"endpoint {request.match_info['id']}") from None
+    get_logger().info("api sent a test event", endpoint_id=endpoint_id, delivery_id=delivery_id,
+                      by=caller.name)
+    return json_response({"delivery_id": delivery_id, "endpoint_id": endpoint_id,
+                          "event_type": "webhook.test", "status": "pending"},
+                         status=202, location=f"/v1/deliveries/{delivery_id}")
+
+
+# --- the event-type catalogue ---------------------------------------------------------------------
+
+
+class EventTypeBody(Body):
+    description: str = Field(default="", max_length=event_types.MAX_DESCRIPTION_CHARS)
+    # `schema` is a BaseModel attribute: the field is named apart and read and written as `schema`
+    json_schema: JsonValue = Field(default=None, alias="schema",
+                                   description="a JSON Schema (draft 2020-12) the payloads follow; null: any")
+    deprecated: bool | None = Field(default=None, description="absent: as it was (a new type: false)")
+
+
+class DeprecateBody(Body):
+    deprecated: bool = Field(default=True, description="false: current again")
+
+
+def _type_name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    problem = event_types.name_problem(name)
+    if problem is not None:
+        raise invalid("name", problem)
+    return name
+
+
+def _event_type(found: event_types.EventType) -> dict[str, Any]:
+    return {"name": found.name, "description": found.description, "schema": found.schema,
+            "deprecated": found.deprecated}
+
+
+def _where(name: str) -> str:
+    return "/v1/event-types/" + quote(name, safe="")
+
+
+@allow(*READ)
+async def list_event_types(request: web.Request) -> web.Response:
+    """The catalogue, and the caller's endpoints' subscriptions no current type matches."""
+    query_params(request, set())
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        items = await queries.event_types(conn)
+        unmatched = await queries.unmatched_subscriptions(conn)
+    return json_response({"items": items, "unmatched_subscriptions": unmatched})
+
+
+@allow(*READ)
+async def get_event_type(request: web.Request) -> web.Response:
+    name = printable_text("name", request.match_info["name"])
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        found = await event_types.get_async(conn, name)
+    if found is None:
+        raise not_found(f"event type {name}")
+    return json_response(_event_type(found))
+
+
+@allow(*FLEET_ADMIN)
+async def put_event_type(request: web.Request) -> web.Response:
+    name = _type_name(request)
+    body = await read_body(request, EventTypeBody)
+
+    def upsert(conn: psycopg.Connection[Any]) -> tuple[bool, event_types.EventType | None]:
+        created = event_types.upsert(conn, name, body.description, body.json_schema, body.deprecated)
+        return created, event_types.get(conn, name)
+
+    try:
+        created, found = await in_thread(_state(request), caller_of(request), upsert)
+    except event_types.EventTypeError as exc:
+        field, _, detail = str(exc).partition(": ")
+        raise invalid(field, detail) from None
+    assert found is not None
+    get_logger().info("api set an event type", event_type=name, created=created, by=caller_of(request).name)
+    return json_response(_event_type(found), status=201 if created else 200,
+                         location=_where(name) if created else None)
+
+
+@allow(*FLEET_ADMIN)
+async def deprecate_event_type(request: web.Request) -> web.Response:
+    name = _type_name(request)
+    body = await read_optional_body(request, DeprecateBody)
+
+    def deprecate(conn: psycopg.Connection[Any]) -> event_types.EventType | None:
+        return event_types.get(conn, name) if event_types.deprecate(conn, name, body.deprecated) else None
+
+    found = await in_thread(_state(request), caller_of(request), deprecate)
+    if found is None:
+        raise not_found(f"event type {name}")
+    return json_response(_event_type(found))
+
+
+# --- tokens -----------------------------------------------------------------------------------------
+
+
+class TokenCreate(Body):
+    name: str = Field(min_length=1, max_length=token_rules.MAX_NAME_LENGTH)
+    role: Literal["producer", "reader", "admin", "tenant_admin"]
+    tenant: str | None = Field(default=None, min_length=1,
+                               description="the tenant it is kept to (required for tenant_admin; "
+                                           "never for admin)")
+    expires_in_days: float | None = Field(default=None, gt=0, le=token_rules.MAX_EXPIRES_DAYS)
+
+
+@allow(*FLEET_ADMIN)
+async def list_tokens(request: web.Request) -> web.Response:
+    query_params(request, set())
+    rows = await in_thread(_state(request), caller_of(request), token_rules.listing)
+    return json_response({"items": rows})
+
+
+@allow(*FLEET_ADMIN)
+async def create_token(request: web.Request) -> web.Response:
+    body = await read_body(request, TokenCreate)
+    problem = token_rules.name_problem(body.name)
+    if problem is not None:
+        raise invalid("name", problem)
+    problem = token_rules.scope_problem(body.role, body.tenant)
+    if problem is not None:
+        raise invalid("tenant", problem)
+    expires_at = None if body.expires_in_days is None \
+        else datetime.now(UTC) + timedelta(days=body.expires_in_days)
+    caller = caller_of(request)
+    try:
+        token = await in_thread(_state(request), caller, lambda conn: token_rules.create(
+            conn, body.name, body.role, expires_at, body.tenant))
+    except psycopg.errors.UniqueViolation:
+        raise conflict(f"name: a token named {body.name!r} exists", field="name") from None
+    except psycopg.errors.NoDataFound:
+        raise invalid("tenant", "no tenant with this name") from None
+    get_logger().info("api created a token", token=body.name, role=body.role, tenant=body.tenant,
+                      by=caller.name)
+    return json_response({"name": body.name, "role": body.role, "tenant": body.tenant,
+                          "expires_at": expires_at, "token": token}, status=201)
+
+
+@allow(*FLEET_ADMIN)
+async def revoke_token(request: web.Request) -> web.Response:
+    await read_optional_body(request, _NoBody)
+    name = printable_text("id", request.match_info["id"])
+    caller = caller_of(request)
+    revoked = await in_thread(_state(request), caller, lambda conn: token_rules.revoke(conn, name))
+    if not revoked:
+        raise not_found(f"token {name} (no active token with this name)")
+    get_logger().info("api revoked a token", token=name, by=caller.name)
+    return json_response({"name": name, "state": "revoked"})
+
+
+ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
+    ("GET", "/v1/endpoints/{id}/secret", read_secret),
+    ("POST", "/v1/endpoints/{id}/test", send_test_event),
+    ("GET", "/v1/event-types", list_event_types),
+    ("GET", "/v1/event-types/{name}", get_event_type),
+    ("PUT", "/v1/event-types/{name}", put_event_type),
+    ("POST", "/v1/event-types/{name}/deprecate", deprecate_event_type),
+    ("GET", "/v1/tokens", list_tokens),
+    ("POST", "/v1/tokens", create_token),
+    ("POST", "/v1/tokens/{id}/revoke", revoke_token),
+]
