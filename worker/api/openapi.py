@@ -5,6 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
 from worker import __version__
 from worker import endpoints as endpoint_service
 from worker.api import app as app_roles
@@ -145,46 +148,21 @@ TENANT = {
     "dead_letters": INT,
     "created_at": TIME,
 }
-EVENT_TYPE = {"name": TEXT, "description": TEXT, "schema": {"description": "a JSON Schema, or null"},
-              "deprecated": BOOL}
-TOKEN_ROLE = {"type": "string", "enum": list(ROLES)}
-SELF_SERVICE_SCHEMAS: dict[str, Any] = {
-    "SigningSecrets": obj({
-        "endpoint_id": INT,
-        "signing_secret": {"type": "string", "description": "the newest: what requests are signed with"},
-        "secrets": {"type": "array", "items": obj({"secret": TEXT, "expires_at": NULLABLE_TIME})},
-    }),
-    "TestEventSent": obj({"delivery_id": INT, "endpoint_id": INT, "event_type": {"const": "webhook.test"},
-                          "status": {"const": "pending"}}),
-    "EventType": obj(EVENT_TYPE),
-    "EventTypeList": obj({
-        "items": {"type": "array", "items": obj({**EVENT_TYPE, "created_at": TIME, "updated_at": TIME})},
-        "unmatched_subscriptions": {"type": "array", "items": obj({
-            "endpoint_id": INT, "endpoint_name": TEXT, "pattern": TEXT,
-            "problem": {"type": "string", "enum": ["unknown", "deprecated"]}})},
-    }),
-    "EventTypeRequest": obj({
-        "description": {"type": "string", "maxLength": 2000},
-        "schema": {"description": "a JSON Schema (draft 2020-12) the payloads follow; null: any"},
-        "deprecated": {"type": ["boolean", "null"]},
-    }, []),
-    "DeprecateRequest": obj({"deprecated": BOOL}, []),
-    "Token": obj({"name": TEXT, "role": TOKEN_ROLE, "tenant": NULLABLE_TEXT,
-                  "state": {"type": "string", "enum": ["active", "expired", "revoked"]},
-                  "created_at": TIME, "expires_at": NULLABLE_TIME, "revoked_at": NULLABLE_TIME}),
-    "TokenList": obj({"items": {"type": "array", "items": ref("Token")}}),
-    "TokenRequest": obj({
-        "name": {"type": "string", "minLength": 1, "maxLength": 200},
-        "role": TOKEN_ROLE,
-        "tenant": {"type": ["string", "null"], "minLength": 1,
-                   "description": "the tenant it is kept to: required for tenant_admin, never for admin"},
-        "expires_in_days": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 3650},
-    }, ["name", "role"]),
-    "TokenCreated": obj({"name": TEXT, "role": TOKEN_ROLE, "tenant": NULLABLE_TEXT,
-                         "expires_at": NULLABLE_TIME,
-                         "token": {"type": "string", "description": "shown once"}}),
-    "TokenRevoked": obj({"name": TEXT, "state": {"const": "revoked"}}),
-}
+
+
+def _self_service_schemas() -> dict[str, Any]:
+    """worker/api/self_service.py's bodies and answers, written from their pydantic models."""
+    from worker.api import self_service as s
+
+    answers = (s.SigningSecrets, s.TestEventSent, s.EventTypeAnswer, s.EventTypeList, s.TokenList,
+               s.TokenCreated, s.TokenRevoked)
+    bodies = (s.EventTypeBody, s.DeprecateBody, s.TokenCreate)
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        *((m, "serialization") for m in answers), *((m, "validation") for m in bodies)]
+    _, found = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    return dict(found["$defs"])
+
+
 PAGE_NOTE = "Keyset pagination: pass `next_cursor` as `cursor` for the next page; null on the last."
 
 SCHEMAS: dict[str, Any] = {
@@ -319,7 +297,7 @@ SCHEMAS: dict[str, Any] = {
     "TenantCreate": obj({"name": {"type": "string", "minLength": 1, "maxLength": 100}, **TENANT_LIMITS},
                         ["name"]),
     "TenantPatch": {**obj(dict(TENANT_LIMITS), []), "minProperties": 1},
-    **SELF_SERVICE_SCHEMAS,
+    **_self_service_schemas(),
     "Config": {
         "type": "object",
         "description": "webhooks.delivery_config: every fleet-wide default",
@@ -449,19 +427,19 @@ def _self_service_paths(endpoint: list[dict[str, Any]]) -> dict[str, Any]:
                        "current type", READ, {200: "EventTypeList"}),
         },
         "/v1/event-types/{name}": {
-            "get": _not_found(_op("An event type", READ, {200: "EventType"}, params=type_name)),
+            "get": _not_found(_op("An event type", READ, {200: "EventTypeAnswer"}, params=type_name)),
             "put": _op("Add an event type, or replace its description and schema (201: new)", FLEET_ADMIN,
-                       {200: "EventType", 201: "EventType"}, "EventTypeRequest", type_name),
+                       {200: "EventTypeAnswer", 201: "EventTypeAnswer"}, "EventTypeBody", type_name),
         },
         "/v1/event-types/{name}/deprecate": {
             "post": _not_found(_op("Mark an event type deprecated (or, with deprecated false, current again)",
-                                   FLEET_ADMIN, {200: "EventType"}, "DeprecateRequest", type_name,
+                                   FLEET_ADMIN, {200: "EventTypeAnswer"}, "DeprecateBody", type_name,
                                    body_required=False)),
         },
         "/v1/tokens": {
             "get": _op("API tokens (never the tokens themselves)", FLEET_ADMIN, {200: "TokenList"}),
             "post": _conflict(_op("Create a token: shown once, in this answer", FLEET_ADMIN,
-                                  {201: "TokenCreated"}, "TokenRequest")),
+                                  {201: "TokenCreated"}, "TokenCreate")),
         },
         "/v1/tokens/{id}/revoke": {
             "post": _not_found(_op("Revoke a token: it stops at once", FLEET_ADMIN, {200: "TokenRevoked"},

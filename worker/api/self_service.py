@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import psycopg
 from aiohttp import web
-from pydantic import Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from worker import encryption, event_types, operator_sql
 from worker import self_service as secrets_service
@@ -25,6 +25,88 @@ from worker.api.tokens import Caller
 from worker.observability import get_logger
 
 T = TypeVar("T")
+TokenRole = Literal["producer", "reader", "admin", "tenant_admin"]  # tokens.ROLES
+
+
+# --- what the routes answer (one model per answer body; the OpenAPI document is written from them) ---
+
+
+class Answer(BaseModel):
+    """An answer body: every field listed, none other."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SigningSecret(Answer):
+    secret: str
+    expires_at: datetime | None = Field(description="when a rotated-out secret stops being used")
+
+
+class SigningSecrets(Answer):
+    endpoint_id: int
+    signing_secret: str = Field(description="the newest: what requests are signed with")
+    secrets: list[SigningSecret] = Field(description="every secret in use, newest first")
+
+
+class TestEventSent(Answer):
+    delivery_id: int
+    endpoint_id: int
+    event_type: Literal["webhook.test"]
+    status: Literal["pending"]
+
+
+class EventTypeAnswer(Answer):
+    name: str
+    description: str
+    # `schema` is a BaseModel attribute: the field is named apart and written as `schema`
+    json_schema: JsonValue = Field(alias="schema", description="the JSON Schema of its payloads; null: any")
+    deprecated: bool
+
+
+class CataloguedType(EventTypeAnswer):
+    created_at: datetime
+    updated_at: datetime
+
+
+class UnmatchedSubscription(Answer):
+    endpoint_id: int
+    endpoint_name: str
+    pattern: str
+    problem: Literal["unknown", "deprecated"] = Field(
+        description="unknown: no catalogued type matches; deprecated: only deprecated ones do")
+
+
+class EventTypeList(Answer):
+    items: list[CataloguedType]
+    unmatched_subscriptions: list[UnmatchedSubscription] = Field(
+        description="the caller's endpoints' subscriptions that match no current type")
+
+
+class Token(Answer):
+    name: str
+    role: TokenRole
+    tenant: str | None
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenList(Answer):
+    items: list[Token]
+
+
+class TokenCreated(Answer):
+    name: str
+    role: TokenRole
+    tenant: str | None
+    expires_at: datetime | None
+    token: str = Field(description="shown once: only its hash is stored")
+
+
+class TokenRevoked(Answer):
+    name: str
+    state: Literal["revoked"]
 
 
 def _state(request: web.Request) -> ApiState:
@@ -137,6 +219,8 @@ class EventTypeBody(Body):
 
 
 class DeprecateBody(Body):
+    """Optional: without it, the type is deprecated."""
+
     deprecated: bool = Field(default=True, description="false: current again")
 
 
@@ -216,7 +300,7 @@ async def deprecate_event_type(request: web.Request) -> web.Response:
 
 class TokenCreate(Body):
     name: str = Field(min_length=1, max_length=token_rules.MAX_NAME_LENGTH)
-    role: Literal["producer", "reader", "admin", "tenant_admin"]
+    role: TokenRole
     tenant: str | None = Field(default=None, min_length=1,
                                description="the tenant it is kept to (required for tenant_admin; "
                                            "never for admin)")
