@@ -329,7 +329,7 @@ def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
 def _registries() -> list[tuple[str, Any]]:
     from prometheus_client import CollectorRegistry
 
-    from worker.api.app import ApiMetrics
+    from worker.api.context import ApiMetrics
     from worker.api.serving import ConnectionGuard
     from worker.config import ApiConfig
     from worker.observability import Metrics

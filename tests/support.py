@@ -31,7 +31,7 @@ from bench.localworker import (
 )
 from bench.localworker import KEYRING as TEST_KEYRING
 from bench.localworker import KEYS as TEST_KEYS
-from worker.api.data import API_GROUPS
+from worker.api.database import API_GROUPS
 from worker.config import DatabaseConfig
 from worker.localpg import login_role, role_dsn
 

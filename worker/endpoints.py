@@ -21,7 +21,7 @@ from worker.delivery import display_url
 from worker.destinations import Address, DestinationPolicy, address_blocked, ip_literal
 from worker.encryption import Keyring
 from worker.operator_sql import EndpointSpec
-from worker.policy import RetrySchedule
+from worker.policy import MAX_DELAY_SECONDS, RetrySchedule
 from worker.registration import (
     MAX_ENDPOINT_NAME_CHARS,
     MAX_URL_CHARS,
@@ -81,6 +81,13 @@ def _read_only() -> Any:
     return Field(default=None, exclude=True, json_schema_extra={"readOnly": True})
 
 
+# What the OpenAPI document says of these fields beyond their types (the checks themselves are
+# worker.registration's and RetrySchedule's; the destination rules, which depend on the configuration
+# and on DNS, are not in it)
+URL_SCHEMA: dict[str, Any] = {"maxLength": MAX_URL_CHARS, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]+"}
+DELAYS_SCHEMA: dict[str, Any] = {"items": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS}}
+
+
 class EndpointFields(_Model):
     """What registration and a change share: every field optional (a change sets what it gives)."""
 
@@ -88,7 +95,7 @@ class EndpointFields(_Model):
                                     description="free text for people; an empty string clears it")
     # its length is checked by registration_url_problem (a message that says how long it is)
     url: str | None = Field(default=None, min_length=1, repr=False,
-                            json_schema_extra={"maxLength": MAX_URL_CHARS},
+                            json_schema_extra=URL_SCHEMA,
                             description="kept sealed; never shown again")
     event_types: list[str] | None = Field(default=None, min_length=1, max_length=100,
                                           description="subscriptions; '*' is every event type")
@@ -98,6 +105,7 @@ class EndpointFields(_Model):
                                      description="override the global max attempts")
     timeout_seconds: float | None = Field(default=None, ge=0.1, le=300, description="request timeout")
     retry_delays: list[float] | None = Field(default=None, min_length=1, max_length=100,
+                                             json_schema_extra=DELAYS_SCHEMA,
                                              description="retry delays in seconds")
     rate_limit_per_second: float | None = Field(
         default=None, gt=0, validation_alias=AliasChoices("rate_limit_per_second", "rate_limit"),
@@ -192,7 +200,7 @@ class EndpointCreate(EndpointFields):
     # not all digits: endpoint_name_problem says so in words (the pattern is for the document)
     name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS, json_schema_extra={"pattern": r"\D"},
                       description="unique; not all digits (an all-digit ENDPOINT always means an id)")
-    url: str = Field(min_length=1, repr=False, json_schema_extra={"maxLength": MAX_URL_CHARS},
+    url: str = Field(min_length=1, repr=False, json_schema_extra=URL_SCHEMA,
                      description="kept sealed; never shown again")
     secret: str | None = Field(default=None, repr=False, description="whsec_<base64>; default: generated")
     # written once, at registration (what an endpoint's answer says can be sent back)
@@ -276,6 +284,8 @@ def check_destination(url: str, config: Config) -> str | None:
         return None
     try:
         infos = socket.getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
+    except UnicodeError:  # the host cannot be written as a DNS name (IDNA): it can never resolve
+        raise EndpointProblem("url", "the host is not a valid domain name") from None
     except OSError:
         return f"{host} does not resolve now; deliveries fail as `dns` until it does"
     reasons = [address_blocked(str(info[4][0]), policy) for info in infos]

@@ -7,7 +7,7 @@
 -- step keeps two API processes from stepping one operation at once, and any API process resumes
 -- the running ones (api_running_operations()).
 --
--- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/data.py); the views
+-- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/database.py); the views
 -- and row-level security keep them to their tenant, and api_publish(), which runs as the owner,
 -- checks it itself (caller_tenant(), functions/access.sql) and refuses a tenant over its max_queued
 -- quota (SQLSTATE 53400: HTTP 429). A tenant administrator's deletions, bulk replays and
@@ -158,17 +158,25 @@ BEGIN
     WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
        OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
            AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
-    WITH inserted AS (
-        INSERT INTO webhooks.alert_delivery_queue AS q
-            (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,
-             traceparent, expires_at)
-        SELECT t.id, v_key, v_key, p_event_type, p_payload, p_priority, p_ordering_key, p_traceparent,
-               p_expires_at
-        FROM unnest(v_targets) AS t(id) ORDER BY t.id
-        ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
-        RETURNING q.delivery_id
-    )
-    SELECT coalesce(array_agg(i.delivery_id), '{}') INTO v_inserted FROM inserted i;
+    IF v_webhook_id IS NULL AND cardinality(v_targets) = 0 THEN
+        -- no enabled endpoint subscribes: the message is kept for the disabled ones, as dead letters
+        v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);
+        SELECT coalesce(array_agg(k.id), '{}') INTO v_inserted
+        FROM webhooks.keep_for_disabled(v_targets, v_key, p_event_type, p_payload, NULL, p_priority,
+                                        p_ordering_key, p_traceparent, p_expires_at) AS k(id);
+    ELSE
+        WITH inserted AS (
+            INSERT INTO webhooks.alert_delivery_queue AS q
+                (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,
+                 traceparent, expires_at)
+            SELECT t.id, v_key, v_key, p_event_type, p_payload, p_priority, p_ordering_key, p_traceparent,
+                   p_expires_at
+            FROM unnest(v_targets) AS t(id) ORDER BY t.id
+            ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
+            RETURNING q.delivery_id
+        )
+        SELECT coalesce(array_agg(i.delivery_id), '{}') INTO v_inserted FROM inserted i;
+    END IF;
     -- The statements below have snapshots of their own: a concurrent publish of the same key that
     -- won the insert (ON CONFLICT waited for it to commit) is visible to them, and this one answers
     -- with its deliveries. In the insert's statement it was not, and the loser answered none.
@@ -194,27 +202,35 @@ $$;
 
 -- endpoints ---------------------------------------------------------------------------------------
 
--- Deletes an endpoint that has no deliveries left in the queue (delivered or dead-lettered rows
--- included: deleting them would lose history an operator may still replay); refused otherwise with
--- SQLSTATE 55006 and the count. Its audit rows stay. Returns false when there is no such endpoint.
+-- Deletes an endpoint none of whose deliveries is unfinished (pending, delivering or retrying:
+-- refused with SQLSTATE 55006 and the count). Its finished rows (delivered, dead-lettered) and its
+-- audit stay as history, under its id, with its name in webhooks.deleted_endpoints; they are no
+-- longer replayed (replay_rows). Returns false when there is no such endpoint.
 CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
+    v_endpoint record;
     v_rows bigint;
 BEGIN
-    PERFORM 1 FROM webhooks.endpoints e WHERE e.id = p_webhook_id FOR UPDATE;
+    -- the lock holds off a concurrent insert for it (fill_idempotency_key reads it FOR KEY SHARE)
+    SELECT e.id, e.name, e.tenant_id INTO v_endpoint FROM webhooks.endpoints e WHERE e.id = p_webhook_id
+    FOR UPDATE;
     IF NOT FOUND OR NOT webhooks.caller_sees_endpoint(p_webhook_id) THEN
         RETURN false;
     END IF;
-    SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q WHERE q.webhook_id = p_webhook_id;
+    SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q
+    WHERE q.webhook_id = p_webhook_id AND q.status IN ('pending', 'delivering', 'retrying');
     IF v_rows > 0 THEN
-        RAISE EXCEPTION 'endpoint % still has % deliveries in the queue: disable it, and purge them once '
-                        'they are finished', p_webhook_id, v_rows
+        RAISE EXCEPTION 'endpoint % still has % deliveries not yet finished (pending, delivering or '
+                        'retrying): disable it and delete it once they are delivered or dead-lettered',
+                        p_webhook_id, v_rows
             USING ERRCODE = 'object_in_use';
     END IF;
+    INSERT INTO webhooks.deleted_endpoints (id, name, tenant_id)
+    VALUES (v_endpoint.id, v_endpoint.name, v_endpoint.tenant_id);
     DELETE FROM webhooks.endpoints e WHERE e.id = p_webhook_id;
     RETURN true;
 END;

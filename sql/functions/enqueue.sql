@@ -51,12 +51,16 @@ BEGIN
         NEW.idempotency_key := NEW.event_id;
     END IF;
     -- The endpoint's tenant, whatever the producer wrote (a producer cannot choose its tenant), and
-    -- its default time to live, if it has one. No such endpoint: the foreign key refuses the row.
+    -- its default time to live, if it has one. No such endpoint (never was, or deleted): refused,
+    -- as a foreign key would (a deleted endpoint's rows stay, so the queue holds none). KEY SHARE:
+    -- an endpoint being deleted (api_delete_endpoint) is waited for, then found gone.
     SELECT e.tenant_id, now() + e.delivery_ttl INTO v_tenant, v_expires
-    FROM webhooks.endpoints e WHERE e.id = NEW.webhook_id;
-    IF FOUND THEN
-        NEW.tenant_id := v_tenant;
+    FROM webhooks.endpoints e WHERE e.id = NEW.webhook_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'webhook_id %: no such endpoint', NEW.webhook_id
+            USING ERRCODE = 'foreign_key_violation';
     END IF;
+    NEW.tenant_id := v_tenant;
     IF NEW.expires_at IS NULL THEN
         NEW.expires_at := v_expires;
     END IF;
@@ -174,7 +178,9 @@ CREATE OR REPLACE FUNCTION webhooks.fan_out(
     p_exclude_webhook_id bigint  DEFAULT NULL,
     p_explicit_only      boolean DEFAULT false,
     -- for operational events: only to this tenant's endpoints and those marked operational_all_tenants
-    p_tenant_id          bigint  DEFAULT NULL
+    p_tenant_id          bigint  DEFAULT NULL,
+    -- for producers' events (publish): kept for disabled subscribers when no enabled one subscribes
+    p_keep_for_disabled  boolean DEFAULT false
 ) RETURNS integer
 LANGUAGE plpgsql
 SET jit = off
@@ -196,8 +202,57 @@ BEGIN
     ORDER BY e.id
     ON CONFLICT (webhook_id, idempotency_key) DO NOTHING;
     GET DIAGNOSTICS v_queued = ROW_COUNT;
+    IF p_keep_for_disabled THEN
+        SELECT v_queued + count(*) INTO v_queued
+        FROM webhooks.keep_for_disabled(webhooks.disabled_subscribers(p_event_type), v_event_id, p_event_type,
+                                        p_payload, p_source_ref, p_priority);
+    END IF;
     RETURN v_queued;
 END;
+$$;
+
+-- A message whose only subscribers are disabled is not dropped: each of them gets a row,
+-- dead-lettered at once with category 'disabled' (no attempt is made: disabled endpoints get no
+-- new deliveries), replayed like any dead letter once the endpoint is enabled. A message that
+-- reaches an enabled endpoint gives the disabled ones nothing. This is who they are: the disabled
+-- subscribers (of the tenant, when given) when no enabled endpoint subscribes, else none.
+CREATE OR REPLACE FUNCTION webhooks.disabled_subscribers(p_event_type text, p_tenant_id bigint DEFAULT NULL)
+RETURNS bigint[]
+LANGUAGE sql STABLE
+AS $$
+    SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}')
+    FROM webhooks.endpoints e
+    WHERE NOT e.active AND webhooks.subscribes(e.event_types, p_event_type)
+      AND (p_tenant_id IS NULL OR e.tenant_id = p_tenant_id)
+      AND NOT EXISTS (SELECT 1 FROM webhooks.endpoints a
+                      WHERE a.active AND webhooks.subscribes(a.event_types, p_event_type)
+                        AND (p_tenant_id IS NULL OR a.tenant_id = p_tenant_id));
+$$;
+
+-- The rows that keep a message for these (disabled) endpoints, dead-lettered; the ids it made.
+CREATE OR REPLACE FUNCTION webhooks.keep_for_disabled(
+    p_webhook_ids  bigint[],
+    p_event_id     text,
+    p_event_type   text,
+    p_payload      jsonb,
+    p_source_ref   text        DEFAULT NULL,
+    p_priority     integer     DEFAULT 0,
+    p_ordering_key text        DEFAULT NULL,
+    p_traceparent  text        DEFAULT NULL,
+    p_expires_at   timestamptz DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE sql
+SET jit = off
+AS $$
+    INSERT INTO webhooks.alert_delivery_queue AS q
+        (webhook_id, event_id, idempotency_key, event_type, payload, source_ref, priority, ordering_key,
+         traceparent, expires_at, status, dead_lettered_at, failure_category, dead_letter_reason)
+    SELECT t.id, p_event_id, p_event_id, p_event_type, p_payload, p_source_ref, p_priority, p_ordering_key,
+           p_traceparent, p_expires_at, 'dead_letter', now(), 'disabled',
+           'endpoint disabled: published while every subscriber was disabled; replay it once enabled'
+    FROM unnest(p_webhook_ids) AS t(id) ORDER BY t.id
+    ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
+    RETURNING q.delivery_id;
 $$;
 
 CREATE OR REPLACE FUNCTION webhooks.publish(
@@ -218,7 +273,8 @@ BEGIN
                         'operational events', p_event_type
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    RETURN webhooks.fan_out(p_event_type, p_payload, p_event_key, p_source_ref, p_priority);
+    RETURN webhooks.fan_out(p_event_type, p_payload, p_event_key, p_source_ref, p_priority,
+                            p_keep_for_disabled => true);
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.publish(text, jsonb, text, text, integer) TO webhooks_producer;

@@ -23,6 +23,8 @@ AS $$
             -- a replayed row comes back on its own, never into the digest it was in
             digest_id = NULL
         WHERE q.delivery_id = ANY(p_delivery_ids) AND q.status IN ('dead_letter', 'delivered')
+          -- a deleted endpoint's rows are history: nothing would send them
+          AND EXISTS (SELECT 1 FROM webhooks.endpoints e WHERE e.id = q.webhook_id)
         RETURNING q.delivery_id, q.webhook_id, q.replays
     ), logged AS (
         INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, error)
@@ -101,14 +103,17 @@ END;
 $$;
 
 CREATE OR REPLACE VIEW webhooks.delivery_overview AS
-SELECT q.delivery_id, q.webhook_id, e.name AS endpoint_name, e.url_display AS endpoint,
+SELECT q.delivery_id, q.webhook_id, coalesce(e.name, d.name) AS endpoint_name, e.url_display AS endpoint,
        q.event_id, q.idempotency_key, q.event_type, q.status, q.attempts, q.deferrals, q.replays,
        coalesce(q.max_attempts, e.max_attempts, c.max_attempts) AS max_attempts,
        q.next_retry_at, q.locked_by, q.locked_until, q.last_http_status, q.failure_category,
        q.last_error, q.dead_letter_reason, q.priority, q.source_ref, q.payload, q.created_at,
-       q.delivered_at, q.dead_lettered_at
+       q.delivered_at, q.dead_lettered_at,
+       -- a deleted endpoint's finished rows stay as history, under its id and name
+       d.deleted_at AS endpoint_deleted_at
 FROM webhooks.alert_delivery_queue q
-JOIN webhooks.endpoints e ON e.id = q.webhook_id
+LEFT JOIN webhooks.endpoints e ON e.id = q.webhook_id
+LEFT JOIN webhooks.deleted_endpoints d ON d.id = q.webhook_id
 CROSS JOIN webhooks.delivery_config c
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
 WHERE (SELECT webhooks.caller_tenant()) IS NULL OR q.tenant_id = (SELECT webhooks.caller_tenant());

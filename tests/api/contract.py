@@ -39,11 +39,19 @@ def problems(method: str, path: str, status: int, content_type: str, body: Any) 
     if operation is None:
         # a route or method that does not exist: the document cannot list it, the answer is a problem
         if status in (404, 405) and content_type.startswith("application/problem+json"):
-            return _errors(body, "#/components/schemas/Problem", f"{method} {path} {status}")
+            return _errors(body, "#/components/schemas/ProblemDocument", f"{method} {path} {status}")
         return [f"{method} {path}: no such operation in the document"]
     response = operation["responses"].get(str(status))
     if response is None:
         return [f"{method} {name}: status {status} is not documented"]
+    if "$ref" in response:  # a problem document shared by the routes (#/components/responses/...)
+        shared = response["$ref"].removeprefix("#/components/responses/")
+        response = document()["components"]["responses"][shared]
+        media = content_type.split(";")[0].strip()
+        if media not in response["content"]:
+            return [f"{method} {name} {status}: content type {media} is not documented"]
+        return _errors(body, "#/components/responses/" + shared + "/content/"
+                       + media.replace("/", "~1") + "/schema", f"{method} {name} {status}")
     if "content" not in response:
         return [] if not body else [f"{method} {name} {status}: documented without a body"]
     media = content_type.split(";")[0].strip()

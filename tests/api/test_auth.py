@@ -90,10 +90,12 @@ def test_failed_authentications_are_limited_per_address_and_counted(db):
         limited = server.get("/v1/token", "whk_" + "y" * 43)
         assert limited.status == 429 and int(limited.headers["retry-after"]) >= 1
         assert limited.json["type"].endswith("/too-many-failed-authentications")
-        assert server.get("/v1/token").status == 429  # no token at all: refused as fast
+        # no token at all guesses nothing: 401 even from a locked-out address, and not counted
+        assert server.get("/v1/token").status == 401
         metrics = server.metrics()
+        assert 'webhook_api_failed_authentications_total{reason="missing"} 1.0' in metrics
         assert 'webhook_api_failed_authentications_total{reason="invalid"} 3.0' in metrics
-        assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 2.0' in metrics
+        assert 'webhook_api_failed_authentications_total{reason="rate_limited"} 1.0' in metrics
         assert good not in metrics and "whk_" not in metrics
     finally:
         server.stop()
@@ -105,7 +107,7 @@ def test_a_valid_admin_token_is_served_after_25_failures_from_its_address(api, d
     admin = make_token(db, "admin")
     failures = [api.get("/v1/tenants", "whk_" + "x" * 43) for _ in range(10)]
     failures += [api.get("/v1/tenants", "nonsense") for _ in range(10)]
-    failures += [api.get("/v1/tenants") for _ in range(5)]
+    failures += [api.get("/v1/tenants", "whk_" + "w" * 43) for _ in range(5)]
     assert [a.status for a in failures] == [401] * 20 + [429] * 5
     for _ in range(2):
         served = api.get("/v1/tenants", admin)
@@ -361,7 +363,7 @@ def test_a_console_mounted_under_console_does_its_own_login_with_verify_token(db
     from aiohttp import web
 
     from tests.api.server import ApiServer, api_config
-    from worker.api.app import STATE, client_address
+    from worker.api.context import STATE, client_address
     from worker.api.problems import Problem
 
     def console(state):

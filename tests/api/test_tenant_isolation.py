@@ -134,10 +134,10 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
             ("POST", "/v1/event-types/webhook.test/deprecate", None, 403, 403)],
         ("GET", "/v1/tokens"): [("GET", "/v1/tokens", None, 403, 403)],
         ("POST", "/v1/tokens"): [("POST", "/v1/tokens", {"name": "x", "role": "admin"}, 403, 403)],
-        ("POST", "/v1/tokens/{id}/revoke"): [
+        ("POST", "/v1/tokens/{name}/revoke"): [
             ("POST", "/v1/tokens/tenant_admin-globex/revoke", None, 403, 403)],
     }
-    assert set(calls) == {(method, path) for method, path, _ in ROUTES}  # every route is tried
+    assert set(calls) == {(route.method, route.path) for route in ROUTES}  # every route is tried
     for (method, route), tries in calls.items():
         for verb, path, body, status, admin_status in tries:
             scoped = producer if (method, route) == ("POST", "/v1/messages") else reader

@@ -12,20 +12,35 @@ import worker
 PACKAGE = Path(worker.__file__).parent
 
 
+def module_name(path: Path) -> str:
+    """worker/api/app.py -> worker.api.app; a package's __init__.py is the package."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def imports() -> dict[str, set[str]]:
-    """Each worker module's imports of other worker modules, function-level imports included."""
+    """Each worker module's imports of other worker modules (subpackages included), function-level
+    and TYPE_CHECKING imports included: an import deferred to hide a circle is still a circle."""
+    modules = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
     graph: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
+    for name, path in modules.items():
         found: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "worker":
-                found |= {f"worker.{alias.name}" for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("worker."):
-                found.add(node.module or "")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("worker"):
+                module = node.module or ""
+                # `from worker.api import routes` imports the module worker.api.routes
+                for alias in node.names:
+                    found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module)
             elif isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names if alias.name.startswith("worker.")}
-        graph[f"worker.{path.stem}"] = {m for m in found if (PACKAGE / f"{m[7:]}.py").exists()}
+        graph[name] = {m for m in found if m in modules and m != name}
     return graph
+
+
+def test_the_map_reads_the_subpackages():
+    graph = imports()
+    assert {"worker.api.app", "worker.api.routes", "worker.console.pages"} <= set(graph)
+    assert "worker.api.routes" in graph["worker.api.app"]
 
 
 def test_no_module_imports_itself_through_others():
@@ -74,7 +89,7 @@ def test_only_the_database_modules_open_connections():
                 opening.add(path.stem)
     # queue: the worker's pool and its own connections; operator_sql: the CLI's and the demo's;
     # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests;
-    # the API's own pool is in api/data; its endpoint writes go through operator_sql, as the CLI's do.
+    # the API's own pool is in api/database; its endpoint writes go through operator_sql, as the CLI's do.
     assert opening == {"queue", "operator_sql", "schema", "localpg"}
 
 

@@ -9,160 +9,40 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-import orjson
 import psycopg
 import psycopg_pool
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker import schema
-from worker.api import forwarded, serving, tokens
-from worker.api.data import READY_TIMEOUT_SECONDS, Database, login_problems
-from worker.api.limits import FailedAuthLimiter, Verdict
-from worker.api.problems import Problem, forbidden, too_many_failed_authentications, unauthorized
-from worker.api.tokens import Caller
+from worker.api import openapi, routes, serving
+from worker.api.context import CALLER, DOCUMENT, STATE, ApiState
+from worker.api.database import READY_TIMEOUT_SECONDS, Database, login_problems
+from worker.api.declare import route_of
+from worker.api.limits import FailedAuthLimiter
+from worker.api.problems import Problem, forbidden
+from worker.api.replay_runner import run_operations
 from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
-from worker.shapes import json_default
 
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
 # operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
 # requests and rests as webhooks_authenticator (007_api_login.sql), and reads operations'
-# cancelled_by and next_step_at (010_operation_cancel.sql), endpoints' description
+# cancelled_by and next_step_at (010_operation_cancel.sql), deletes endpoints into
+# deleted_endpoints (012_endpoint_deletion.sql), reads endpoints' description
 # (013_endpoint_description.sql), and checks publishes against the event-type catalogue
 # (015_self_service.sql); the worker needs less.
 API_SCHEMA_VERSION = 15
-# A tenant administrator (tenant_admin) reads, publishes and administers what admin does for
-# endpoints, deliveries, dead letters and operations, kept to its tenant by PostgreSQL
-# (webhooks_tenant_admin); the fleet's settings, tenants and tokens stay the unscoped admin's.
-PUBLISH = ("producer", "admin", "tenant_admin")
-READ = ("reader", "admin", "tenant_admin")
-ADMIN = ("admin", "tenant_admin")
-FLEET_READ = ("reader", "admin")
-FLEET_ADMIN = ("admin",)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Paths under this prefix need a Bearer token; the probes and the console do not (the console has
 # its own login and sessions). /metrics is served on a port of its own (create_metrics_app).
 API_PREFIX = "/v1/"
 CONSOLE_PREFIX = "/console"
-PUBLIC_API_PATHS = frozenset({"/v1/openapi.json"})
 # On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
 # no cache keeps it, and a browser must not read a JSON document as HTML or script.
 ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
-T = TypeVar("T")
-
-
-class ApiMetrics:
-    """The API's metrics. Labels are route patterns and reasons: never a token, id or query."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("webhook_api_requests", "API requests answered, by route, method and status.",
-                                ["route", "method", "status"], registry=r)
-        self.duration = Histogram("webhook_api_request_duration_seconds", "API request duration, by route.",
-                                  ["route"], registry=r,
-                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.failed_authentications = Counter(
-            "webhook_api_failed_authentications",
-            "Requests refused for their credentials, by reason (missing, invalid, rate_limited).",
-            ["reason"], registry=r)
-        for reason in ("missing", "invalid", "rate_limited"):
-            self.failed_authentications.labels(reason)
-
-
-@dataclass
-class ApiState:
-    """What every handler and the console share: configuration, database, keys, metrics, limits."""
-
-    config: Config
-    db: Database
-    keyring: Keyring | None
-    metrics: ApiMetrics = field(default_factory=ApiMetrics)
-    limiter: FailedAuthLimiter = field(default_factory=lambda: FailedAuthLimiter(20))
-    operations_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    # set when the process stops: the operations loop ends by itself, whatever a cancellation met
-    stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    # peers whose X-Forwarded-For / Forwarded headers name the client (api.trusted_proxies)
-    trusted_proxies: tuple[forwarded.Network, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.trusted_proxies = forwarded.networks(self.config.api.trusted_proxies)
-
-    async def check_credential(self, address: str, key: bytes | None,
-                               lookup: Callable[[], Awaitable[T | None]],
-                               reason: str = "invalid") -> Verdict[T]:
-        """The limiter's verdict on a credential (worker.api.limits: a valid one always passes),
-        failures counted in the metrics by `reason`, or as rate_limited past the limit."""
-        verdict = await self.limiter.check(address, key, lookup)
-        if verdict.found is None:
-            limited = verdict.retry_after is not None
-            self.metrics.failed_authentications.labels("rate_limited" if limited else reason).inc()
-        return verdict
-
-    async def verify_token(self, token: str, address: str) -> Caller:
-        """The caller a token stands for; raises a Problem (401 for a token that is malformed,
-        unknown, revoked or expired; 429 for one of those from an address locked out for failing
-        too often). A valid token is served whatever the address did. For the console's login too."""
-
-        async def lookup() -> Caller | None:
-            async with self.db.connection() as conn:
-                return await tokens.verify(conn, token)
-
-        key = tokens.token_hash(token) if tokens.well_formed(token) else None
-        verdict = await self.check_credential(address, key, lookup)
-        if verdict.found is not None:
-            return verdict.found
-        if verdict.retry_after is not None:
-            raise too_many_failed_authentications(verdict.retry_after)
-        raise unauthorized("the token is not valid (unknown, revoked or expired)")
-
-    async def authenticate(self, request: web.Request) -> Caller:
-        """The caller of an API request, from its `Authorization: Bearer` header."""
-        address = client_address(request)
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            verdict: Verdict[None] = await self.check_credential(address, None, _nothing, reason="missing")
-            if verdict.retry_after is not None:
-                raise too_many_failed_authentications(verdict.retry_after)
-            raise unauthorized("an `Authorization: Bearer <token>` header is required")
-        return await self.verify_token(token.strip(), address)
-
-
-async def _nothing() -> None:
-    return None
-
-
-STATE = web.AppKey("webhook_api_state", ApiState)
-CALLER = web.RequestKey("webhook_api_caller", Caller)
-
-
-def client_address(request: web.Request) -> str:
-    """The address a request's failures count against: the peer, or behind a proxy listed in
-    api.trusted_proxies the client its X-Forwarded-For or Forwarded header names."""
-    headers, trusted = request.headers, request.config_dict[STATE].trusted_proxies
-    return forwarded.client_address(request.remote, headers.getall("X-Forwarded-For", []),
-                                    headers.getall("Forwarded", []), trusted)
-
-
-def caller_of(request: web.Request) -> Caller:
-    return request[CALLER]
-
-
-def allow(*roles: str) -> Callable[[Handler], Handler]:
-    """The token roles that may call a handler; a handler without one is refused to everyone."""
-
-    def mark(handler: Handler) -> Handler:
-        handler.allowed_roles = roles  # type: ignore[attr-defined]
-        return handler
-
-    return mark
-
-
 def _route_label(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
@@ -194,10 +74,12 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
 async def _answer(request: web.Request, handler: Handler, route: str) -> web.StreamResponse:
     state = request.app[STATE]
     try:
-        if request.path.startswith(API_PREFIX) and request.path not in PUBLIC_API_PATHS \
-                and request.match_info.http_exception is None:
+        declared = route_of(request.match_info.route.handler)
+        if request.path.startswith(API_PREFIX) and request.match_info.http_exception is None \
+                and not (declared is not None and declared.public):
             caller = await state.authenticate(request)
-            allowed: tuple[str, ...] = getattr(request.match_info.route.handler, "allowed_roles", ())
+            # the roles the route's declaration names; a /v1 handler without one is refused to everyone
+            allowed = () if declared is None else declared.roles
             if caller.role not in allowed:
                 raise forbidden(caller.role, allowed or ("no role",))
             request[CALLER] = caller
@@ -283,24 +165,16 @@ def create_metrics_app(state: ApiState) -> web.Application:
     return app
 
 
-def json_response(data: Any, status: int = 200, location: str | None = None) -> web.Response:
-    """A JSON answer; `location`, for a 201 or 202, is where what it made can be read (RFC 9110 10.2.2)."""
-    headers = None if location is None else {"Location": location}
-    return web.Response(status=status, body=orjson.dumps(data, default=json_default),
-                        content_type="application/json", headers=headers)
-
-
 def create_app(
     state: ApiState, console: Callable[[ApiState], web.Application] | None = None
 ) -> web.Application:
     """The API application; `console`, when given, builds the sub-application mounted at /console/."""
-    from worker.api import routes
-
     # track_requests outermost (a request's head has arrived once it runs), body_deadline innermost
     # (after authentication, and its 408 becomes a problem document): worker/api/serving.py
     middlewares = [serving.track_requests, api_middleware, serving.body_deadline]
     app = web.Application(middlewares=middlewares, client_max_size=state.config.api.max_body_bytes)
     app[STATE] = state
+    app[DOCUMENT] = openapi.document()
     app[serving.GUARD] = serving.ConnectionGuard(state.config.api, state.metrics.registry)
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
@@ -345,8 +219,6 @@ async def check_login(state: ApiState) -> None:
 
 
 async def _start_background(app: web.Application) -> None:
-    from worker.api.operations import run_operations
-
     app[BACKGROUND] = [asyncio.create_task(run_operations(app[STATE])),
                        asyncio.create_task(check_login(app[STATE]))]
 

@@ -10,7 +10,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from worker import endpoints as endpoint_service
-from worker.api.data import fetch_all, fetch_one
+from worker.api.database import fetch_all, fetch_one
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
@@ -19,7 +19,7 @@ Conn = psycopg.AsyncConnection[Any]
 DELIVERY_COLUMNS = (
     "delivery_id, webhook_id AS endpoint_id, endpoint_name, event_id, idempotency_key, event_type, status,"
     " attempts, max_attempts, replays, next_retry_at, last_http_status, failure_category, last_error,"
-    " dead_letter_reason, priority, created_at, delivered_at, dead_lettered_at"
+    " dead_letter_reason, priority, created_at, delivered_at, dead_lettered_at, endpoint_deleted_at"
 )
 ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms, error, response_excerpt,"
                    " worker_id, stale, logged_at, digest_id,"

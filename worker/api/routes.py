@@ -5,62 +5,75 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 import orjson
 import psycopg
 from aiohttp import web
-from pydantic import Field, JsonValue, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, JsonValue, create_model, field_validator
 
 from worker import coalescing, event_types, signing
 from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
+from worker.api import answers, queries, self_service
 from worker.api import endpoints as endpoint_rules
-from worker.api import queries, self_service
-from worker.api.app import (
+from worker.api.context import (
     ADMIN,
+    DOCUMENT,
     FLEET_ADMIN,
     FLEET_READ,
     PUBLISH,
     READ,
     STATE,
     ApiState,
-    allow,
     caller_of,
     json_response,
 )
+from worker.api.declare import Header, Route, body_of, id_of, query_of, ref_of
 from worker.api.inputs import (
     BIGINT_MAX,
+    DEAD_LETTER_CURSOR,
+    DEFAULT_PAGE,
     INTEGER_MAX,
+    MAX_PAGE,
     SMALLINT,
     Body,
-    decode_cursor,
-    encode_cursor,
-    limit_param,
-    path_id,
-    printable_text,
-    query_params,
-    read_body,
-    read_json,
-    read_optional_body,
-    timestamp,
-    timestamp_param,
+    Id,
+    Query,
+    Ref,
+    Text,
+    Timestamp,
+    dead_letter_cursor,
+    encode_dead_letter_cursor,
+    one_field_given,
 )
 from worker.api.problems import Problem, conflict, invalid, not_found
 from worker.api.tokens import Caller
 from worker.observability import get_logger
-from worker.policy import RetrySchedule, category_problem
+from worker.policy import CATEGORIES, RetrySchedule, category_problem
 from worker.shapes import json_default
 
 T = TypeVar("T")
 # A full tenant queue drains at the tenant's delivery rate; a few seconds is a fair first wait.
 QUOTA_RETRY_AFTER_SECONDS = 5
-STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 # W3C trace context, as the queue's traceparent_w3c_format constraint accepts it.
-TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 HEALTH_WINDOW_HOURS = 24
+MAX_HEALTH_WINDOW_HOURS = 24 * 31
+
+
+def _category(value: str) -> str:
+    # an unknown category matches nothing: a filter (or a bulk replay) that silently finds nothing
+    problem = category_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Category = Annotated[str, AfterValidator(_category), Field(json_schema_extra={"enum": list(CATEGORIES)})]
 
 
 def _state(request: web.Request) -> ApiState:
@@ -71,46 +84,26 @@ def _decided_by(caller: Caller) -> str:
     return f"api:{caller.name}"
 
 
-def _printable(value: str | None) -> str | None:
-    if value is not None and not value.isprintable():
-        raise ValueError("must be printable (no control characters)")
-    return value
-
-
 # --- messages ---------------------------------------------------------------------------------------
 
 
 class MessageBody(Body):
-    event_type: str = Field(min_length=1, max_length=256)
-    payload: JsonValue
-    endpoint: str | int | None = None
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=512)
-    ordering_key: str | None = Field(default=None, min_length=1, max_length=512)
+    event_type: Text = Field(min_length=1, max_length=256)
+    payload: JsonValue = Field(description="any JSON value, sent as the body (at most max_payload_bytes,"
+                                           " nested at most 254 deep, no \\u0000 in strings)")
+    endpoint: Ref | None = Field(default=None, description="name or id; absent: every subscriber")
+    idempotency_key: Text | None = Field(default=None, min_length=1, max_length=512)
+    ordering_key: Text | None = Field(default=None, min_length=1, max_length=512)
     priority: int = Field(default=0, ge=SMALLINT[0], le=SMALLINT[1])
-    expires_at: datetime | None = None
-
-    @field_validator("event_type", "idempotency_key", "ordering_key")
-    @classmethod
-    def _printable(cls, value: str | None) -> str | None:
-        return _printable(value)
-
-    @field_validator("expires_at", mode="before")
-    @classmethod
-    def _expires_at(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return timestamp(value, "expires_at")
-        if value is not None:
-            raise ValueError("expected an RFC 3339 timestamp string")
-        return value
+    expires_at: Timestamp | None = None
 
 
 # \u0000 in JSON text, not an escaped backslash followed by "u0000"
 NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-@allow(*PUBLISH)
 async def publish(request: web.Request) -> web.Response:
-    body = await read_body(request, MessageBody)
+    body = body_of(request, MessageBody)
     traceparent = request.headers.get("traceparent")
     if traceparent is not None and not _valid_traceparent(traceparent):
         raise invalid("traceparent", "not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)")
@@ -172,44 +165,49 @@ async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], value: str | None
     return found
 
 
-def _check_category(value: str | None, field: str) -> None:
-    # an unknown category matches nothing: a filter (or a bulk replay) that silently finds nothing
-    problem = None if value is None else category_problem(value)
-    if problem is not None:
-        raise invalid(field, problem)
+class Page(Query):
+    limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE, description="rows per page")
 
 
-DELIVERY_FILTERS = {"status", "endpoint", "event_type", "category", "since", "until", "idempotency_key",
-                    "tenant", "cursor", "limit"}
+class Filters(Page):
+    tenant: Text | None = self_service.TENANT_FILTER
+    endpoint: Ref | None = Field(default=None, description="endpoint name or id")
+    event_type: Text | None = Field(default=None, description="exact event type")
+    category: Category | None = Field(default=None, description="failure category")
+    since: Timestamp | None = Field(default=None, description="inclusive")
+    until: Timestamp | None = Field(default=None, description="exclusive")
 
 
-@allow(*READ)
+class DeliveryQuery(Filters):
+    status: answers.Status | None = None
+    idempotency_key: Text | None = Field(default=None, description="every endpoint's delivery of this key")
+    cursor: Id | None = Field(default=None, description="next_cursor of the previous page")
+
+
+def _filters(query: Filters) -> dict[str, Any]:
+    return {"event_type": query.event_type, "category": query.category, "since": query.since,
+            "until": query.until}
+
+
 async def list_deliveries(request: web.Request) -> web.Response:
-    params = query_params(request, DELIVERY_FILTERS)
-    limit = limit_param(params)
-    status = params.get("status")
-    if status is not None and status not in STATUSES:
-        raise invalid("status", f"expected one of {', '.join(STATUSES)}")
-    _check_category(params.get("category"), "category")
-    before = decode_cursor(params["cursor"], (int,))[0] if "cursor" in params else None
-    filters: dict[str, Any] = {
-        "status": status, "event_type": params.get("event_type"), "category": params.get("category"),
-        "idempotency_key": params.get("idempotency_key"),
-        "since": timestamp_param(params, "since"), "until": timestamp_param(params, "until"),
-    }
+    query = query_of(request, DeliveryQuery)
+    filters = {**_filters(query), "status": query.status, "idempotency_key": query.idempotency_key}
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        await self_service.narrow_to_tenant(conn, params.get("tenant"))
-        filters["webhook_id"] = await _endpoint_filter(conn, params.get("endpoint"), "endpoint")
-        rows = await queries.deliveries(conn, filters, before, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    cursor = encode_cursor(rows[-1]["delivery_id"]) if more else None
+        await self_service.narrow_to_tenant(conn, query.tenant)
+        filters["webhook_id"] = await _endpoint_filter(conn, _ref(query.endpoint), "endpoint")
+        rows = await queries.deliveries(conn, filters, query.cursor, query.limit + 1)
+    more = len(rows) > query.limit
+    rows = rows[:query.limit]
+    cursor = str(rows[-1]["delivery_id"]) if more else None
     return json_response({"items": rows, "next_cursor": cursor})
 
 
-@allow(*READ)
+def _ref(value: int | str | None) -> str | None:
+    return None if value is None else str(value)
+
+
 async def get_delivery(request: web.Request) -> web.Response:
-    delivery_id = path_id(request)
+    delivery_id = id_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
         row = await queries.delivery(conn, delivery_id)
     if row is None:
@@ -223,10 +221,8 @@ async def get_delivery(request: web.Request) -> web.Response:
     return json_response(row)
 
 
-@allow(*ADMIN)
 async def replay_delivery(request: web.Request) -> web.Response:
-    delivery_id = path_id(request)
-    await _no_body(request)
+    delivery_id = id_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
         replayed = await queries.replay(conn, delivery_id)
         status = None if replayed else await queries.delivery_status(conn, delivery_id)
@@ -236,81 +232,57 @@ async def replay_delivery(request: web.Request) -> web.Response:
                              location=f"/v1/deliveries/{delivery_id}")
     if status is None:
         raise not_found(f"delivery {delivery_id}")
-    raise conflict(f"delivery {delivery_id} is {status}: only dead letters and delivered rows are replayed")
-
-
-class NoBody(Body):
-    """Routes that take no body accept `{}` or nothing, and refuse any field."""
-
-
-async def _no_body(request: web.Request) -> None:
-    await read_optional_body(request, NoBody)
+    raise conflict(f"delivery {delivery_id} is {status}: only dead letters and delivered rows of an endpoint"
+                   " that is not deleted are replayed")
 
 
 # --- dead letters -----------------------------------------------------------------------------------
 
-DEAD_LETTER_FILTERS = {"endpoint", "event_type", "category", "since", "until", "tenant", "cursor", "limit"}
+
+class DeadLetterQuery(Filters):
+    cursor: str | None = Field(default=None, pattern=DEAD_LETTER_CURSOR,
+                               description="next_cursor of the previous page")
 
 
-@allow(*READ)
 async def list_dead_letters(request: web.Request) -> web.Response:
-    params = query_params(request, DEAD_LETTER_FILTERS)
-    limit = limit_param(params)
-    _check_category(params.get("category"), "category")
-    after = None
-    if "cursor" in params:
-        at, after_id = decode_cursor(params["cursor"], (datetime, int))
-        after = (at, after_id)
-    filters: dict[str, Any] = {
-        "event_type": params.get("event_type"), "category": params.get("category"),
-        "since": timestamp_param(params, "since"), "until": timestamp_param(params, "until"),
-    }
+    query = query_of(request, DeadLetterQuery)
+    after = None if query.cursor is None else dead_letter_cursor(query.cursor)
+    filters = _filters(query)
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        await self_service.narrow_to_tenant(conn, params.get("tenant"))
-        filters["webhook_id"] = await _endpoint_filter(conn, params.get("endpoint"), "endpoint")
-        rows = await queries.dead_letters(conn, filters, after, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
+        await self_service.narrow_to_tenant(conn, query.tenant)
+        filters["webhook_id"] = await _endpoint_filter(conn, _ref(query.endpoint), "endpoint")
+        rows = await queries.dead_letters(conn, filters, after, query.limit + 1)
+    more = len(rows) > query.limit
+    rows = rows[:query.limit]
     last = rows[-1] if more else None
-    cursor = None if last is None else encode_cursor(last["dead_lettered_at"], last["delivery_id"])
+    cursor = None if last is None else encode_dead_letter_cursor(last["dead_lettered_at"],
+                                                                  last["delivery_id"])
     return json_response({"items": rows, "next_cursor": cursor})
 
 
 class ReplayFilter(Body):
-    endpoint: str | int | None = None
-    event_type: str | None = Field(default=None, min_length=1)
-    category: str | None = Field(default=None, min_length=1)
-    since: str | None = None
-    until: str | None = None
-
-    @field_validator("category")
-    @classmethod
-    def _category(cls, value: str | None) -> str | None:
-        problem = None if value is None else category_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
+    endpoint: Ref | None = None
+    event_type: Text | None = Field(default=None, min_length=1)
+    category: Category | None = None
+    since: Timestamp | None = None
+    until: Timestamp | None = None
 
 
 class BulkReplayBody(Body):
     filter: ReplayFilter = Field(default_factory=ReplayFilter)
-    rate: float | None = Field(default=None, gt=0, le=100_000)
+    # rows a second; below one row in 1000 s the pacing's intervals overflow, and nobody means it
+    rate: float | None = Field(default=None, ge=0.001, le=100_000)
     max: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
 
 
-@allow(*ADMIN)
 async def replay_dead_letters(request: web.Request) -> web.Response:
-    body = await read_body(request, BulkReplayBody)
+    body = body_of(request, BulkReplayBody)
     state, caller = _state(request), caller_of(request)
     given = body.filter
-    filters: dict[str, Any] = {
-        "event_type": given.event_type, "category": given.category,
-        "since": None if given.since is None else timestamp(given.since, "filter.since"),
-        "until": None if given.until is None else timestamp(given.until, "filter.until"),
-    }
+    filters: dict[str, Any] = {"event_type": given.event_type, "category": given.category,
+                               "since": given.since, "until": given.until}
     async with state.db.transaction(caller) as conn:
-        filters["webhook_id"] = await _endpoint_filter(
-            conn, None if given.endpoint is None else str(given.endpoint), "filter.endpoint")
+        filters["webhook_id"] = await _endpoint_filter(conn, _ref(given.endpoint), "filter.endpoint")
         operation_id = await queries.start_replay(conn, filters, body.rate, body.max, _decided_by(caller))
         operation = await queries.operation(conn, operation_id)
     state.operations_wakeup.set()
@@ -318,9 +290,8 @@ async def replay_dead_letters(request: web.Request) -> web.Response:
     return json_response(operation, status=202, location=f"/v1/operations/{operation_id}")
 
 
-@allow(*READ)
 async def get_operation(request: web.Request) -> web.Response:
-    operation_id = path_id(request)
+    operation_id = id_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
         operation = await queries.operation(conn, operation_id)
     if operation is None:
@@ -328,10 +299,8 @@ async def get_operation(request: web.Request) -> web.Response:
     return json_response(operation)
 
 
-@allow(*ADMIN)
 async def cancel_operation(request: web.Request) -> web.Response:
-    operation_id = path_id(request)
-    await _no_body(request)
+    operation_id = id_of(request)
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
         status = await queries.cancel_operation(conn, operation_id, _decided_by(caller))
@@ -349,7 +318,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
 
 async def _endpoint_path(conn: psycopg.AsyncConnection[Any], request: web.Request) -> int:
     """The endpoint a path names, by id or by name (as the CLI's ENDPOINT arguments)."""
-    value = printable_text("id", request.match_info["id"])
+    value = ref_of(request)
     found = await queries.endpoint_id(conn, value)
     if found is None:
         raise not_found(f"endpoint {value}")
@@ -370,23 +339,24 @@ async def _sync(state: ApiState, caller: Caller, work: Callable[[psycopg.Connect
     return await self_service.in_thread(state, caller, work)
 
 
-@allow(*READ)
+class EndpointQuery(Page):
+    tenant: Text | None = self_service.TENANT_FILTER
+    cursor: Id | None = Field(default=None, description="next_cursor of the previous page")
+
+
 async def list_endpoints(request: web.Request) -> web.Response:
-    params = query_params(request, {"tenant", "cursor", "limit"})
-    limit = limit_param(params)
-    after = decode_cursor(params["cursor"], (int,))[0] if "cursor" in params else None
+    query = query_of(request, EndpointQuery)
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        await self_service.narrow_to_tenant(conn, params.get("tenant"))
-        rows = await queries.endpoints(conn, after, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return json_response({"items": rows, "next_cursor": encode_cursor(rows[-1]["id"]) if more else None})
+        await self_service.narrow_to_tenant(conn, query.tenant)
+        rows = await queries.endpoints(conn, query.cursor, query.limit + 1)
+    more = len(rows) > query.limit
+    rows = rows[:query.limit]
+    return json_response({"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None})
 
 
-@allow(*ADMIN)
 async def create_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
-    body = await read_body(request, endpoint_rules.EndpointCreate)
+    body = body_of(request, endpoint_rules.EndpointCreate)
     endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
     await endpoint_rules.check_destination(body.url, state.config)
@@ -403,17 +373,15 @@ async def create_endpoint(request: web.Request) -> web.Response:
                          location=f"/v1/endpoints/{registered.id}")
 
 
-@allow(*READ)
 async def get_endpoint(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, await _endpoint_path(conn, request))
     return json_response(row)
 
 
-@allow(*ADMIN)
 async def update_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
-    body = await read_body(request, endpoint_rules.EndpointPatch)
+    body = body_of(request, endpoint_rules.EndpointPatch)
     endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
     await endpoint_rules.check_destination(body.url, state.config)
@@ -427,9 +395,7 @@ async def update_endpoint(request: web.Request) -> web.Response:
     return json_response(row)
 
 
-@allow(*ADMIN)
 async def delete_endpoint(request: web.Request) -> web.Response:
-    await _no_body(request)
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
             endpoint_id = await _endpoint_path(conn, request)
@@ -441,28 +407,27 @@ async def delete_endpoint(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-@allow(*READ)
+class HealthQuery(Query):
+    hours: int = Field(default=HEALTH_WINDOW_HOURS, ge=1, le=MAX_HEALTH_WINDOW_HOURS, description="window")
+
+
 async def endpoint_health(request: web.Request) -> web.Response:
-    params = query_params(request, {"hours"})
-    hours = params.get("hours", str(HEALTH_WINDOW_HOURS))
-    if not hours.isdigit() or not 1 <= int(hours) <= 24 * 31:
-        raise invalid("hours", "expected an integer from 1 to 744")
+    hours = query_of(request, HealthQuery).hours
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint_health(conn, await _endpoint_path(conn, request), int(hours))
+        row = await queries.endpoint_health(conn, await _endpoint_path(conn, request), hours)
     return json_response(row)
 
 
 class CircuitBody(Body):
     action: Literal["reset", "open", "close"]
-    until: str | None = None
+    until: Timestamp | None = Field(default=None, description="only with action open")
 
 
-@allow(*ADMIN)
 async def endpoint_circuit(request: web.Request) -> web.Response:
-    body = await read_body(request, CircuitBody)
+    body = body_of(request, CircuitBody)
     if body.until is not None and body.action != "open":
         raise invalid("until", "only with action open")
-    until = None if body.until is None else timestamp(body.until, "until")
+    until = body.until
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
         endpoint_id = await _endpoint_path(conn, request)
@@ -477,9 +442,7 @@ class ReasonBody(Body):
 
 
 async def _set_active(request: web.Request, active: bool) -> web.Response:
-    reason = (await read_optional_body(request, ReasonBody)).reason
-    if active and reason is not None:
-        raise invalid("reason", "only when disabling")
+    reason = body_of(request, ReasonBody).reason if not active else None
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
         endpoint_id = await _endpoint_path(conn, request)
@@ -488,20 +451,17 @@ async def _set_active(request: web.Request, active: bool) -> web.Response:
     return json_response({"endpoint_id": endpoint_id, "active": active, "changed": change is not None})
 
 
-@allow(*ADMIN)
 async def enable_endpoint(request: web.Request) -> web.Response:
     return await _set_active(request, True)
 
 
-@allow(*ADMIN)
 async def disable_endpoint(request: web.Request) -> web.Response:
     return await _set_active(request, False)
 
 
-@allow(*ADMIN)
 async def rotate_secret(request: web.Request) -> web.Response:
     state = _state(request)
-    body = await read_optional_body(request, endpoint_rules.SecretRotation)
+    body = body_of(request, endpoint_rules.SecretRotation)
     keyring = _keyring(state)
     secret = body.secret or signing.generate_secret()
     endpoint_rules.check_secret(secret)
@@ -533,8 +493,19 @@ class TenantLimits(Body):
         return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
 
 
+# a tenant's name: as an endpoint's, and without spaces
+_NAME_CHAR = "\\s\\x00-\\x1f\\x7f-\\x9f"
+TENANT_NAME_PATTERN = f"^[^{_NAME_CHAR}]*[^{_NAME_CHAR}0-9][^{_NAME_CHAR}]*$"
+
+
+class TenantPatch(TenantLimits):
+    model_config = ConfigDict(json_schema_extra=one_field_given)
+
+
 class TenantCreate(TenantLimits):
-    name: str
+    name: str = Field(min_length=1, max_length=tenant_rules.MAX_NAME,
+                      json_schema_extra={"pattern": TENANT_NAME_PATTERN},
+                      description="no spaces, not all digits; 'other' is reserved")
 
     @field_validator("name")
     @classmethod
@@ -545,16 +516,13 @@ class TenantCreate(TenantLimits):
         return value
 
 
-@allow(*FLEET_ADMIN)
 async def list_tenants(request: web.Request) -> web.Response:
-    query_params(request, set())
     async with _state(request).db.transaction(caller_of(request)) as conn:
         return json_response({"items": await queries.tenants(conn)})
 
 
-@allow(*FLEET_ADMIN)
 async def create_tenant(request: web.Request) -> web.Response:
-    body = await read_body(request, TenantCreate)
+    body = body_of(request, TenantCreate)
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
             await queries.add_tenant(conn, body.name, body.given())
@@ -565,23 +533,21 @@ async def create_tenant(request: web.Request) -> web.Response:
     return json_response(row, status=201, location=None if row is None else f"/v1/tenants/{row['id']}")
 
 
-@allow(*FLEET_ADMIN)
 async def get_tenant(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.tenant(conn, printable_text("id", request.match_info["id"]))
+        row = await queries.tenant(conn, ref_of(request))
     if row is None:
         raise not_found(f"tenant {request.match_info['id']}")
     return json_response(row)
 
 
-@allow(*FLEET_ADMIN)
 async def update_tenant(request: web.Request) -> web.Response:
-    body = await read_body(request, TenantLimits)
+    body = body_of(request, TenantPatch)
     limits = body.given()
     if not limits:
         raise invalid("(body)", "nothing to change: give at least one limit")
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.tenant(conn, printable_text("id", request.match_info["id"]))
+        row = await queries.tenant(conn, ref_of(request))
         if row is None:
             raise not_found(f"tenant {request.match_info['id']}")
         await queries.update_tenant(conn, row["name"], limits)
@@ -592,35 +558,101 @@ async def update_tenant(request: web.Request) -> web.Response:
 # --- stats and config -------------------------------------------------------------------------------
 
 
-@allow(*READ)
 async def stats(request: web.Request) -> web.Response:
-    query_params(request, set())
     async with _state(request).db.transaction(caller_of(request)) as conn:
         return json_response(await queries.stats(conn))
 
 
-@allow(*FLEET_READ)
 async def get_config(request: web.Request) -> web.Response:
-    query_params(request, set())
     async with _state(request).db.transaction(caller_of(request)) as conn:
         return json_response(await queries.config(conn))
 
 
-@allow(*FLEET_ADMIN)
+# A real setting (a ratio, the jitter) is stored rounded to this many decimals: a value too small
+# for PostgreSQL's real (5e-324) would be refused by the database as out of range.
+REAL_DIGITS = 6
+# The bounds of each setting, as webhooks.delivery_config's CHECK constraints hold them; the rules over
+# several settings (lease_outlasts_timeout) and an interval's syntax are the database's to refuse.
+SETTING_BOUNDS: dict[str, dict[str, float]] = {
+    "max_attempts": {"ge": 1, "le": 100},
+    "retry_jitter": {"ge": 0, "le": 1},  # stored rounded to REAL_DIGITS, as the other reals
+    "max_deferrals": {"ge": 0, "le": INTEGER_MAX},
+    "timeout_ms": {"ge": 100, "le": 300_000},
+    "lease_seconds": {"ge": 1, "le": 3600},
+    "claim_batch_size": {"ge": 1, "le": 10_000},
+    "finish_batch_size": {"ge": 1, "le": 10_000},
+    "rate_limit_per_second": {"gt": 0},
+    "rate_limit_burst": {"ge": 1, "le": INTEGER_MAX},
+    "max_in_flight": {"ge": 1, "le": INTEGER_MAX},
+    "circuit_failure_ratio": {"ge": 10**-REAL_DIGITS, "le": 1},
+    "circuit_window_seconds": {"ge": 1, "le": INTEGER_MAX},
+    "circuit_min_attempts": {"ge": 1, "le": INTEGER_MAX},
+    "circuit_sleep_seconds": {"ge": 1, "le": INTEGER_MAX},
+    "circuit_max_sleep_seconds": {"ge": 1, "le": INTEGER_MAX},
+    "circuit_probes": {"ge": 1, "le": INTEGER_MAX},
+    "circuit_probe_success_ratio": {"ge": 10**-REAL_DIGITS, "le": 1},
+}
+# settings that may be cleared (null): the others are NOT NULL
+NULLABLE_SETTINGS = {"rate_limit_per_second", "rate_limit_burst"}
+SQL_TYPES: dict[str, Any] = {"integer": int, "real": float, "numeric": float, "boolean": bool,
+                             "interval": str, "jsonb": JsonValue}
+
+
+def _setting_field(key: str, sql_type: str) -> Any:
+    kind: Any = SQL_TYPES[sql_type]
+    bounds: dict[str, Any] = SETTING_BOUNDS.get(key, {})
+    annotated: Any = Annotated[kind, Field(**bounds)]
+    if sql_type == "interval":
+        annotated = Annotated[float, Field(ge=0, description="seconds")] | Annotated[
+            str, Field(min_length=1, description="a PostgreSQL interval such as '7 days'")]
+    if key in NULLABLE_SETTINGS:
+        annotated = annotated | None
+    return (annotated, None)
+
+
+def _retry_schedule(value: Any) -> Any:
+    if value is not None:
+        try:
+            RetrySchedule.from_json(value, 0.0)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+CONFIG_READ_ONLY = ("retry_policy", "dead_letter_alert_threshold", "max_payload_bytes", "updated_at")
+
+_CONFIG_FIELDS: dict[str, Any] = {
+    **{key: _setting_field(key, sql_type) for key, sql_type in operator_queries.SETTABLE.items()},
+    # read-only columns GET /v1/config answers, so that its answer can be sent back unchanged
+    **{key: (Annotated[JsonValue, Field(description="read-only: accepted only unchanged")], None)
+       for key in CONFIG_READ_ONLY},
+}
+ConfigPatch = create_model(
+    "ConfigPatch",
+    __base__=Body,
+    __doc__="settings to change, as `webhook-worker config set` names them",
+    __validators__={"retry_schedule": field_validator("retry_schedule")(_retry_schedule)},
+    **_CONFIG_FIELDS,
+)
+ConfigPatch.model_config["json_schema_extra"] = {"minProperties": 1}
+ConfigPatch.model_rebuild(force=True)
+
+
 async def patch_config(request: web.Request) -> web.Response:
-    data = await read_json(request)
-    if not isinstance(data, dict) or not data:
-        raise invalid("(body)", "expected a JSON object of settings to change")
-    async with _state(request).db.transaction(caller_of(request)) as conn:
-        current = orjson.loads(orjson.dumps(await queries.config(conn), default=json_default))
-    changes: dict[str, str | None] = {}
-    for key, value in data.items():
-        if key not in operator_queries.SETTABLE:
-            # what GET answers can be sent back: a column no setting changes, unchanged, is ignored
-            if key in current and current[key] == value:
-                continue
-            raise invalid(key, "not a setting" if key not in current else "read-only")
-        changes[key] = _setting_text(key, value)
+    body = body_of(request, ConfigPatch)
+    given = body.model_fields_set
+    if not given:
+        raise invalid("(body)", "nothing to change: give at least one setting")
+    read_only = given - set(operator_queries.SETTABLE)
+    if read_only:
+        # what GET answers can be sent back: a column no setting changes is ignored when unchanged
+        async with _state(request).db.transaction(caller_of(request)) as conn:
+            current = orjson.loads(orjson.dumps(await queries.config(conn), default=json_default))
+        for key in sorted(read_only):
+            if current.get(key) != getattr(body, key):
+                raise invalid(key, "read-only")
+    changes = {key: _setting_text(operator_queries.SETTABLE[key], getattr(body, key))
+               for key in given - read_only}
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
             await queries.set_config(conn, changes)
@@ -637,83 +669,120 @@ async def patch_config(request: web.Request) -> web.Response:
     return json_response(settings)
 
 
-def _setting_text(key: str, value: Any) -> str | None:
-    """A JSON value as the text the setting's SQL type reads, refusing the wrong JSON type."""
-    sql_type = operator_queries.SETTABLE[key]
+def _setting_text(sql_type: str, value: Any) -> str | None:
+    """A setting's value as the text its SQL type reads (its JSON type was checked by ConfigPatch)."""
     if value is None:
         return None
     if sql_type == "jsonb":
-        if key == "retry_schedule":
-            try:
-                RetrySchedule.from_json(value, 0.0)
-            except (ValueError, TypeError, AttributeError) as exc:
-                raise invalid(key, str(exc)) from None
         return orjson.dumps(value).decode()
     if sql_type == "boolean":
-        if not isinstance(value, bool):
-            raise invalid(key, "expected true or false")
         return "true" if value else "false"
     if sql_type == "interval":
         # seconds, as the setting reads; an interval's text ('7 days') is accepted too
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return f"{value} seconds"
-        if not isinstance(value, str):
-            raise invalid(key, "expected a number of seconds, or an interval such as '7 days'")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(key, "expected a number")
-    if sql_type == "integer" and not isinstance(value, int):
-        raise invalid(key, "expected an integer")
+        return value if isinstance(value, str) else f"{value} seconds"
+    if sql_type == "real":
+        return str(round(value, REAL_DIGITS))
     return str(value)
 
 
 # --- the table ----------------------------------------------------------------------------------------
 
 
-@allow("producer", "reader", "admin", "tenant_admin")
 async def whoami(request: web.Request) -> web.Response:
     caller = caller_of(request)
     return json_response({"name": caller.name, "role": caller.role})
 
 
-async def openapi_document(_request: web.Request) -> web.Response:
-    from worker.api.openapi import document
+async def openapi_document(request: web.Request) -> web.Response:
+    # written from ROUTES by worker.api.openapi, which the application holds (this module cannot
+    # import it: it reads this one)
+    return json_response(request.app[DOCUMENT])
 
-    return json_response(document())
 
+TRACEPARENT_HEADER = Header("traceparent", {"type": "string", "pattern": TRACEPARENT_PATTERN},
+                            "W3C trace context, carried to the receiver")
+PUBLIC = ("producer", "reader", "admin", "tenant_admin")
+A = answers
 
-ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
-    ("GET", "/v1/token", whoami),
-    ("GET", "/v1/openapi.json", openapi_document),
-    ("POST", "/v1/messages", publish),
-    ("GET", "/v1/deliveries", list_deliveries),
-    ("GET", "/v1/deliveries/{id}", get_delivery),
-    ("POST", "/v1/deliveries/{id}/replay", replay_delivery),
-    ("GET", "/v1/dead-letters", list_dead_letters),
-    ("POST", "/v1/dead-letters/replay", replay_dead_letters),
-    ("GET", "/v1/operations/{id}", get_operation),
-    ("POST", "/v1/operations/{id}/cancel", cancel_operation),
-    ("GET", "/v1/endpoints", list_endpoints),
-    ("POST", "/v1/endpoints", create_endpoint),
-    ("GET", "/v1/endpoints/{id}", get_endpoint),
-    ("PATCH", "/v1/endpoints/{id}", update_endpoint),
-    ("DELETE", "/v1/endpoints/{id}", delete_endpoint),
-    ("GET", "/v1/endpoints/{id}/health", endpoint_health),
-    ("POST", "/v1/endpoints/{id}/circuit", endpoint_circuit),
-    ("POST", "/v1/endpoints/{id}/enable", enable_endpoint),
-    ("POST", "/v1/endpoints/{id}/disable", disable_endpoint),
-    ("POST", "/v1/endpoints/{id}/rotate-secret", rotate_secret),
-    ("GET", "/v1/tenants", list_tenants),
-    ("POST", "/v1/tenants", create_tenant),
-    ("GET", "/v1/tenants/{id}", get_tenant),
-    ("PATCH", "/v1/tenants/{id}", update_tenant),
-    ("GET", "/v1/stats", stats),
-    ("GET", "/v1/config", get_config),
-    ("PATCH", "/v1/config", patch_config),
+ROUTES: list[Route] = [
+    Route("GET", "/v1/token", whoami, "The caller: the token's name and role", PUBLIC, {200: A.Caller}),
+    Route("GET", "/v1/openapi.json", openapi_document, "This document (no token needed)", (),
+          {200: A.Document}, public=True),
+    Route("POST", "/v1/messages", publish,
+          "Publish an event: 202 with the deliveries queued; the same idempotency key again: 200 with the "
+          "existing ones, or 409 when it was used for another event type or payload. When only disabled "
+          "endpoints subscribe, it is kept for them as dead letters (category disabled), replayable",
+          PUBLISH, {200: A.Published, 202: A.Published}, body=MessageBody, headers=(TRACEPARENT_HEADER,),
+          refusals=(409,)),
+    Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
+          {200: A.DeliveryPage}, query=DeliveryQuery),
+    Route("GET", "/v1/deliveries/{id}", get_delivery, "A delivery with every attempt", READ,
+          {200: A.DeliveryDetail}, path_id="id", refusals=(404,)),
+    Route("POST", "/v1/deliveries/{id}/replay", replay_delivery,
+          "Send a dead letter or delivered row again (same webhook-id); 409 when it is neither", ADMIN,
+          {202: A.ReplayAccepted}, path_id="id", refusals=(404, 409)),
+    Route("GET", "/v1/dead-letters", list_dead_letters, "Dead letters, oldest first (keyset pages)", READ,
+          {200: A.DeliveryPage}, query=DeadLetterQuery),
+    Route("POST", "/v1/dead-letters/replay", replay_dead_letters,
+          "Replay every dead letter matching the filter, in resumable steps: 202 with the operation", ADMIN,
+          {202: A.Operation}, body=BulkReplayBody),
+    Route("GET", "/v1/operations/{id}", get_operation, "A bulk operation's progress", READ,
+          {200: A.Operation}, path_id="id", refusals=(404,)),
+    Route("POST", "/v1/operations/{id}/cancel", cancel_operation,
+          "Stop a running operation after the step it is in (again: 200; already done or failed: 409)",
+          ADMIN, {200: A.Operation}, path_id="id", refusals=(404, 409)),
+    Route("GET", "/v1/endpoints", list_endpoints, "Endpoints by id (keyset pages)", READ,
+          {200: A.EndpointPage}, query=EndpointQuery),
+    Route("POST", "/v1/endpoints", create_endpoint,
+          "Register an endpoint (the CLI's destination, header and sealing rules); the signing secret is "
+          "shown once", ADMIN, {201: A.EndpointCreated}, body=endpoint_rules.EndpointCreate,
+          refusals=(409, 503)),
+    Route("GET", "/v1/endpoints/{id}", get_endpoint, "An endpoint, by id or name", READ,
+          {200: A.EndpointDetail}, path_id="ref", refusals=(404,)),
+    Route("PATCH", "/v1/endpoints/{id}", update_endpoint, "Change an endpoint's settings", ADMIN,
+          {200: A.EndpointDetail}, body=endpoint_rules.EndpointPatch, path_id="ref",
+          refusals=(404, 409, 503)),
+    Route("DELETE", "/v1/endpoints/{id}", delete_endpoint,
+          "Delete an endpoint none of whose deliveries is unfinished (409 while any is pending, delivering"
+          " or retrying); its delivered and dead-lettered rows and its audit stay as history under its"
+          " id and name, no longer replayed", ADMIN, {204: None}, path_id="ref",
+          refusals=(404, 409)),
+    Route("GET", "/v1/endpoints/{id}/health", endpoint_health,
+          "Circuit state and recent attempts by outcome and category", READ, {200: A.EndpointHealth},
+          query=HealthQuery, path_id="ref", refusals=(404,)),
+    Route("POST", "/v1/endpoints/{id}/circuit", endpoint_circuit,
+          "Reset, open (until a time) or close the circuit", ADMIN, {200: A.CircuitChanged},
+          body=CircuitBody, path_id="ref", refusals=(404,)),
+    Route("POST", "/v1/endpoints/{id}/enable", enable_endpoint,
+          "Enable (and reset the circuit); queued rows are sent", ADMIN, {200: A.ActiveChanged},
+          path_id="ref", refusals=(404,)),
+    Route("POST", "/v1/endpoints/{id}/disable", disable_endpoint,
+          "Disable: no new deliveries, queued rows wait", ADMIN, {200: A.ActiveChanged}, body=ReasonBody,
+          body_required=False, path_id="ref", refusals=(404,)),
+    Route("POST", "/v1/endpoints/{id}/rotate-secret", rotate_secret,
+          "Add a new signing secret (shown once); the old ones stay until expire_old_after_hours", ADMIN,
+          {200: A.SecretRotated}, body=endpoint_rules.SecretRotation, body_required=False, path_id="ref",
+          refusals=(404, 503)),
+    Route("GET", "/v1/tenants", list_tenants, "Tenants, their limits (null: none) and rows", FLEET_ADMIN,
+          {200: A.TenantList}),
+    Route("POST", "/v1/tenants", create_tenant, "Add a tenant", FLEET_ADMIN, {201: A.Tenant},
+          body=TenantCreate,
+          refusals=(409,)),
+    Route("GET", "/v1/tenants/{id}", get_tenant, "A tenant, by name or id", FLEET_ADMIN, {200: A.Tenant},
+          path_id="ref", refusals=(404,)),
+    Route("PATCH", "/v1/tenants/{id}", update_tenant, "Change a tenant's limits; null clears one",
+          FLEET_ADMIN,
+          {200: A.Tenant}, body=TenantPatch, path_id="ref", refusals=(404,)),
+    Route("GET", "/v1/stats", stats, "Queue by status, oldest due, rows held back and why", READ,
+          {200: A.Stats}),
+    Route("GET", "/v1/config", get_config, "The fleet-wide defaults", FLEET_READ, {200: A.Settings}),
+    Route("PATCH", "/v1/config", patch_config, "Change fleet-wide defaults (workers pick them up)",
+          FLEET_ADMIN,
+          {200: A.Settings}, body=ConfigPatch),
     *self_service.ROUTES,
 ]
 
 
 def add_routes(app: web.Application) -> None:
-    for method, path, handler in ROUTES:
-        app.router.add_route(method, path, handler)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.serve())

@@ -1,5 +1,5 @@
-"""Routes for self-service: an endpoint's signing secrets and test events, the event-type catalogue,
-tokens over HTTP, and the `?tenant=` filter of the lists."""
+"""Routes for self-service, each declared once: an endpoint's signing secrets and test events, the
+event-type catalogue, tokens over HTTP, and the `?tenant=` filter of the lists."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from urllib.parse import quote
 
 import psycopg
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import Field, JsonValue
 
 from worker import encryption, event_types, operator_sql
 from worker import self_service as secrets_service
 from worker.api import queries
 from worker.api import tokens as token_rules
-from worker.api.app import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, allow, caller_of, json_response
-from worker.api.data import TENANT_SETTING, begin_as
-from worker.api.inputs import Body, printable_text, query_params, read_body, read_optional_body
+from worker.api.answers import Answer
+from worker.api.context import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, caller_of, json_response
+from worker.api.database import TENANT_SETTING, begin_as
+from worker.api.declare import Route, body_of, ref_of
+from worker.api.inputs import Body
 from worker.api.problems import Problem, conflict, invalid, not_found
 from worker.api.tokens import Caller
 from worker.observability import get_logger
@@ -29,12 +31,6 @@ TokenRole = Literal["producer", "reader", "admin", "tenant_admin"]  # tokens.ROL
 
 
 # --- what the routes answer (one model per answer body; the OpenAPI document is written from them) ---
-
-
-class Answer(BaseModel):
-    """An answer body: every field listed, none other."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class SigningSecret(Answer):
@@ -113,10 +109,6 @@ def _state(request: web.Request) -> ApiState:
     return request.app[STATE]
 
 
-class _NoBody(Body):
-    """Routes that take no body accept `{}` or nothing, and refuse any field."""
-
-
 async def in_thread(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
     """Blocking work (the endpoint service and worker.operator_sql, which seal credentials bound to
     the endpoint's id; the token functions) on a connection of its own, in a thread, in one
@@ -140,6 +132,11 @@ def keyring_of(state: ApiState) -> encryption.Keyring:
     return state.keyring
 
 
+# `?tenant=NAME` on the lists (routes.py's query models)
+TENANT_FILTER: Any = Field(default=None, description="that tenant's rows only (a token kept to a tenant: "
+                                                     "its own; another tenant is refused)")
+
+
 async def narrow_to_tenant(conn: psycopg.AsyncConnection[Any], name: str | None) -> None:
     """`?tenant=NAME` on a list: the rest of the transaction sees that tenant's rows only, as a token
     kept to it would (row-level security and the views). A token already kept to a tenant finds no
@@ -154,7 +151,7 @@ async def narrow_to_tenant(conn: psycopg.AsyncConnection[Any], name: str | None)
 
 async def _endpoint(conn: psycopg.AsyncConnection[Any], request: web.Request) -> int:
     """The endpoint a path names, by id or by name; another tenant's is a missing one."""
-    value = printable_text("id", request.match_info["id"])
+    value = ref_of(request)
     found = await queries.endpoint_id(conn, value)
     if found is None:
         raise not_found(f"endpoint {value}")
@@ -164,10 +161,8 @@ async def _endpoint(conn: psycopg.AsyncConnection[Any], request: web.Request) ->
 # --- an endpoint's signing secrets and test events -----------------------------------------------------
 
 
-@allow(*ADMIN)
 async def read_secret(request: web.Request) -> web.Response:
     """What an endpoint's requests are signed with now: the receiver needs it to verify them."""
-    query_params(request, set())
     state, caller = _state(request), caller_of(request)
     keyring = keyring_of(state)
     async with state.db.transaction(caller) as conn:
@@ -189,10 +184,8 @@ async def read_secret(request: web.Request) -> web.Response:
         "secrets": [{"secret": s.secret, "expires_at": s.expires_at} for s in found]})
 
 
-@allow(*ADMIN)
 async def send_test_event(request: web.Request) -> web.Response:
     """A `webhook.test` event to this endpoint alone; its delivery is followed like any other."""
-    await read_optional_body(request, _NoBody)
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
         endpoint_id = await _endpoint(conn, request)
@@ -225,7 +218,7 @@ class DeprecateBody(Body):
 
 
 def _type_name(request: web.Request) -> str:
-    name = request.match_info["name"]
+    name = ref_of(request)
     problem = event_types.name_problem(name)
     if problem is not None:
         raise invalid("name", problem)
@@ -241,19 +234,16 @@ def _where(name: str) -> str:
     return "/v1/event-types/" + quote(name, safe="")
 
 
-@allow(*READ)
 async def list_event_types(request: web.Request) -> web.Response:
     """The catalogue, and the caller's endpoints' subscriptions no current type matches."""
-    query_params(request, set())
     async with _state(request).db.transaction(caller_of(request)) as conn:
         items = await queries.event_types(conn)
         unmatched = await queries.unmatched_subscriptions(conn)
     return json_response({"items": items, "unmatched_subscriptions": unmatched})
 
 
-@allow(*READ)
 async def get_event_type(request: web.Request) -> web.Response:
-    name = printable_text("name", request.match_info["name"])
+    name = ref_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
         found = await event_types.get_async(conn, name)
     if found is None:
@@ -261,10 +251,9 @@ async def get_event_type(request: web.Request) -> web.Response:
     return json_response(_event_type(found))
 
 
-@allow(*FLEET_ADMIN)
 async def put_event_type(request: web.Request) -> web.Response:
     name = _type_name(request)
-    body = await read_body(request, EventTypeBody)
+    body = body_of(request, EventTypeBody)
 
     def upsert(conn: psycopg.Connection[Any]) -> tuple[bool, event_types.EventType | None]:
         created = event_types.upsert(conn, name, body.description, body.json_schema, body.deprecated)
@@ -281,10 +270,9 @@ async def put_event_type(request: web.Request) -> web.Response:
                          location=_where(name) if created else None)
 
 
-@allow(*FLEET_ADMIN)
 async def deprecate_event_type(request: web.Request) -> web.Response:
     name = _type_name(request)
-    body = await read_optional_body(request, DeprecateBody)
+    body = body_of(request, DeprecateBody)
 
     def deprecate(conn: psycopg.Connection[Any]) -> event_types.EventType | None:
         return event_types.get(conn, name) if event_types.deprecate(conn, name, body.deprecated) else None
@@ -307,16 +295,13 @@ class TokenCreate(Body):
     expires_in_days: float | None = Field(default=None, gt=0, le=token_rules.MAX_EXPIRES_DAYS)
 
 
-@allow(*FLEET_ADMIN)
 async def list_tokens(request: web.Request) -> web.Response:
-    query_params(request, set())
     rows = await in_thread(_state(request), caller_of(request), token_rules.listing)
     return json_response({"items": rows})
 
 
-@allow(*FLEET_ADMIN)
 async def create_token(request: web.Request) -> web.Response:
-    body = await read_body(request, TokenCreate)
+    body = body_of(request, TokenCreate)
     problem = token_rules.name_problem(body.name)
     if problem is not None:
         raise invalid("name", problem)
@@ -339,10 +324,8 @@ async def create_token(request: web.Request) -> web.Response:
                           "expires_at": expires_at, "token": token}, status=201)
 
 
-@allow(*FLEET_ADMIN)
 async def revoke_token(request: web.Request) -> web.Response:
-    await read_optional_body(request, _NoBody)
-    name = printable_text("id", request.match_info["id"])
+    name = ref_of(request)
     caller = caller_of(request)
     revoked = await in_thread(_state(request), caller, lambda conn: token_rules.revoke(conn, name))
     if not revoked:
@@ -351,14 +334,29 @@ async def revoke_token(request: web.Request) -> web.Response:
     return json_response({"name": name, "state": "revoked"})
 
 
-ROUTES: list[tuple[str, str, Callable[[web.Request], Any]]] = [
-    ("GET", "/v1/endpoints/{id}/secret", read_secret),
-    ("POST", "/v1/endpoints/{id}/test", send_test_event),
-    ("GET", "/v1/event-types", list_event_types),
-    ("GET", "/v1/event-types/{name}", get_event_type),
-    ("PUT", "/v1/event-types/{name}", put_event_type),
-    ("POST", "/v1/event-types/{name}/deprecate", deprecate_event_type),
-    ("GET", "/v1/tokens", list_tokens),
-    ("POST", "/v1/tokens", create_token),
-    ("POST", "/v1/tokens/{id}/revoke", revoke_token),
+ROUTES: list[Route] = [
+    Route("GET", "/v1/endpoints/{id}/secret", read_secret,
+          "The secrets the endpoint's requests are signed with now, newest first (what its receiver "
+          "verifies with); each read is logged, never the secret", ADMIN, {200: SigningSecrets},
+          path_id="ref", refusals=(404, 503)),
+    Route("POST", "/v1/endpoints/{id}/test", send_test_event,
+          "Send a webhook.test event to this endpoint alone: 202 with its delivery", ADMIN,
+          {202: TestEventSent}, path_id="ref", refusals=(404,)),
+    Route("GET", "/v1/event-types", list_event_types,
+          "The event-type catalogue, and the caller's endpoints' subscriptions that match no current type",
+          READ, {200: EventTypeList}),
+    Route("GET", "/v1/event-types/{name}", get_event_type, "An event type", READ, {200: EventTypeAnswer},
+          path_id="name", refusals=(404,)),
+    Route("PUT", "/v1/event-types/{name}", put_event_type,
+          "Add an event type (201), or replace its description and schema (200)", FLEET_ADMIN,
+          {200: EventTypeAnswer, 201: EventTypeAnswer}, body=EventTypeBody, path_id="name"),
+    Route("POST", "/v1/event-types/{name}/deprecate", deprecate_event_type,
+          "Mark an event type deprecated (or, with deprecated false, current again)", FLEET_ADMIN,
+          {200: EventTypeAnswer}, body=DeprecateBody, body_required=False, path_id="name", refusals=(404,)),
+    Route("GET", "/v1/tokens", list_tokens, "API tokens (never the tokens themselves)", FLEET_ADMIN,
+          {200: TokenList}),
+    Route("POST", "/v1/tokens", create_token, "Create a token: shown once, in this answer", FLEET_ADMIN,
+          {201: TokenCreated}, body=TokenCreate, refusals=(409,)),
+    Route("POST", "/v1/tokens/{name}/revoke", revoke_token, "Revoke a token: it stops at once", FLEET_ADMIN,
+          {200: TokenRevoked}, path_id="name", refusals=(404,)),
 ]

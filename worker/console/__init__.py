@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from worker.api.app import STATE, ApiState
+from worker.api.context import STATE, ApiState
 from worker.console.pages import TEMPLATES, add_routes, console_middleware, templates
 
 

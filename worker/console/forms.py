@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worker.console.data import ENDPOINT_ACTIONS, PAGE_ROWS
+from worker.console.queries import ENDPOINT_ACTIONS, PAGE_ROWS
 from worker.policy import category_problem
 
 MAX_REASON_LENGTH = 500

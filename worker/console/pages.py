@@ -13,10 +13,10 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker.api.app import STATE, ApiState, client_address
+from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
-from worker.console import data, forms, sessions
+from worker.console import forms, queries, sessions
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
 
@@ -243,7 +243,7 @@ async def _viewer(request: web.Request) -> Caller:
     if name is None:
         return caller
     async with request.app[STATE].db.transaction(caller) as conn:
-        found = await data.tenant_id(conn, name)
+        found = await queries.tenant_id(conn, name)
     if found is None:
         raise forms.FieldError("tenant", "no tenant with this name")
     return dataclasses.replace(caller, tenant_id=found)
@@ -251,7 +251,7 @@ async def _viewer(request: web.Request) -> Caller:
 
 async def overview(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        facts = await data.overview(conn)
+        facts = await queries.overview(conn)
     return render(request, "overview.html", page="overview", **facts)
 
 
@@ -259,16 +259,16 @@ async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
     viewer = await _viewer(request)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        rows = await data.dead_letters(conn, filters)
-        choices = await data.filter_choices(conn)
+        rows = await queries.dead_letters(conn, filters)
+        choices = await queries.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
-                  choices=choices, limit=data.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
+                  choices=choices, limit=queries.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
 
 
 async def replay_selected(request: web.Request) -> web.Response:
     ids = forms.selected_ids([_text(v) for v in request[FORM].getall("delivery_id", [])])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        replayed = await data.replay(conn, ids)
+        replayed = await queries.replay(conn, ids)
     get_logger().info("console replay", name=request[CALLER].name, selected=len(ids), replayed=replayed)
     return see_other("/dead-letters", notice="replayed" if replayed else "not_replayed", n=replayed)
 
@@ -276,10 +276,10 @@ async def replay_selected(request: web.Request) -> web.Response:
 async def delivery(request: web.Request) -> web.Response:
     delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        row = await data.delivery(conn, delivery_id)
+        row = await queries.delivery(conn, delivery_id)
     if row is None:
         return error_page(request, 404, "Not found", f"delivery {delivery_id}: not found")
-    payload, cut = data.payload_text(row["payload"])
+    payload, cut = queries.payload_text(row["payload"])
     return render(request, "delivery.html", page="dead_letters", row=row, payload=payload, payload_cut=cut,
                   settled=row["status"] in ("delivered", "dead_letter"))
 
@@ -287,7 +287,7 @@ async def delivery(request: web.Request) -> web.Response:
 async def replay_one(request: web.Request) -> web.Response:
     delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        replayed = await data.replay(conn, [delivery_id])
+        replayed = await queries.replay(conn, [delivery_id])
     get_logger().info("console replay", name=request[CALLER].name, selected=1, replayed=replayed)
     return see_other(f"/deliveries/{delivery_id}", notice="replayed" if replayed else "not_replayed",
                      n=replayed)
@@ -295,8 +295,8 @@ async def replay_one(request: web.Request) -> web.Response:
 
 async def endpoints(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await data.endpoints(conn)
-        events = await data.endpoint_events(conn)
+        rows = await queries.endpoints(conn)
+        events = await queries.endpoint_events(conn)
     return render(request, "endpoints.html", page="endpoints", rows=rows, events=events)
 
 
@@ -311,7 +311,8 @@ async def endpoint_action(request: web.Request) -> web.Response:
             cur = await conn.execute("SELECT 1 FROM webhooks.endpoints WHERE id = %s", (endpoint_id,))
             if await cur.fetchone() is None:
                 return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
-            change = await data.endpoint_action(conn, endpoint_id, action, reason, f"{caller.name} (console)")
+            change = await queries.endpoint_action(conn, endpoint_id, action, reason,
+                                                   f"{caller.name} (console)")
     except psycopg.errors.RaiseException as exc:
         return error_page(request, 409, "The current state refuses this", str(exc.diag.message_primary))
     get_logger().info("console endpoint change", name=caller.name, endpoint_id=endpoint_id, action=action,
@@ -322,7 +323,7 @@ async def endpoint_action(request: web.Request) -> web.Response:
 
 async def operations(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await data.operations(conn)
+        rows = await queries.operations(conn)
     return render(request, "operations.html", page="operations", rows=rows)
 
 
@@ -330,7 +331,7 @@ async def cancel_operation(request: web.Request) -> web.Response:
     operation_id = forms.identifier("operation_id", request.match_info["operation_id"])
     caller = request[CALLER]
     async with request.app[STATE].db.transaction(caller) as conn:
-        status = await data.cancel_operation(conn, operation_id, f"{caller.name} (console)")
+        status = await queries.cancel_operation(conn, operation_id, f"{caller.name} (console)")
     if status is None:
         return error_page(request, 404, "Not found", f"operation {operation_id}: not found")
     get_logger().info("console operation cancel", name=caller.name, operation_id=operation_id, status=status)

@@ -6,15 +6,13 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
-from worker.api.data import DATABASE_ROLES, set_local_role
+from worker.api.context import ApiState
+from worker.api.database import DATABASE_ROLES, set_local_role
 from worker.observability import get_logger
-
-if TYPE_CHECKING:
-    from worker.api.app import ApiState
 
 # How often a process looks for running operations it has not heard of (started by another
 # process, or left running by one that stopped).

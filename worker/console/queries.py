@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from worker.api.data import fetch_all, fetch_one
+from worker.api.database import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.coalescing import digest_label
 from worker.console import chart

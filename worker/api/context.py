@@ -1,0 +1,145 @@
+"""What every /v1 handler and the console share: the API's state (config, database, keys, metrics,
+the failed-authentication limiter), the caller, the roles, the client's address, JSON answers."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from worker.api import forwarded, tokens
+from worker.api.database import Database
+from worker.api.limits import FailedAuthLimiter, Verdict
+from worker.api.problems import too_many_failed_authentications, unauthorized
+from worker.api.tokens import Caller
+from worker.config import Config
+from worker.encryption import Keyring
+from worker.shapes import json_default
+
+# A tenant administrator (tenant_admin) reads, publishes and administers what admin does for
+# endpoints, deliveries, dead letters and operations, kept to its tenant by PostgreSQL
+# (webhooks_tenant_admin); the fleet's settings, tenants, tokens and catalogue stay the unscoped admin's.
+PUBLISH = ("producer", "admin", "tenant_admin")
+READ = ("reader", "admin", "tenant_admin")
+ADMIN = ("admin", "tenant_admin")
+FLEET_READ = ("reader", "admin")
+FLEET_ADMIN = ("admin",)
+T = TypeVar("T")
+
+
+class ApiMetrics:
+    """The API's metrics. Labels are route patterns and reasons: never a token, id or query."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("webhook_api_requests", "API requests answered, by route, method and status.",
+                                ["route", "method", "status"], registry=r)
+        self.duration = Histogram("webhook_api_request_duration_seconds", "API request duration, by route.",
+                                  ["route"], registry=r,
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.failed_authentications = Counter(
+            "webhook_api_failed_authentications",
+            "Requests refused for their credentials, by reason (missing, invalid, rate_limited).",
+            ["reason"], registry=r)
+        for reason in ("missing", "invalid", "rate_limited"):
+            self.failed_authentications.labels(reason)
+
+
+@dataclass
+class ApiState:
+    """What every handler and the console share: configuration, database, keys, metrics, limits."""
+
+    config: Config
+    db: Database
+    keyring: Keyring | None
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    limiter: FailedAuthLimiter = field(default_factory=lambda: FailedAuthLimiter(20))
+    operations_wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    # set when the process stops: the operations loop ends by itself, whatever a cancellation met
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    # peers whose X-Forwarded-For / Forwarded headers name the client (api.trusted_proxies)
+    trusted_proxies: tuple[forwarded.Network, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trusted_proxies = forwarded.networks(self.config.api.trusted_proxies)
+
+    async def check_credential(self, address: str, key: bytes | None,
+                               lookup: Callable[[], Awaitable[T | None]],
+                               reason: str = "invalid") -> Verdict[T]:
+        """The limiter's verdict on a credential (worker.api.limits: a valid one always passes),
+        failures counted in the metrics by `reason`, or as rate_limited past the limit."""
+        verdict = await self.limiter.check(address, key, lookup)
+        if verdict.found is None:
+            limited = verdict.retry_after is not None
+            self.metrics.failed_authentications.labels("rate_limited" if limited else reason).inc()
+        return verdict
+
+    async def verify_token(self, token: str, address: str) -> Caller:
+        """The caller a token stands for; raises a Problem (401 for a token that is malformed,
+        unknown, revoked or expired; 429 for one of those from an address locked out for failing
+        too often). A valid token is served whatever the address did. For the console's login too."""
+
+        async def lookup() -> Caller | None:
+            async with self.db.connection() as conn:
+                return await tokens.verify(conn, token)
+
+        key = tokens.token_hash(token) if tokens.well_formed(token) else None
+        verdict = await self.check_credential(address, key, lookup)
+        if verdict.found is not None:
+            return verdict.found
+        if verdict.retry_after is not None:
+            raise too_many_failed_authentications(verdict.retry_after)
+        raise unauthorized("the token is not valid (unknown, revoked or expired)")
+
+    async def authenticate(self, request: web.Request) -> Caller:
+        """The caller of an API request, from its `Authorization: Bearer` header."""
+        address = client_address(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            # No credential guesses nothing: 401 always, and no failure counted against the address
+            # (the limit slows guessing; a client that forgot its header is not locked out by it).
+            self.metrics.failed_authentications.labels("missing").inc()
+            raise unauthorized("an `Authorization: Bearer <token>` header is required")
+        return await self.verify_token(token.strip(), address)
+
+
+STATE = web.AppKey("webhook_api_state", ApiState)
+CALLER = web.RequestKey("webhook_api_caller", Caller)
+# the OpenAPI document, served at /v1/openapi.json
+DOCUMENT = web.AppKey("webhook_api_document", dict[str, Any])
+
+
+def client_address(request: web.Request) -> str:
+    """The address a request's failures count against: the peer, or behind a proxy listed in
+    api.trusted_proxies the client its X-Forwarded-For or Forwarded header names."""
+    headers, trusted = request.headers, request.config_dict[STATE].trusted_proxies
+    return forwarded.client_address(request.remote, headers.getall("X-Forwarded-For", []),
+                                    headers.getall("Forwarded", []), trusted)
+
+
+def caller_of(request: web.Request) -> Caller:
+    return request[CALLER]
+
+
+def _as_orjson(value: Any) -> Any:
+    """What orjson writes for a value the standard library's json cannot (datetimes as RFC 3339)."""
+    return value.isoformat() if isinstance(value, datetime.datetime | datetime.date) else json_default(value)
+
+
+def json_response(data: Any, status: int = 200, location: str | None = None) -> web.Response:
+    """A JSON answer; `location`, for a 201 or 202, is where what it made can be read (RFC 9110 10.2.2)."""
+    headers = None if location is None else {"Location": location}
+    try:
+        body = orjson.dumps(data, default=json_default)
+    except TypeError:
+        # orjson stops at 254 levels: a stored payload of 254 levels, inside its delivery, is one more
+        body = json.dumps(data, default=_as_orjson, ensure_ascii=False, separators=(",", ":")).encode()
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
