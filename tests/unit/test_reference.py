@@ -96,7 +96,7 @@ def test_every_metric_is_on_the_metrics_page():
 
 def test_the_http_api_guide_names_only_routes_that_exist_and_each_route_s_roles():
     text = (REFERENCE / "http-api.md").read_text(encoding="utf-8")
-    served = {(route[0], route[1]) for route in ROUTES}
+    served = {(route.method, route.path) for route in ROUTES}
     paths = {path for _method, path in served}
     named = {p.split("?")[0] for p in re.findall(r"(/v1/[\w{}./-]*)", text)}
     unknown = sorted(named - paths - set(NOT_ROUTES))
@@ -107,6 +107,13 @@ def test_the_http_api_guide_names_only_routes_that_exist_and_each_route_s_roles(
     table = {pair for row in re.findall(r"^\| (`(?:GET|POST|PATCH|PUT|DELETE) .+?) \|", roles, re.MULTILINE)
              for pair in re.findall(r"(GET|POST|PATCH|PUT|DELETE) (/v1/[\w{}./-]*)", row)}
     assert table == served, f"the roles table misses {sorted(served - table)}"
+    # and each row names the roles its routes are declared with
+    declared = {(route.method, route.path): set(route.roles) for route in ROUTES}
+    for row, cell in re.findall(r"^\| (`(?:GET|POST|PATCH|PUT|DELETE) .+?) \| (.+?) \|$", roles, re.MULTILINE):
+        named_roles = set(re.findall(r"\b(producer|reader|admin|tenant_admin)\b", cell))
+        for pair in re.findall(r"(GET|POST|PATCH|PUT|DELETE) (/v1/[\w{}./-]*)", row):
+            if named_roles:  # "any valid token", "anyone": no role named
+                assert declared[pair] == named_roles, (pair, sorted(declared[pair]), cell)
 
 
 def test_readme_is_a_front_door():
