@@ -109,7 +109,8 @@ def test_the_http_api_guide_names_only_routes_that_exist_and_each_route_s_roles(
     assert table == served, f"the roles table misses {sorted(served - table)}"
     # and each row names the roles its routes are declared with
     declared = {(route.method, route.path): set(route.roles) for route in ROUTES}
-    for row, cell in re.findall(r"^\| (`(?:GET|POST|PATCH|PUT|DELETE) .+?) \| (.+?) \|$", roles, re.MULTILINE):
+    rows = re.findall(r"^\| (`(?:GET|POST|PATCH|PUT|DELETE) .+?) \| (.+?) \|$", roles, re.MULTILINE)
+    for row, cell in rows:
         named_roles = set(re.findall(r"\b(producer|reader|admin|tenant_admin)\b", cell))
         for pair in re.findall(r"(GET|POST|PATCH|PUT|DELETE) (/v1/[\w{}./-]*)", row):
             if named_roles:  # "any valid token", "anyone": no role named
