@@ -23,11 +23,10 @@ from worker.api.database import TENANT_SETTING, begin_as
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.inputs import Body
 from worker.api.problems import Problem, conflict, invalid, not_found
-from worker.api.tokens import Caller
+from worker.api.tokens import Caller, Role
 from worker.observability import get_logger
 
 T = TypeVar("T")
-TokenRole = Literal["producer", "reader", "admin", "tenant_admin"]  # tokens.ROLES
 
 
 # --- what the routes answer (one model per answer body; the OpenAPI document is written from them) ---
@@ -80,7 +79,7 @@ class EventTypeList(Answer):
 
 class Token(Answer):
     name: str
-    role: TokenRole
+    role: Role
     tenant: str | None
     state: Literal["active", "expired", "revoked"]
     created_at: datetime
@@ -94,7 +93,7 @@ class TokenList(Answer):
 
 class TokenCreated(Answer):
     name: str
-    role: TokenRole
+    role: Role
     tenant: str | None
     expires_at: datetime | None
     token: str = Field(description="shown once: only its hash is stored")
@@ -288,7 +287,7 @@ async def deprecate_event_type(request: web.Request) -> web.Response:
 
 class TokenCreate(Body):
     name: str = Field(min_length=1, max_length=token_rules.MAX_NAME_LENGTH)
-    role: TokenRole
+    role: Role
     tenant: str | None = Field(default=None, min_length=1,
                                description="the tenant it is kept to (required for tenant_admin; "
                                            "never for admin)")
