@@ -35,6 +35,9 @@ BODY_FORMATS = formats.FORMATS  # what the renderer can write: the one list
 INTEGER_MAX = 2**31 - 1
 MAX_TTL_SECONDS = 365 * 86400
 MAX_DESCRIPTION_CHARS = 1000
+# Why an operator disabled an endpoint or acted on its circuit: recorded with the change (the API's
+# ReasonBody and the console's forms both hold to it).
+MAX_REASON_CHARS = 1000
 
 # A field whose column differs in name or unit: how the column reads as the field (SQL over
 # webhooks.endpoint_summary), and how the field is written to it (webhooks.update_endpoint's fields).

@@ -158,8 +158,9 @@ GRANT EXECUTE ON FUNCTION webhooks.disable_endpoint(bigint, text, text, bigint, 
     TO webhooks_admin, webhooks_tenant_admin;
 
 -- Enabling also resets the circuit, the pause and the failure streak: the operator says the
--- receiver is back. Rows that waited are claimable at once.
-CREATE OR REPLACE FUNCTION webhooks.enable_endpoint(p_webhook_id bigint, p_decided_by text DEFAULT 'operator')
+-- receiver is back. Rows that waited are claimable at once. p_reason: why, recorded with the change.
+CREATE OR REPLACE FUNCTION webhooks.enable_endpoint(p_webhook_id bigint, p_decided_by text DEFAULT 'operator',
+                                                    p_reason text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -183,16 +184,17 @@ BEGIN
         previous_failures = 0, updated_at = now()
     WHERE webhook_id = p_webhook_id;
     PERFORM pg_notify('webhooks_queue', '');
-    RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', NULL, p_decided_by);
+    RETURN webhooks.record_endpoint_event(p_webhook_id, 'enabled', p_reason, p_decided_by);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.enable_endpoint(bigint, text) TO webhooks_admin, webhooks_tenant_admin;
+GRANT EXECUTE ON FUNCTION webhooks.enable_endpoint(bigint, text, text) TO webhooks_admin, webhooks_tenant_admin;
 
 -- Manual circuit control: 'reset' (closed, counters cleared), 'open' (forced open until p_until,
--- or until reset), 'close' (forced closed: never opens by itself until reset).
+-- or until reset), 'close' (forced closed: never opens by itself until reset). p_reason: why,
+-- recorded with the change.
 CREATE OR REPLACE FUNCTION webhooks.set_circuit(
     p_webhook_id bigint, p_action text, p_until timestamptz DEFAULT NULL,
-    p_decided_by text DEFAULT 'operator'
+    p_decided_by text DEFAULT 'operator', p_reason text DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -235,11 +237,10 @@ BEGIN
         RAISE EXCEPTION 'set_circuit: no endpoint %', p_webhook_id;
     END IF;
     RETURN webhooks.record_endpoint_event(
-        p_webhook_id, v_change, CASE WHEN p_until IS NOT NULL THEN 'until ' || p_until END,
-        p_decided_by);
+        p_webhook_id, v_change, nullif(concat_ws('; ', p_reason, 'until ' || p_until), ''), p_decided_by);
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.set_circuit(bigint, text, timestamptz, text)
+GRANT EXECUTE ON FUNCTION webhooks.set_circuit(bigint, text, timestamptz, text, text)
     TO webhooks_admin, webhooks_tenant_admin;
 
 -- How long a row keeps being retried: the schedule's delays for max_attempts - 1 retries.

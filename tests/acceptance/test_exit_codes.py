@@ -62,6 +62,7 @@ MISSING = {
     ("purge",): ["--endpoint", "nosuch"],
     ("tokens", "create"): ["--name", "taken", "--role", "reader"],  # name taken
     ("tokens", "revoke"): ["nosuch"],
+    ("tokens", "portal-link"): ["--tenant", "nosuch"],
     ("tenants", "add"): ["default"],  # the default tenant exists
     ("tenants", "show"): ["nosuch"],
     ("tenants", "update"): ["nosuch", "--max-queued", "10"],
@@ -162,6 +163,8 @@ BAD_VALUES = [
     ["event-types", "set", "a.b", "--schema", '{"type": 5}'],
     ["event-types", "set", "a.b", "--description", "x" * 2001],
     ["event-types", "deprecate", "webhook.test"],
+    ["tokens", "portal-link", "--tenant", "default", "--expires-in", "2d"],
+    ["tokens", "portal-link", "--tenant", "default", "--base-url", "console.test"],
 ]
 
 

@@ -128,6 +128,7 @@ def test_the_api_s_login_rests_as_a_role_that_only_checks_tokens_and_sessions(db
         ("function", "webhooks.console_start_session(bytea,bytea,interval)", "EXECUTE"),
         ("function", "webhooks.console_session(bytea)", "EXECUTE"),
         ("function", "webhooks.console_end_session(bytea)", "EXECUTE"),
+        ("function", "webhooks.console_open_portal_link(bytea,bytea)", "EXECUTE"),
         ("function", "webhooks.schema_version()", "EXECUTE"),
     }
 

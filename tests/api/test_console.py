@@ -16,11 +16,12 @@ from tests.acceptance.test_cli import cli
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.api.test_endpoints_api import delivered_in_a_digest
-from tests.support import add_endpoint, enqueue, query
+from tests.support import ROOT, add_endpoint, enqueue, eventually, query
 from worker.api import tokens
 from worker.config import Config
 from worker.console import sessions
 from worker.console.pages import CONTENT_SECURITY_POLICY
+from worker.policy import CATEGORIES
 
 
 @pytest.fixture
@@ -120,7 +121,8 @@ def test_session_cookie_misses_count_as_failed_logins(db):
         for cookie in ("forged", sessions.new_secret()):
             person.cookies[sessions.COOKIE] = cookie
             answer = person.get("/console/")
-            assert answer.status == 303 and answer.headers["location"] == "/console/login"
+            assert answer.status == 303
+            assert answer.headers["location"] == "/console/login?notice=session_ended"
             assert sessions.COOKIE not in person.cookies  # the redirect drops it
         locked = person.login("whk_" + "x" * 43)
         assert locked.status == 429, locked.body
@@ -144,7 +146,8 @@ def test_a_malformed_session_cookie_is_refused_without_asking_the_database(db):
         for malformed in ("x", "a" * 42, "a" * 44, "a" * 42 + "!", "a" * 4000):
             person.cookies[sessions.COOKIE] = malformed
             answer = person.get("/console/")
-            assert answer.status == 303 and answer.headers["location"] == "/console/login", malformed
+            assert answer.status == 303, malformed
+            assert answer.headers["location"] == "/console/login?notice=session_ended", malformed
         # the check that does ask it: a cookie of a session's shape
         person.cookies[sessions.COOKIE] = sessions.new_secret()
         assert person.get("/console/").status == 503
@@ -156,7 +159,8 @@ def test_every_form_field_has_a_label(console, db):
     dead_letter(db)
     person = logged_in(console, db, "admin")
     for path in ("/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
-                 "/console/deliveries/1"):
+                 "/console/deliveries/1", "/console/deliveries", "/console/endpoints/1",
+                 "/console/portal/" + "x" * 43):
         html = person.get(path).body.decode()
         labelled = set(re.findall(r'<label for="([^"]+)"', html))
         for field in re.findall(r"<(?:input|select|textarea)\b[^>]*>", html):
@@ -179,7 +183,8 @@ def test_every_page_carries_a_strict_csp_and_no_inline_script_or_style(console, 
     person = logged_in(console, db, "admin")
     pages = ["/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
              "/console/operations", f"/console/deliveries/{delivery_id}", "/console/deliveries/999999",
-             "/console/nowhere"]
+             "/console/nowhere", "/console/deliveries?status=dead_letter", "/console/endpoints/1",
+             "/console/portal/" + "x" * 43]
     for path in pages:
         answer = person.get(path)
         assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
@@ -238,8 +243,12 @@ def test_a_session_ends_at_once_when_its_token_is_revoked_or_expires(console, db
     with psycopg.connect(db, autocommit=True) as conn:
         assert tokens.revoke(conn, "on-call")
     answer = person.get("/console/")
-    assert answer.status == 303 and answer.headers["location"] == "/console/login"
+    assert answer.status == 303 and answer.headers["location"] == "/console/login?notice=session_ended"
     assert "webhook_console" not in person.cookies  # and the dead cookie is cleared
+    # the login page says why the person is there
+    said = person.get(answer.headers["location"]).body.decode()
+    assert ('<p class="notice" role="status">Your session ended: it expired, or its token or link was'
+            ' revoked.') in said
 
     other = logged_in(console, db, "reader", name="expiring")
     assert other.get("/console/endpoints").status == 200
@@ -316,9 +325,9 @@ def test_endpoint_changes_call_the_sql_functions_and_record_the_reason(console, 
     events = query(db, "SELECT change, reason, decided_by FROM webhooks.endpoint_events ORDER BY id")
     assert events == [
         ("disabled", "receiver migrating", "bob (console)"),
-        ("enabled", None, "bob (console): migration done"),
-        ("circuit_forced_open", None, "bob (console): receiver asked us to hold"),
-        ("circuit_reset", None, "bob (console): receiver is back"),
+        ("enabled", "migration done", "bob (console)"),
+        ("circuit_forced_open", "receiver asked us to hold", "bob (console)"),
+        ("circuit_reset", "receiver is back", "bob (console)"),
     ]
     query(db, "SELECT webhooks.update_endpoint(%s, %s)",
           (endpoint, json.dumps({"description": "<b>on-call</b> pager"})))
@@ -352,7 +361,7 @@ def test_the_overview_shows_queue_held_back_rows_endpoint_health_and_a_chart(con
 def test_bad_input_gets_a_page_naming_the_field(console, db):
     person = logged_in(console, db, "reader")
     answer = person.get("/console/dead-letters?endpoint=abc")
-    assert answer.status == 422 and "endpoint: must be a positive whole number" in answer.body.decode()
+    assert answer.status == 422 and "endpoint: no endpoint named &#39;abc&#39;" in answer.body.decode()
     answer = person.get("/console/deliveries/0")
     assert answer.status == 422 and "delivery_id" in answer.body.decode()
 
@@ -361,7 +370,8 @@ def test_the_session_functions_are_the_api_logins_alone(db):
     # the API's login calls them between requests, resting as webhooks_authenticator
     rows = query(db, "SELECT proname, prosecdef, proconfig FROM pg_proc"
                      " WHERE pronamespace = 'webhooks'::regnamespace AND proname LIKE 'console_%'")
-    assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session"}
+    assert {r[0] for r in rows} == {"console_start_session", "console_session", "console_end_session",
+                                    "console_open_portal_link"}
     for name, definer, settings in rows:
         assert definer and "search_path=pg_catalog, webhooks, pg_temp" in settings, name
     for group in ("webhooks_reader", "webhooks_producer", "webhooks_worker", "webhooks_admin",
@@ -430,3 +440,126 @@ def test_a_running_bulk_replay_is_cancelled_from_the_console_by_an_admin_only(co
     again = admin.post(f"/console/operations/{done}/cancel", {"csrf": admin.csrf()})
     assert again.status == 303 and "notice=operation_finished" in again.headers["location"]
     assert admin.post("/console/operations/999999/cancel", {"csrf": admin.csrf()}).status == 404
+
+
+def test_the_dead_letter_filter_takes_an_endpoint_name_and_bulk_replay_keeps_the_filter(console, db):
+    failing = add_endpoint(db, "http://127.0.0.1:9/hook", name="failing")
+    other = add_endpoint(db, "http://127.0.0.1:9/other", name="other")
+    mine, theirs = dead_letter(db, failing), dead_letter(db, other)
+    person = logged_in(console, db, "admin")
+    for ref in (str(failing), "failing"):
+        page = person.get(f"/console/dead-letters?endpoint={ref}&category=http_5xx")
+        assert page.status == 200, page.body
+        shown = set(re.findall(r'href="/console/deliveries/(\d+)"', page.body.decode()))
+        assert shown == {str(mine)}, ref
+    html = page.body.decode()
+    assert '<option value="failing" selected>failing</option>' in html
+    answer = person.post("/console/dead-letters/replay", [
+        ("csrf", person.csrf()), ("delivery_id", mine), *re.findall(r'<input type="hidden" name="(endpoint|'
+                                                                    r'category)" value="([^"]*)">', html)])
+    assert answer.status == 303
+    assert answer.headers["location"].startswith("/console/dead-letters?endpoint=failing&category=http_5xx&")
+    assert dict(query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue")) == {
+        mine: "pending", theirs: "dead_letter"}
+
+
+def test_failure_categories_are_choices_from_the_one_list(console, db):
+    html = logged_in(console, db, "reader").get("/console/dead-letters?category=timeout").body.decode()
+    select = re.search(r'<select id="f-category" name="category">(.*?)</select>', html, re.S)
+    assert select, html
+    assert re.findall(r'<option value="([^"]*)"', select.group(1)) == ["", *CATEGORIES]
+    assert '<option value="timeout" selected>' in select.group(1)
+    assert '<input id="f-category"' not in html
+
+
+def test_circuit_and_enable_reasons_show_under_reason_and_long_ones_wrap(console, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook", name="pager")
+    person = logged_in(console, db, "admin", name="bob")
+    long_reason = "the receiving team asked us to hold " + "x" * 570  # 606 characters: the API takes it
+    for action, reason in (("open", long_reason), ("reset", "receiver is back")):
+        answer = person.post(f"/console/endpoints/{endpoint}",
+                             {"csrf": person.csrf(), "action": action, "reason": reason})
+        assert answer.status == 303, answer.body
+    html = person.get("/console/endpoints").body.decode()
+    assert f'<td class="reason">{long_reason}</td><td>bob (console)</td>' in html
+    assert '<td class="reason">receiver is back</td><td>bob (console)</td>' in html
+    css = console_css()
+    assert re.search(r"^\.reason, \.description, dd \{ overflow-wrap: anywhere; \}$", css, re.M)
+
+
+def console_css() -> str:
+    return (ROOT / "worker/console/static/console.css").read_text()
+
+
+def test_endpoint_names_link_to_the_endpoint_page_everywhere(console, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook", name="billing")
+    delivery_id = dead_letter(db, endpoint)
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (endpoint,))
+    person = logged_in(console, db, "reader")
+    link = f'<a href="/console/endpoints/{endpoint}">billing</a>'
+    for path in ("/console/", "/console/endpoints", "/console/dead-letters",
+                 f"/console/deliveries/{delivery_id}", "/console/deliveries?endpoint=billing"):
+        assert link in person.get(path).body.decode(), path
+    page = person.get(f"/console/endpoints/{endpoint}").body.decode()
+    assert "<h1>Endpoint billing" in page and "127.0.0.1:9" in page
+    assert f'href="/console/deliveries/{delivery_id}"' in page  # its latest deliveries
+    assert "maintenance" in page  # its changes, and why
+    assert re.search(r'circuit-closed">closed', page)
+    assert person.get("/console/endpoints/999999").status == 404
+
+
+def test_delivery_search_finds_any_status_by_id_key_type_status_endpoint_and_time(console, db):
+    hook = add_endpoint(db, "http://127.0.0.1:9/hook", name="hook")
+    other = add_endpoint(db, "http://127.0.0.1:9/other", name="other")
+    [pending] = enqueue(db, hook, {"n": 1}, event_type="order.created")
+    [retrying] = enqueue(db, hook, {"n": 2}, event_type="order.paid")
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'retrying', attempts = 1,"
+              " next_retry_at = now() + interval '1 hour' WHERE delivery_id = %s", (retrying,))
+    [elsewhere] = enqueue(db, other, {"n": 3}, event_type="order.created")
+    [(key,)] = query(db, "SELECT idempotency_key FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
+                     (retrying,))
+    person = logged_in(console, db, "reader")
+
+    def found(search: str) -> list[int]:
+        answer = person.get("/console/deliveries?" + search)
+        assert answer.status == 200, (search, answer.body)
+        return [int(n) for n in re.findall(r'<tr id="delivery-(\d+)">', answer.body.decode())]
+
+    assert found("") == []  # nothing asked, nothing listed
+    assert found(f"id={pending}") == [pending]
+    assert found(f"key={key}") == [retrying]
+    assert found("event_type=order.created") == [elsewhere, pending]
+    assert found("status=retrying") == [retrying]
+    assert found("endpoint=hook") == [retrying, pending]
+    assert found("endpoint=hook&status=pending") == [pending]
+    assert found("since=2000-01-01T00:00&until=2100-01-01T00:00") == [elsewhere, retrying, pending]
+    assert found("until=2000-01-01T00:00") == []
+    for bad, said in (("status=lost", "status: must be one of"),
+                      ("since=yesterday", "since: expected a time"),
+                      ("id=x", "id: must be a positive whole number"),
+                      ("endpoint=nosuch", "endpoint: no endpoint")):
+        answer = person.get("/console/deliveries?" + bad)
+        assert answer.status == 422 and said in answer.body.decode(), bad
+
+
+def test_replaying_every_match_starts_a_bulk_operation_with_the_pages_filter(console, db):
+    failing = add_endpoint(db, "http://127.0.0.1:9/hook", name="failing")
+    other = add_endpoint(db, "http://127.0.0.1:9/other", name="other")
+    mine = [dead_letter(db, failing) for _ in range(3)]
+    theirs = dead_letter(db, other)
+    person = logged_in(console, db, "admin", name="alice")
+    html = person.get("/console/dead-letters?endpoint=failing&category=http_5xx").body.decode()
+    form = html[html.index('action="/console/dead-letters/replay-matching"'):]
+    form = form[:form.index("</form>")]
+    kept = re.findall(r'<input type="hidden" name="(endpoint|category)" value="([^"]*)">', form)
+    assert kept == [("endpoint", "failing"), ("category", "http_5xx")]
+    answer = person.post("/console/dead-letters/replay-matching", [("csrf", person.csrf()), *kept])
+    assert answer.status == 303 and "notice=operation_started" in answer.headers["location"], answer.body
+    [(operation, stored, by)] = query(db, "SELECT id, filter, requested_by FROM webhooks.api_operations")
+    assert stored == {"webhook_id": failing, "category": "http_5xx"} and by == "alice (console)"
+    eventually(lambda: query(db, "SELECT status FROM webhooks.api_operations") == [("done",)],
+               message="the operation ran")
+    rows = dict(query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue"))
+    assert rows == {**{d: "pending" for d in mine}, theirs: "dead_letter"}
+    page = person.get("/console/operations").body.decode()
+    assert f"<td>{operation}</td>" in page and "category=http_5xx" in page

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from tests.acceptance.test_cli import cli
 from tests.api.console_client import ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.receiver import Reply
-from tests.support import HANG_SECONDS, add_endpoint, enqueue, eventually, statuses
+from tests.support import HANG_SECONDS, add_endpoint, enqueue, eventually, query, statuses
+from worker import signing
 
 # Playwright's own browser download is not used: the system's chromium (scripts/bootstrap.sh installs it).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -96,7 +98,11 @@ def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
             assert "replayed" in history and "delivered" in history
             screenshot(page, tmp_path, "console-delivery.png")
 
+            # a reason as long as the API takes, without a space: it wraps, the page stays as wide
+            query(db, "SELECT webhooks.set_circuit(%s, 'reset', NULL, 'on-call', repeat('x', 600))", (other,))
             page.get_by_role("link", name="Endpoints").click()
+            assert page.get_by_text("x" * 600).is_visible()
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1280
             screenshot(page, tmp_path, "console-endpoints.png")
             assert problems == [], problems  # nothing the CSP blocked, no script error
         finally:
@@ -105,4 +111,92 @@ def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
     assert statuses(db, [delivery_id]) == {delivery_id: "delivered"}
     sent = receiver.to("/hook")
     assert len(sent) == 2 and sent[0].headers["webhook-id"] == sent[1].headers["webhook-id"]
+    worker.stop()
+
+
+def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of_another_tenant(
+        db, receiver, spawn, console, tmp_path):
+    """Issue 35's end to end: the portal link opened in chromium lets a tenant's customer add an
+    endpoint, send a test event, see it delivered, reveal the secret and verify the test event's
+    signature with it, replay a dead letter; another tenant's endpoint is neither shown nor reachable."""
+    assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
+    acme = query(db, "SELECT webhooks.register_tenant('acme')")[0][0]
+    globex = query(db, "SELECT webhooks.register_tenant('globex')")[0][0]
+    theirs = add_endpoint(db, receiver.url("/acme"), name="acme-orders", max_attempts=1)
+    mine = add_endpoint(db, receiver.url("/old"), name="globex-old", max_attempts=1)
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = CASE id WHEN %s THEN %s ELSE %s END"
+              " WHERE id IN (%s, %s)", (theirs, acme, globex, theirs, mine))
+    receiver.script("/old", Reply(503, body=b"down for maintenance"))
+    receiver.script("/acme", Reply(400, body=b"acme refuses"))
+    worker = spawn(db)
+    [dead] = enqueue(db, mine, {"order": 7}, event_type="order.created")
+    [acme_dead] = enqueue(db, theirs, {"order": 8}, event_type="order.created")
+    eventually(lambda: statuses(db, [dead, acme_dead]) == {dead: "dead_letter", acme_dead: "dead_letter"},
+               message="dead letters")
+    receiver.script("/old", Reply(200, body=b"ok"))  # the customer's old receiver is back
+    made = cli("tokens", "portal-link", "--tenant", "globex", "--base-url", f"http://127.0.0.1:{console.port}",
+               env={"DATABASE_URL": db})
+    assert made.returncode == 0, made.stderr
+    link = made.stdout.strip()
+    base = f"http://127.0.0.1:{console.port}/console"
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(WAIT_MS)
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+
+            page.goto(link)
+            page.get_by_role("button", name="Open the console").click()
+            page.wait_for_url(base + "/")
+            assert page.locator("#tenant").inner_text() == "Tenant globex"
+            assert "acme" not in page.content()
+
+            page.get_by_role("link", name="Endpoints", exact=True).click()
+            page.get_by_label("Name").fill("customer-hook")
+            page.get_by_label("URL").fill(receiver.url("/customer"))
+            page.get_by_label("Event types").fill("*")
+            page.get_by_label("Format").select_option("raw")
+            page.get_by_role("button", name="Add").click()
+            page.wait_for_url(f"{base}/endpoints/*")
+            assert page.get_by_role("heading", name="Endpoint customer-hook").is_visible()
+            [(endpoint, tenant)] = query(db, "SELECT id, tenant_id FROM webhooks.endpoints"
+                                             " WHERE name = 'customer-hook'")
+            assert tenant == globex
+
+            page.get_by_role("button", name="Send a test event").click()
+            page.wait_for_url(f"{base}/deliveries/*")
+            page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
+            assert "webhook.test" in page.locator("dl.facts").inner_text()
+
+            page.get_by_role("link", name="customer-hook").click()
+            screenshot(page, tmp_path, "console-endpoint.png")
+            page.get_by_role("button", name="Reveal the signing secret").click()
+            secret = page.locator("code.secret").first.inner_text()
+            [sent] = receiver.to("/customer")
+            signing.verify(secret, sent.headers, sent.body)  # raises unless the signature is this secret's
+
+            page.get_by_role("link", name="Dead letters").click()
+            assert page.locator(f"#dead-letter-{acme_dead}").count() == 0
+            page.locator(f"#dead-letter-{dead}").get_by_role("link", name=f"#{dead}").click()
+            page.get_by_role("button", name="Replay this delivery").click()
+            page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
+
+            # another tenant's endpoint and dead letter: not listed, and not reachable by URL
+            page.get_by_role("link", name="Endpoints", exact=True).click()
+            assert "acme-orders" not in page.content()
+            assert problems == [], problems  # nothing the CSP blocked, no script error
+            for path in (f"/endpoints/{theirs}", f"/deliveries/{acme_dead}"):
+                answer = page.goto(base + path)
+                assert answer is not None and answer.status == 404, path
+                assert "acme" not in page.content()
+        finally:
+            browser.close()
+
+    assert statuses(db, [dead, acme_dead]) == {dead: "delivered", acme_dead: "dead_letter"}
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE webhook_id = %s",
+                 (endpoint,)) == [(1,)]
     worker.stop()

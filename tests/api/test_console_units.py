@@ -7,9 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from worker.api.app import console_factory
+from worker.api.routes import ReasonBody
 from worker.console import create_console_app, forms, sessions
 from worker.console.chart import bucket_start, build
 from worker.console.pages import notice
+from worker.endpoints import MAX_REASON_CHARS
 
 TEN_MINUTES = timedelta(minutes=10)
 END = datetime(2026, 11, 26, 14, 7, 30, tzinfo=UTC)
@@ -53,8 +55,8 @@ def test_an_identifier_must_be_a_positive_whole_number(text):
 
 
 def test_filters_and_selections_are_read_or_refused_naming_the_field():
-    assert forms.dead_letter_filters({"endpoint": " 7 ", "event_type": "", "category": "http_5xx"}) == {
-        "webhook_id": 7, "event_type": None, "category": "http_5xx"}
+    assert forms.dead_letter_filters({"endpoint": " failing ", "event_type": "", "category": "http_5xx"}) == {
+        "endpoint": "failing", "event_type": None, "category": "http_5xx"}
     with pytest.raises(forms.FieldError, match=r"^event_type:"):
         forms.dead_letter_filters({"event_type": "x" * 201})
     assert forms.selected_ids(["3", "1", "3"]) == [1, 3]
@@ -66,9 +68,16 @@ def test_filters_and_selections_are_read_or_refused_naming_the_field():
 
 def test_a_reason_is_required_printable_and_bounded():
     assert forms.reason("  receiver\n migrating ") == "receiver migrating"
-    for bad, problem in (("   ", "say why"), ("x" * 501, "at most 500"), ("a\x00b", "printable")):
+    for bad, problem in (("   ", "say why"), ("x" * 1001, "at most 1000"), ("a\x00b", "printable")):
         with pytest.raises(forms.FieldError, match=rf"^reason: .*{problem}"):
             forms.reason(bad)
+    assert forms.reason("x" * 600) == "x" * 600  # what the API takes, the console takes
+
+
+def test_the_console_and_the_api_hold_reasons_to_one_limit():
+    # an outside user's 600-character reason, taken by the API, was refused by the console (500)
+    [limit] = [m.max_length for m in ReasonBody.model_fields["reason"].metadata if hasattr(m, "max_length")]
+    assert forms.MAX_REASON_LENGTH == limit == MAX_REASON_CHARS
     with pytest.raises(forms.FieldError, match=r"^action: must be one of enable, disable, reset, open"):
         forms.endpoint_action("delete")
 

@@ -26,6 +26,10 @@ def in_tenant(db: str, endpoint: int, tenant_id: int) -> None:
 
 @pytest.fixture
 def two_tenants(db, receiver):
+    return make_two_tenants(db, receiver)
+
+
+def make_two_tenants(db, receiver):
     """Tenant acme: an endpoint with a dead letter, a delivered row and a state change; tenant
     globex (`other` is a reserved name): an endpoint with one pending row."""
     acme = query(db, "SELECT webhooks.register_tenant('acme')")[0][0]
@@ -136,6 +140,8 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
         ("POST", "/v1/tokens"): [("POST", "/v1/tokens", {"name": "x", "role": "admin"}, 403, 403)],
         ("POST", "/v1/tokens/{name}/revoke"): [
             ("POST", "/v1/tokens/tenant_admin-globex/revoke", None, 403, 403)],
+        ("POST", "/v1/tenants/{id}/portal-link"): [
+            ("POST", "/v1/tenants/acme/portal-link", None, 403, 403)],
     }
     assert set(calls) == {(route.method, route.path) for route in ROUTES}  # every route is tried
     for (method, route), tries in calls.items():

@@ -33,8 +33,8 @@ from worker.observability import get_logger
 # cancelled_by and next_step_at (010_operation_cancel.sql), deletes endpoints into
 # deleted_endpoints (012_endpoint_deletion.sql), reads endpoints' description
 # (013_endpoint_description.sql), and checks publishes against the event-type catalogue
-# (015_self_service.sql); the worker needs less.
-API_SCHEMA_VERSION = 15
+# (015_self_service.sql), and opens portal links (017_portal_links.sql); the worker needs less.
+API_SCHEMA_VERSION = 17
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Paths under this prefix need a Bearer token; the probes and the console do not (the console has
 # its own login and sessions). /metrics is served on a port of its own (create_metrics_app).

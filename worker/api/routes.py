@@ -17,7 +17,7 @@ from worker import coalescing, event_types, signing
 from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
-from worker.api import answers, queries, self_service
+from worker.api import answers, portal, queries, self_service
 from worker.api import endpoints as endpoint_rules
 from worker.api.context import (
     ADMIN,
@@ -438,7 +438,7 @@ async def endpoint_circuit(request: web.Request) -> web.Response:
 
 
 class ReasonBody(Body):
-    reason: str | None = Field(default=None, min_length=1, max_length=1000)
+    reason: str | None = Field(default=None, min_length=1, max_length=endpoint_service.MAX_REASON_CHARS)
 
 
 async def _set_active(request: web.Request, active: bool) -> web.Response:
@@ -773,6 +773,7 @@ ROUTES: list[Route] = [
     Route("PATCH", "/v1/tenants/{id}", update_tenant, "Change a tenant's limits; null clears one",
           FLEET_ADMIN,
           {200: A.Tenant}, body=TenantPatch, path_id="ref", refusals=(404,)),
+    portal.ROUTE,
     Route("GET", "/v1/stats", stats, "Queue by status, oldest due, rows held back and why", READ,
           {200: A.Stats}),
     Route("GET", "/v1/config", get_config, "The fleet-wide defaults", FLEET_READ, {200: A.Settings}),

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit
+from worker.cli.base import CommandFailed, Commands, UsageError, config_of, connect, emit
 
 
 def cmd_tokens_create(args: argparse.Namespace) -> int:
@@ -62,6 +62,35 @@ def cmd_tokens_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokens_portal_link(args: argparse.Namespace) -> int:
+    from worker import portal
+
+    try:
+        lifetime = portal.parse_lifetime(args.expires_in)
+    except ValueError as exc:
+        raise UsageError(f"--expires-in: {exc}") from None
+    base = args.base_url
+    if base is None:
+        api = config_of(args).api
+        base = f"http://{'127.0.0.1' if api.host in ('0.0.0.0', '::') else api.host}:{api.port}"
+    elif not base.startswith(("http://", "https://")):
+        raise UsageError(f"--base-url: expected http:// or https:// and the API's host, not {base[:60]!r}")
+    with connect(args) as conn:
+        try:
+            link = portal.create(conn, args.tenant, lifetime, base)
+        except psycopg.errors.NoDataFound:
+            raise CommandFailed(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)"
+                                ) from None
+    if args.json:
+        print(json.dumps({"url": link.url, "tenant": link.tenant, "token_name": link.token_name,
+                          "expires_at": link.expires_at}, default=str))
+        return 0
+    # the link alone on standard output, so `LINK=$(webhook-worker tokens portal-link …)` captures it
+    print(f"portal link for tenant {link.tenant} (opens once, until {link.expires_at:%Y-%m-%d %H:%M:%S %Z}; "
+          f"`tokens revoke {link.token_name}` ends it); shown once:", file=sys.stderr)
+    print(link.url)
+    return 0
+
 
 def register(cli: Commands) -> None:
     token_commands = cli.group("tokens", "the HTTP API's tokens",
@@ -85,3 +114,13 @@ def register(cli: Commands) -> None:
     token_revoke = cli.command(token_commands, "revoke", cmd_tokens_revoke,
                                "revoke a token: it stops at once")
     token_revoke.add_argument("name", metavar="NAME")
+    portal_link = cli.command(token_commands, "portal-link", cmd_tokens_portal_link,
+                              "a one-time console link for a tenant's administrator; prints it once")
+    portal_link.add_argument("--tenant", required=True, metavar="NAME",
+                             help="the tenant the link administers")
+    portal_link.add_argument("--expires-in", default="1h", metavar="DURATION",
+                             help="the link, and the session it opens, end after this (30m, 1h; at most 1d)")
+    portal_link.add_argument("--base-url", metavar="URL",
+                             help="where people reach the API, e.g. https://webhooks.example.com "
+                                  "(default: api.host and api.port)")
+    portal_link.add_argument("--json", action="store_true", help="print JSON")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from worker.api.context import STATE, ApiState
+from worker.console import endpoint_pages
 from worker.console.pages import TEMPLATES, add_routes, console_middleware, templates
 
 
@@ -13,5 +14,6 @@ def create_console_app(state: ApiState) -> web.Application:
     app = web.Application(middlewares=[console_middleware])
     app[STATE] = state
     app[TEMPLATES] = templates()
+    endpoint_pages.add_routes(app)  # first: /endpoints/new before /endpoints/{endpoint_id}
     add_routes(app)
     return app

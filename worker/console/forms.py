@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from worker.console.queries import ENDPOINT_ACTIONS, PAGE_ROWS
+from worker.endpoints import MAX_REASON_CHARS
 from worker.policy import category_problem
 
-MAX_REASON_LENGTH = 500
+MAX_REASON_LENGTH = MAX_REASON_CHARS  # the API's limit too: one rule
 MAX_FILTER_LENGTH = 200
 MAX_ID = 2**63 - 1
 
@@ -27,12 +29,13 @@ def identifier(field: str, text: str) -> int:
     return int(text)
 
 
-def dead_letter_filters(query: Mapping[str, str]) -> dict[str, Any]:
-    """The dead-letter page's filters (absent or empty: any)."""
-    endpoint = query.get("endpoint", "").strip()
-    filters: dict[str, Any] = {"webhook_id": identifier("endpoint", endpoint) if endpoint else None}
-    for field, key in (("event_type", "event_type"), ("category", "category")):
-        value = query.get(field, "").strip()
+def dead_letter_filters(query: Mapping[str, Any]) -> dict[str, Any]:
+    """The dead-letter page's filters (absent or empty: any). `endpoint` is a name or an id, as the
+    CLI's ENDPOINT arguments; the page finds its id (webhooks.endpoint_ref)."""
+    filters: dict[str, Any] = {}
+    for field, key in (("endpoint", "endpoint"), ("event_type", "event_type"), ("category", "category")):
+        value = query.get(field, "")
+        value = value.strip() if isinstance(value, str) else ""
         if len(value) > MAX_FILTER_LENGTH or not value.isprintable():
             raise FieldError(field, f"at most {MAX_FILTER_LENGTH} printable characters")
         filters[key] = value or None
@@ -42,9 +45,42 @@ def dead_letter_filters(query: Mapping[str, str]) -> dict[str, Any]:
     return filters
 
 
-def tenant_filter(query: Mapping[str, str]) -> str | None:
+STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
+
+
+def _moment(field: str, text: str) -> datetime | None:
+    """A time from the search form (a datetime-local field: no zone, read as UTC), or None."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise FieldError(field, f"expected a time such as 2026-11-27T04:00, not {text[:40]!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def delivery_search(query: Mapping[str, str]) -> dict[str, Any]:
+    """The delivery search's fields (absent or empty: any): id, idempotency key, event type, status,
+    endpoint (a name or an id), created since and until."""
+    found: dict[str, Any] = {}
+    for field in ("id", "key", "event_type", "status", "endpoint", "since", "until"):
+        value = query.get(field, "").strip()
+        if len(value) > MAX_FILTER_LENGTH or not value.isprintable():
+            raise FieldError(field, f"at most {MAX_FILTER_LENGTH} printable characters")
+        found[field] = value or None
+    if found["id"] is not None:
+        found["id"] = identifier("id", found["id"])
+    if found["status"] is not None and found["status"] not in STATUSES:
+        raise FieldError("status", f"must be one of {', '.join(STATUSES)}")
+    found["since"] = _moment("since", found["since"] or "")
+    found["until"] = _moment("until", found["until"] or "")
+    return found
+
+
+def tenant_filter(query: Mapping[str, Any]) -> str | None:
     """A page's tenant filter (`?tenant=NAME`; absent or empty: every tenant the caller sees)."""
-    value = query.get("tenant", "").strip()
+    value = query.get("tenant", "")
+    value = value.strip() if isinstance(value, str) else ""
     if len(value) > MAX_FILTER_LENGTH or not value.isprintable():
         raise FieldError("tenant", f"at most {MAX_FILTER_LENGTH} printable characters")
     return value or None
@@ -69,6 +105,24 @@ def reason(text: str) -> str:
     if not text.isprintable():
         raise FieldError("reason", "must be printable (no control characters)")
     return text
+
+
+def endpoint_fields(form: Mapping[str, Any], creating: bool) -> dict[str, Any]:
+    """The endpoint form's fields as the endpoint service's models take them (they check every
+    bound); an empty field is left out (a change keeps what is stored), event types are separated by
+    commas or spaces."""
+    fields: dict[str, Any] = {}
+    for field in ("name", "url", "body_format", "description") if creating else ("url", "body_format",
+                                                                                  "description"):
+        value = form.get(field)
+        if isinstance(value, str) and value.strip():
+            fields[field] = value.strip()
+    types = form.get("event_types")
+    if isinstance(types, str) and types.strip():
+        fields["event_types"] = types.replace(",", " ").split()
+    if not creating and not fields:
+        raise FieldError("(form)", "nothing to change: fill in at least one field")
+    return fields
 
 
 def endpoint_action(text: str) -> str:

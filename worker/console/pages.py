@@ -13,10 +13,12 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
+from worker import portal
 from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
 from worker.console import forms, queries, sessions
+from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
 
@@ -27,8 +29,13 @@ CALLER = web.RequestKey("webhook_console_caller", Caller)
 SESSION = web.RequestKey("webhook_console_session", str)
 FORM = web.RequestKey("webhook_console_form", MultiDictProxy[Any])
 TEMPLATES = web.AppKey("webhook_console_templates", jinja2.Environment)
+# The name of the tenant a tenant administrator's session is kept to, shown on every page.
+TENANT_NAME = web.RequestKey("webhook_console_tenant_name", str)
+# The roles whose sessions may change things; a tenant_admin's changes are kept to its tenant by
+# PostgreSQL (webhooks_tenant_admin under row-level security), not by the console.
+CHANGERS = ("admin", "tenant_admin")
 # Pages that need no session: the login form and the files it uses.
-PUBLIC = ("/console/login", "/console/static/")
+PUBLIC = ("/console/login", "/console/portal", "/console/static/")
 # No inline script or style anywhere, nothing from elsewhere, no framing, forms post only here.
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -47,6 +54,12 @@ NOTICES = {
     "endpoint_changed": "Endpoint {id}: {action} done; the reason is recorded in its events.",
     "endpoint_unchanged": "Endpoint {id}: nothing to {action} (it already was).",
     "logged_out": "You are logged out.",
+    "endpoint_added": "Endpoint {id} added. Reveal its signing secret below for the receiver to verify with.",
+    "endpoint_edited": "Endpoint {id} changed.",
+    "secret_rotated": "Endpoint {id}: a new signing secret; the old one keeps signing for 24 hours.",
+    "test_sent": "A webhook.test event is queued to the endpoint: delivery {id}.",
+    "session_ended": "Your session ended: it expired, or its token or link was revoked. Log in again.",
+    "operation_started": "Operation {id} started: it replays each dead letter the filter matched, once.",
     "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
     "operation_finished": "Operation {id} had already ended: nothing to cancel.",
 }
@@ -58,6 +71,7 @@ def templates() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["when"] = _when
     environment.filters["age"] = _age
+    environment.globals["max_reason"] = forms.MAX_REASON_LENGTH
     environment.globals["categories"] = CATEGORIES  # the one list (worker.policy), as the API checks it
     return environment
 
@@ -91,8 +105,9 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
     caller = request.get(CALLER)
     session = request.get(SESSION)
     context.setdefault("page", "")
+    context.setdefault("tenant_name", request.get(TENANT_NAME))
     page = request.app[TEMPLATES].get_template(template).render(
-        prefix=PREFIX, caller=caller, is_admin=caller is not None and caller.role == "admin",
+        prefix=PREFIX, caller=caller, is_admin=caller is not None and caller.role in CHANGERS,
         csrf=sessions.csrf_token(session) if session else "", notice=notice(request.query), **context)
     return web.Response(text=page, status=status, content_type="text/html", charset="utf-8")
 
@@ -148,19 +163,22 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
                                                lambda: _session_caller(state, session_id))
         caller = verdict.found
     if caller is None:
-        # A revoked or expired token lands here on its very next request.
-        response = see_other("/login")
+        # A revoked or expired token lands here on its very next request, told why.
+        response = see_other("/login", notice="session_ended") if session_id else see_other("/login")
         if session_id:
             response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
         return response
     request[CALLER] = caller
     request[SESSION] = session_id
+    if caller.tenant_id is not None:
+        async with state.db.transaction(caller) as conn:
+            request[TENANT_NAME] = await queries.tenant_name(conn, caller.tenant_id)
     if request.method == "POST":
         form = await request.post()
         if not sessions.same_secret(sessions.csrf_token(session_id), _text(form.get("csrf"))):
             return error_page(request, 403, "Form refused",
                               "csrf: the form's CSRF token is missing or wrong; reload the page and retry.")
-        if request.path != PREFIX + "/logout" and caller.role != "admin":
+        if request.path != PREFIX + "/logout" and caller.role not in CHANGERS:
             return error_page(request, 403, "Not allowed",
                               f"role {caller.role} may look but not change anything; it needs admin.")
         request[FORM] = form
@@ -208,9 +226,9 @@ async def login(request: web.Request) -> web.Response:
         response = await login_form(request, problem.detail or problem.title, problem.status)
         response.headers.update(problem.headers)
         return response
-    if caller.role not in ("admin", "reader"):
-        return await login_form(request, f"A {caller.role} token cannot open the console: use a reader "
-                                         "or admin token.", 403)
+    if caller.role not in ("admin", "reader", "tenant_admin"):
+        return await login_form(request, f"A {caller.role} token cannot open the console: use a reader, "
+                                         "admin or tenant_admin token.", 403)
     session_id = sessions.new_secret()
     async with state.db.connection() as conn:
         opened = await sessions.start(conn, session_id, token)
@@ -229,6 +247,55 @@ async def logout(request: web.Request) -> web.Response:
         await sessions.end(conn, request[SESSION])
     response = see_other("/login", notice="logged_out")
     response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
+    return response
+
+
+# --- portal links ---------------------------------------------------------------------------------
+
+
+async def portal_page(request: web.Request, error: str | None = None, status: int = 200) -> web.Response:
+    """What a portal link shows: a button that opens the session. Opening it on the GET would let a
+    link preview (a chat's unfurler, a mail scanner) use up the one opening before the person does."""
+    link = request.match_info.get("link", "")
+    login_csrf = sessions.new_secret()
+    response = render(request, "portal.html", status=status, login_csrf=login_csrf, link=link, error=error)
+    if error is None:  # an error page has no form, and the form's cookie stays as it was
+        response.set_cookie(sessions.LOGIN_COOKIE, login_csrf,
+                            **sessions.cookie_options(_secure(request), 3600))
+    return response
+
+
+async def portal_open(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    form = await request.post()
+    if not sessions.same_secret(request.cookies.get(sessions.LOGIN_COOKIE), _text(form.get("csrf"))):
+        return await portal_page(request, "The form expired or did not come from this page; open the link "
+                                          "again.", 403)
+    link = _text(form.get("link")).strip()
+    session_id = sessions.new_secret()
+
+    async def lookup() -> Caller | None:
+        async with state.db.connection() as conn:
+            return await sessions.open_portal_link(conn, link, session_id)
+
+    # a wrong link counts against the address as a failed login does
+    key = portal.link_hash(link) if portal.well_formed(link) else None
+    verdict = await state.check_credential(client_address(request), key, lookup)
+    if verdict.found is None:
+        if verdict.retry_after is not None:
+            response = await portal_page(request, "Too many failed attempts from this address; wait and "
+                                                  "retry.", 429)
+            response.headers["Retry-After"] = str(verdict.retry_after)
+            return response
+        return await portal_page(request, "This link is not valid: it was used already, expired, or was "
+                                          "revoked.", 401)
+    opened = verdict.found
+    get_logger().info("console portal link opened", name=opened.name, role=opened.role,
+                      tenant_id=opened.tenant_id)
+    response = see_other("/")
+    response.set_cookie(sessions.COOKIE, session_id, **sessions.cookie_options(
+        _secure(request), int(portal.MAX_LIFETIME.total_seconds())))
+    response.del_cookie(sessions.LOGIN_COOKIE, path=sessions.COOKIE_PATH)
     return response
 
 
@@ -259,18 +326,73 @@ async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
     viewer = await _viewer(request)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        rows = await queries.dead_letters(conn, filters)
+        webhook_id = None
+        if filters["endpoint"] is not None:
+            webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
+            if webhook_id is None:
+                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+        rows = await queries.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
+                                       | {"webhook_id": webhook_id})
         choices = await queries.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
                   choices=choices, limit=queries.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
 
 
 async def replay_selected(request: web.Request) -> web.Response:
-    ids = forms.selected_ids([_text(v) for v in request[FORM].getall("delivery_id", [])])
+    form = request[FORM]
+    ids = forms.selected_ids([_text(v) for v in form.getall("delivery_id", [])])
+    # back to the list as it was filtered (the form carries the filters it was shown with)
+    kept = {**forms.dead_letter_filters(form), "tenant": forms.tenant_filter(form)}
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
         replayed = await queries.replay(conn, ids)
     get_logger().info("console replay", name=request[CALLER].name, selected=len(ids), replayed=replayed)
-    return see_other("/dead-letters", notice="replayed" if replayed else "not_replayed", n=replayed)
+    return see_other("/dead-letters", **{k: v for k, v in kept.items() if v},
+                     notice="replayed" if replayed else "not_replayed", n=replayed)
+
+
+async def deliveries(request: web.Request) -> web.Response:
+    """Find any delivery, whatever its status: by id, idempotency key, event type, status, endpoint, time."""
+    found = forms.delivery_search(request.query)
+    rows = None
+    async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
+        choices = await queries.filter_choices(conn)
+        if any(v is not None for v in found.values()):
+            webhook_id = None
+            if found["endpoint"] is not None:
+                webhook_id = await queries.endpoint_ref(conn, found["endpoint"])
+                if webhook_id is None:
+                    raise forms.FieldError("endpoint", f"no endpoint named {found['endpoint'][:60]!r}")
+            rows = await queries.search_deliveries(conn, found, webhook_id)
+    return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
+                  statuses=forms.STATUSES, limit=queries.PAGE_ROWS, query=request.query)
+
+
+async def replay_matching(request: web.Request) -> web.Response:
+    """Replay every dead letter the page's filter matches, as a bulk operation the API's runner steps
+    (webhooks.api_start_replay, as POST /v1/dead-letters/replay): its progress is on the Operations page."""
+    form = request[FORM]
+    filters = forms.dead_letter_filters(form)
+    tenant = forms.tenant_filter(form)
+    caller = request[CALLER]
+    viewer = caller
+    if tenant is not None:
+        async with request.app[STATE].db.transaction(caller) as conn:
+            found = await queries.tenant_id(conn, tenant)
+        if found is None:
+            raise forms.FieldError("tenant", "no tenant with this name")
+        viewer = dataclasses.replace(caller, tenant_id=found)
+    async with request.app[STATE].db.transaction(viewer) as conn:
+        webhook_id = None
+        if filters["endpoint"] is not None:
+            webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
+            if webhook_id is None:
+                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+        operation_id = await queries.start_replay(
+            conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
+                   "category": filters["category"]}, f"{caller.name} (console)")
+    request.app[STATE].operations_wakeup.set()
+    get_logger().info("console bulk replay started", name=caller.name, operation_id=operation_id)
+    return see_other("/operations", notice="operation_started", id=operation_id)
 
 
 async def delivery(request: web.Request) -> web.Response:
@@ -297,7 +419,8 @@ async def endpoints(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         rows = await queries.endpoints(conn)
         events = await queries.endpoint_events(conn)
-    return render(request, "endpoints.html", page="endpoints", rows=rows, events=events)
+    return render(request, "endpoints.html", page="endpoints", rows=rows, events=events,
+                  formats=BODY_FORMATS)
 
 
 async def endpoint_action(request: web.Request) -> web.Response:
@@ -344,8 +467,12 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/login", login_page)
     app.router.add_post("/login", login)
     app.router.add_post("/logout", logout)
+    app.router.add_get("/portal/{link}", portal_page)
+    app.router.add_post("/portal", portal_open)
     app.router.add_get("/dead-letters", dead_letters)
     app.router.add_post("/dead-letters/replay", replay_selected)
+    app.router.add_post("/dead-letters/replay-matching", replay_matching)
+    app.router.add_get("/deliveries", deliveries)
     app.router.add_get("/deliveries/{delivery_id}", delivery)
     app.router.add_post("/deliveries/{delivery_id}/replay", replay_one)
     app.router.add_get("/endpoints", endpoints)

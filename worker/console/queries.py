@@ -7,8 +7,10 @@ from typing import Any
 
 import psycopg
 
+from worker import endpoints as endpoint_service
 from worker.api.database import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
+from worker.api.queries import start_replay as api_start_replay
 from worker.coalescing import digest_label
 from worker.console import chart
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING
@@ -17,6 +19,8 @@ CHART_HOURS = 6
 CHART_BUCKET = timedelta(minutes=10)
 # Pages list at most this many rows: the console is for looking, bulk work has the API and CLI.
 PAGE_ROWS = 200
+# An endpoint's page shows its latest deliveries, attempts and changes, this many of each.
+RECENT_ROWS = 20
 # Failed attempts: what the chart draws in red (deferrals and state changes are neither).
 FAILED_OUTCOMES = ("retry", "dead_letter", "lease_expired")
 # A payload shown whole up to this size; a larger one is cut, saying so.
@@ -56,6 +60,29 @@ async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
         (PAGE_ROWS,))
 
 
+async def endpoint_page(conn: psycopg.AsyncConnection[Any], endpoint_id: int) -> dict[str, Any] | None:
+    """An endpoint's page: its settings in the service's one shape, health and circuit, its latest
+    deliveries and attempts, its changes; None when the caller does not see it."""
+    endpoint = await fetch_one(conn, f"SELECT {endpoint_service.COLUMNS} FROM webhooks.endpoint_summary"
+                                     " WHERE id = %s", (endpoint_id,))
+    if endpoint is None:
+        return None
+    deliveries = await fetch_all(
+        conn, "SELECT delivery_id, event_type, status, attempts, last_http_status, failure_category,"
+              " created_at FROM webhooks.delivery_overview WHERE webhook_id = %s"
+              " ORDER BY delivery_id DESC LIMIT %s",
+        (endpoint_id, RECENT_ROWS))
+    attempts = await fetch_all(
+        conn, "SELECT delivery_id, attempt, outcome, failure_category, http_status, latency_ms, error,"
+              " logged_at FROM webhooks.alert_delivery_log WHERE webhook_id = %s"
+              " ORDER BY logged_at DESC LIMIT %s",
+        (endpoint_id, RECENT_ROWS))
+    events = await fetch_all(
+        conn, "SELECT at, change, reason, decided_by FROM webhooks.endpoint_events WHERE webhook_id = %s"
+              " ORDER BY at DESC LIMIT %s", (endpoint_id, RECENT_ROWS))
+    return {"endpoint": endpoint, "deliveries": deliveries, "attempts": attempts, "events": events}
+
+
 async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
     row = await fetch_one(conn, "SELECT now() AS now")
     assert row is not None
@@ -86,7 +113,26 @@ async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, An
         " FROM webhooks.delivery_overview"
         + DEAD_LETTERS_MATCHING + DEAD_LETTER_ORDER +
         " LIMIT %(limit)s",
-        {"since": None, "until": None, **filters, "limit": PAGE_ROWS})
+        {"since": None, "until": None, "webhook_id": None, **filters, "limit": PAGE_ROWS})
+
+
+async def search_deliveries(conn: psycopg.AsyncConnection[Any], found: dict[str, Any],
+                            webhook_id: int | None) -> list[dict[str, Any]]:
+    """Deliveries matching the search (any status), newest first."""
+    return await fetch_all(
+        conn,
+        "SELECT delivery_id, webhook_id, endpoint_name, event_type, idempotency_key, status, attempts,"
+        "       last_http_status, failure_category, next_retry_at, created_at"
+        " FROM webhooks.delivery_overview"
+        " WHERE (%(id)s::bigint IS NULL OR delivery_id = %(id)s)"
+        "   AND (%(key)s::text IS NULL OR idempotency_key = %(key)s)"
+        "   AND (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        "   AND (%(status)s::text IS NULL OR status = %(status)s)"
+        "   AND (%(webhook_id)s::bigint IS NULL OR webhook_id = %(webhook_id)s)"
+        "   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)"
+        "   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"
+        " ORDER BY delivery_id DESC LIMIT %(limit)s",
+        {**found, "webhook_id": webhook_id, "limit": PAGE_ROWS})
 
 
 async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[Any]]:
@@ -97,10 +143,22 @@ async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[A
     return {"endpoints": names, "tenants": tenants}
 
 
+async def endpoint_ref(conn: psycopg.AsyncConnection[Any], ref: str) -> int | None:
+    """The endpoint a name or id names, as the CLI reads ENDPOINT (None: none the caller sees)."""
+    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (ref,))
+    return None if row is None or row["id"] is None else int(row["id"])
+
+
 async def tenant_id(conn: psycopg.AsyncConnection[Any], name: str) -> int | None:
     """A tenant the caller may see, by name (None: no such tenant, or not the caller's)."""
     row = await fetch_one(conn, "SELECT id FROM webhooks.tenant_summary WHERE name = %s", (name,))
     return None if row is None else int(row["id"])
+
+
+async def tenant_name(conn: psycopg.AsyncConnection[Any], tenant: int) -> str:
+    """The name of the tenant a session is kept to (its id when the tenant cannot be read)."""
+    row = await fetch_one(conn, "SELECT name FROM webhooks.tenant_summary WHERE id = %s", (tenant,))
+    return str(tenant) if row is None else str(row["name"])
 
 
 async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict[str, Any] | None:
@@ -132,23 +190,28 @@ async def replay(conn: psycopg.AsyncConnection[Any], delivery_ids: list[int]) ->
     return replayed
 
 
+async def start_replay(conn: psycopg.AsyncConnection[Any], filters: dict[str, Any], requested_by: str) -> int:
+    """A bulk replay of the dead letters matching `filters`, started as the API starts one."""
+    return await api_start_replay(conn, filters, None, None, requested_by)
+
+
 ENDPOINT_ACTIONS = ("enable", "disable", "reset", "open")
 
 
 async def endpoint_action(conn: psycopg.AsyncConnection[Any], endpoint_id: int, action: str, reason: str,
                           decided_by: str) -> str | None:
     """An endpoint change through the function the CLI calls; the change made, or None when there was
-    nothing to do (enabling an enabled endpoint). The reason is recorded in the endpoint's events:
-    as the reason where the function takes one (disable), else with who decided."""
+    nothing to do (enabling an enabled endpoint). The reason is recorded in the endpoint's events,
+    apart from who decided."""
     if action == "disable":
         cur = await conn.execute("SELECT webhooks.disable_endpoint(%s, %s, %s)",
                                  (endpoint_id, reason, decided_by))
     elif action == "enable":
-        cur = await conn.execute("SELECT webhooks.enable_endpoint(%s, %s)",
-                                 (endpoint_id, f"{decided_by}: {reason}"))
+        cur = await conn.execute("SELECT webhooks.enable_endpoint(%s, %s, %s)",
+                                 (endpoint_id, decided_by, reason))
     elif action in ("reset", "open"):
-        cur = await conn.execute("SELECT webhooks.set_circuit(%s, %s, NULL, %s)",
-                                 (endpoint_id, action, f"{decided_by}: {reason}"))
+        cur = await conn.execute("SELECT webhooks.set_circuit(%s, %s, NULL, %s, %s)",
+                                 (endpoint_id, action, decided_by, reason))
     else:
         raise ValueError(f"action: must be one of {', '.join(ENDPOINT_ACTIONS)}")
     row = await cur.fetchone()
@@ -158,7 +221,7 @@ async def endpoint_action(conn: psycopg.AsyncConnection[Any], endpoint_id: int, 
 async def endpoint_events(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     return await fetch_all(
         conn,
-        "SELECT v.at, e.name AS endpoint_name, v.change, v.reason, v.decided_by"
+        "SELECT v.at, v.webhook_id, e.name AS endpoint_name, v.change, v.reason, v.decided_by"
         " FROM webhooks.endpoint_events v JOIN webhooks.endpoint_summary e ON e.id = v.webhook_id"
         " ORDER BY v.at DESC LIMIT 20")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from worker import portal
 from worker.api.tokens import Caller, token_hash
 
 COOKIE = "webhook_console"
@@ -81,3 +82,14 @@ async def caller(conn: psycopg.AsyncConnection[Any], session_id: str) -> Caller 
 
 async def end(conn: psycopg.AsyncConnection[Any], session_id: str) -> None:
     await conn.execute("SELECT webhooks.console_end_session(%s)", (session_hash(session_id),))
+
+
+async def open_portal_link(conn: psycopg.AsyncConnection[Any], link: str, session_id: str) -> Caller | None:
+    """Open the session a portal link stands for (worker.portal), using the link up; None for a
+    malformed, unknown, used, expired or revoked one."""
+    if not portal.well_formed(link):
+        return None
+    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.console_open_portal_link(%s, %s)",
+                             (portal.link_hash(link), session_hash(session_id)))
+    row = await cur.fetchone()
+    return None if row is None else Caller(str(row[0]), row[1], row[2])

@@ -1,0 +1,165 @@
+"""The console's endpoint page and what an administrator (a tenant's too) does there: add, edit,
+rotate and reveal the signing secret, send a test event; each through the endpoint service and the
+SQL functions the CLI and the API call, under the caller's database role."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from aiohttp import web
+
+from worker import endpoints as service
+from worker import operator_sql, self_service, signing
+from worker.api.context import STATE, ApiState
+from worker.api.database import DATABASE_ROLES, local_role
+from worker.api.tokens import Caller
+from worker.console import forms, queries
+from worker.console.pages import CALLER, FORM, error_page, render, see_other
+from worker.encryption import Keyring
+from worker.observability import get_logger
+
+T = TypeVar("T")
+# A rotated-out secret keeps signing this long, so a receiver has time to switch.
+OLD_SECRET_HOURS = 24
+
+
+async def as_caller(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+    """The endpoint service (sync: it seals credentials bound to the endpoint's id) on a connection of
+    its own, in a thread, in one transaction under the caller's database role and tenant, as the
+    API's requests run: PostgreSQL, not this code, keeps a tenant's administrator to its tenant."""
+
+    def run() -> T:
+        with (operator_sql.connect(state.config, application_name="webhook-worker console") as conn,
+              conn.transaction()):
+            conn.execute(local_role(DATABASE_ROLES[caller.role]))
+            if caller.tenant_id is not None:
+                conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(caller.tenant_id),))
+            return work(conn)
+
+    return await asyncio.to_thread(run)
+
+
+def _keyring(request: web.Request) -> Keyring:
+    keyring = request.app[STATE].keyring
+    if keyring is None:
+        raise forms.FieldError("(keys)", "the API has no encryption keys: endpoint changes are refused")
+    return keyring
+
+
+def _visible(conn: psycopg.Connection[Any], endpoint_id: int) -> bool:
+    """Whether the caller sees the endpoint (row-level security answers another tenant's as missing)."""
+    return conn.execute("SELECT 1 FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,)
+                        ).fetchone() is not None
+
+
+def _refused(found: service.EndpointProblem) -> forms.FieldError:
+    hint = f"; to deliver there, {found.hint}" if found.hint else ""
+    return forms.FieldError(found.field, found.detail + hint)
+
+
+async def endpoint_page(request: web.Request, revealed: list[self_service.SigningSecret] | None = None
+                        ) -> web.Response:
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        facts = await queries.endpoint_page(conn, endpoint_id)
+    if facts is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    return render(request, "endpoint.html", page="endpoints", revealed=revealed, formats=service.BODY_FORMATS,
+                  **facts)
+
+
+async def add_endpoint(request: web.Request) -> web.Response:
+    form = request[FORM]
+    fields = forms.endpoint_fields(form, creating=True)
+    keyring = _keyring(request)
+    state = request.app[STATE]
+    try:
+        body = service.parse(service.EndpointCreate, fields)
+        await asyncio.to_thread(service.check_destination, body.url, state.config)
+        registered = await as_caller(state, request[CALLER], lambda c: service.register(c, body, keyring))
+    except service.EndpointProblem as found:
+        raise _refused(found) from None
+    get_logger().info("console endpoint added", name=request[CALLER].name, endpoint_id=registered.id)
+    return see_other(f"/endpoints/{registered.id}", notice="endpoint_added", id=registered.id)
+
+
+async def edit_endpoint(request: web.Request) -> web.Response:
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    form = request[FORM]
+    fields = forms.endpoint_fields(form, creating=False)
+    keyring = _keyring(request)
+    state = request.app[STATE]
+
+    def change(conn: psycopg.Connection[Any]) -> list[str] | None:
+        if not _visible(conn, endpoint_id):
+            return None
+        return service.update(conn, endpoint_id, body, keyring)
+
+    try:
+        body = service.parse(service.EndpointUpdate, fields)
+        if body.url is not None:
+            await asyncio.to_thread(service.check_destination, body.url, state.config)
+        changed = await as_caller(state, request[CALLER], change)
+    except service.EndpointProblem as found:
+        raise _refused(found) from None
+    if changed is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    get_logger().info("console endpoint changed", name=request[CALLER].name, endpoint_id=endpoint_id,
+                      fields=changed)
+    return see_other(f"/endpoints/{endpoint_id}", notice="endpoint_edited", id=endpoint_id)
+
+
+async def rotate_secret(request: web.Request) -> web.Response:
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    keyring = _keyring(request)
+    secret = signing.generate_secret()
+    old_expire_at = datetime.now(UTC) + timedelta(hours=OLD_SECRET_HOURS)
+
+    def rotate(conn: psycopg.Connection[Any]) -> int | None:
+        if not _visible(conn, endpoint_id):
+            return None
+        return operator_sql.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring)
+
+    if await as_caller(request.app[STATE], request[CALLER], rotate) is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    get_logger().info("console secret rotated", name=request[CALLER].name, endpoint_id=endpoint_id)
+    return see_other(f"/endpoints/{endpoint_id}", notice="secret_rotated", id=endpoint_id)
+
+
+async def reveal_secret(request: web.Request) -> web.Response:
+    """The secrets the endpoint's requests are signed with now, on the page (a POST: never in a link,
+    a history entry or a cache)."""
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    keyring = _keyring(request)
+    state = request.app[STATE]
+    allow_plaintext = not state.config.security.require_sealed
+    revealed = await as_caller(state, request[CALLER], lambda c: self_service.signing_secrets(
+        c, keyring, endpoint_id, allow_plaintext))
+    if revealed is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    get_logger().info("console secret revealed", name=request[CALLER].name, endpoint_id=endpoint_id)
+    return await endpoint_page(request, revealed)
+
+
+async def send_test_event(request: web.Request) -> web.Response:
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    delivery_id = await as_caller(request.app[STATE], request[CALLER],
+                                  lambda c: self_service.send_test_event(c, str(endpoint_id)))
+    if delivery_id is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    get_logger().info("console test event", name=request[CALLER].name, endpoint_id=endpoint_id,
+                      delivery_id=delivery_id)
+    return see_other(f"/deliveries/{delivery_id}", notice="test_sent", id=delivery_id)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/endpoints/new", add_endpoint)
+    app.router.add_get("/endpoints/{endpoint_id}", endpoint_page)
+    app.router.add_post("/endpoints/{endpoint_id}/edit", edit_endpoint)
+    app.router.add_post("/endpoints/{endpoint_id}/rotate-secret", rotate_secret)
+    app.router.add_post("/endpoints/{endpoint_id}/secret", reveal_secret)
+    app.router.add_post("/endpoints/{endpoint_id}/test", send_test_event)
