@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from worker import coalescing, formats, operator_sql, signing
+from worker import tenants as tenant_rules
 from worker.config import Config
 from worker.delivery import display_url
 from worker.destinations import Address, DestinationPolicy, address_blocked, ip_literal
@@ -205,6 +206,17 @@ class EndpointCreate(EndpointFields):
     url: str = Field(min_length=1, repr=False, json_schema_extra=URL_SCHEMA,
                      description="kept sealed; never shown again")
     secret: str | None = Field(default=None, repr=False, description="whsec_<base64>; default: generated")
+    # written once, at registration (what an endpoint's answer says can be sent back)
+    tenant: str | None = Field(default=None, min_length=1, max_length=tenant_rules.MAX_NAME,
+                               description="the tenant it belongs to (default: default); a token kept "
+                                           "to a tenant registers in its own only")
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("must be printable (no control characters)")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -360,7 +372,9 @@ def _refused(exc: psycopg.Error, name: str | None = None, tenant: str | None = N
 
 def register(conn: psycopg.Connection, body: EndpointCreate, keyring: Keyring, *,
              tenant: str | None = None, active: bool = True) -> Registered:
-    """Store a new endpoint in one transaction (check_destination first: it may block on DNS)."""
+    """Store a new endpoint in one transaction (check_destination first: it may block on DNS), in
+    `tenant` or else the body's."""
+    tenant = tenant if tenant is not None else body.tenant
     secret = body.secret or signing.generate_secret()
     if (problem := signing.secret_problem(secret)) is not None:
         raise EndpointProblem("secret", problem)

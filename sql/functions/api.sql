@@ -24,7 +24,9 @@
 -- api_token_role() to webhooks_authenticator, which the API's login rests as; the operations and
 -- endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations as
 -- webhooks_admin), and starting and cancelling a bulk replay and deleting an endpoint to
--- webhooks_tenant_admin too. Creating, revoking and listing tokens is the owner's alone (the CLI).
+-- webhooks_tenant_admin too. Creating, revoking and listing tokens is the owner's (the CLI) and
+-- webhooks_admin's (an unscoped admin token, /v1/tokens): an admin may do anything a token may, so
+-- minting one gives it nothing new; a tenant administrator never holds them.
 
 -- tokens --------------------------------------------------------------------------------------------
 
@@ -365,3 +367,8 @@ GRANT EXECUTE ON FUNCTION
     webhooks.api_cancel_operation(bigint, text)
 TO webhooks_tenant_admin;
 GRANT SELECT ON webhooks.api_operations TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+GRANT EXECUTE ON FUNCTION
+    webhooks.api_create_token(text, text, bytea, timestamptz, text),
+    webhooks.api_revoke_token(text),
+    webhooks.api_token_list()
+TO webhooks_admin;

@@ -19,7 +19,9 @@ COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["end
             ["status"], ["deliveries", "show"], ["dlq", "list"], ["replay"], ["config", "show"],
             ["config", "set"], ["purge"], ["keys"], ["keys", "generate"], ["keys", "status"],
             ["keys", "rotate"], ["demo"], ["api"], ["tokens"], ["tokens", "create"], ["tokens", "list"],
-            ["tokens", "revoke"], ["operations"], ["operations", "list"], ["operations", "cancel"]]
+            ["tokens", "revoke"], ["operations"], ["operations", "list"], ["operations", "cancel"],
+            ["endpoints", "test"], ["event-types"], ["event-types", "list"], ["event-types", "set"],
+            ["event-types", "deprecate"], ["event-types", "unmatched"]]
 
 
 def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker"), stdin=None):

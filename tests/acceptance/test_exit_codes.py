@@ -43,6 +43,8 @@ NAMES_NOTHING = {
     ("tokens", "list"): "names nothing",
     ("tenants", "list"): "names nothing",
     ("operations", "list"): "names nothing",
+    ("event-types", "list"): "names nothing",
+    ("event-types", "unmatched"): "names nothing",
 }
 MISSING = {
     ("endpoints", "add"): ["--name", "taken", "--url", "https://hooks.example.test/x"],  # name taken
@@ -65,12 +67,16 @@ MISSING = {
     ("tenants", "show"): ["nosuch"],
     ("tenants", "update"): ["nosuch", "--max-queued", "10"],
     ("operations", "cancel"): ["99999"],
+    ("endpoints", "test"): ["nosuch"],
+    ("event-types", "deprecate"): ["no.such.type"],
+    ("event-types", "set"): None,  # adds the type when it is missing
 }
 # Well-formed arguments that reach the database (for the unreachable-database case).
 MINIMAL = {
     ("migrate",): [], ("endpoints", "list"): [], ("status",): [], ("config", "show"): [],
     ("keys", "status"): [], ("keys", "rotate"): [], ("config", "set"): ["max_attempts", "5"],
     ("tokens", "list"): [], ("tenants", "list"): [], ("operations", "list"): [],
+    ("event-types", "list"): [], ("event-types", "unmatched"): [], ("event-types", "set"): ["order.paid"],
     **{command: args for command, args in MISSING.items() if args is not None},
 }
 # Commands that never reach the database with the arguments above, and why.
@@ -148,6 +154,15 @@ BAD_VALUES = [
     ["config", "set", "max_attempts", "many"],
     ["tokens", "create", "--name", "x", "--role", "reader", "--expires-in", "0"],
     ["tokens", "create", "--name", "\n", "--role", "reader"],
+    ["tokens", "create", "--name", "x", "--role", "tenant_admin"],
+    ["tokens", "create", "--name", "x", "--role", "admin", "--tenant", "default"],
+    ["endpoints", "test"],
+    ["event-types", "set", "webhook.mine"],
+    ["event-types", "set", "a*"],
+    ["event-types", "set", "a.b", "--schema", "{not json"],
+    ["event-types", "set", "a.b", "--schema", '{"type": 5}'],
+    ["event-types", "set", "a.b", "--description", "x" * 2001],
+    ["event-types", "deprecate", "webhook.test"],
     ["tokens", "portal-link", "--tenant", "default", "--expires-in", "2d"],
     ["tokens", "portal-link", "--tenant", "default", "--base-url", "console.test"],
 ]
@@ -166,8 +181,9 @@ def test_a_bad_value_is_a_usage_error_whatever_the_database_holds(as_user, db):
 def test_a_failed_lookup_is_1_everywhere_in_the_same_words(as_user, db):
     shown = as_user("endpoints", "show", "nosuch", database=db)
     enqueued = as_user("enqueue", "--endpoint", "nosuch", database=db)
+    tested = as_user("endpoints", "test", "nosuch", database=db)
     expected = "webhook-worker: ENDPOINT 'nosuch': no endpoint with this name or id\n"
-    assert shown == enqueued == (EXIT_FAILURE, expected)
+    assert shown == enqueued == tested == (EXIT_FAILURE, expected)
     assert as_user("deliveries", "show", "99999", database=db) == (
         EXIT_FAILURE, "webhook-worker: no such delivery\n")
 

@@ -22,4 +22,5 @@ def api(db: str) -> Iterator[ApiServer]:
 
 @pytest.fixture
 def role_tokens(db: str) -> dict[str, str]:
-    return {role: make_token(db, role) for role in ("producer", "reader", "admin")}
+    """A token per role; the tenant_admin's is the default tenant's, where the tests' endpoints are."""
+    return {role: make_token(db, role) for role in ("producer", "reader", "admin", "tenant_admin")}

@@ -143,9 +143,13 @@ class ApiServer:
         return self.request("POST", path, token, body, **kwargs)
 
 
-def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = None) -> str:
+def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = None,
+               tenant: str | None = None) -> str:
+    """A token of `role`; a tenant_admin token is the default tenant's unless told."""
+    if role == "tenant_admin" and tenant is None:
+        tenant = "default"
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return tokens.create(conn, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at)
+        return tokens.create(conn, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at, tenant)
 
 
 class ApiProcess:

@@ -8,11 +8,12 @@ import psycopg
 import pytest
 from openapi_spec_validator import validate
 
+from tests.api.server import make_token
 from tests.support import ROOT, add_endpoint, enqueue, eventually, query
 from worker.api.openapi import document, text
 from worker.api.routes import ROUTES
 
-ROLES = ("producer", "reader", "admin")
+ROLES = ("producer", "reader", "admin", "tenant_admin")
 
 
 def test_the_openapi_document_is_valid_openapi_3_1_and_served_without_a_token(api):
@@ -58,6 +59,8 @@ def world(db, receiver):
     [(operation,)] = query(
         db, "SELECT webhooks.api_start_replay('{\"event_type\": \"none\"}', NULL, NULL, 't')"
     )
+    query(db, "SELECT webhooks.upsert_event_type('order.created', 'An order was placed')")
+    make_token(db, "reader", name="revocable")
     return {
         "endpoint": endpoint,
         "spare": spare,
@@ -74,9 +77,12 @@ def sample_request(method, path, world, role):
         "/v1/deliveries/{id}/replay": world["dead"],
         "/v1/operations/{id}": world["operation"],
         "/v1/tenants/{id}": "default",
+        "/v1/tokens/{name}/revoke": "revocable",
+        "/v1/event-types/{name}": "order.created",
+        "/v1/event-types/{name}/deprecate": "order.created",
     }
     target = ids.get(path, world["spare"] if method == "DELETE" else world["endpoint"])
-    url = path.replace("{id}", str(target))
+    url = path.replace("{id}", str(target)).replace("{name}", str(target))
     bodies = {
         ("POST", "/v1/messages"): {"event_type": "order.created", "payload": {"n": 1}, "endpoint": "orders"},
         ("POST", "/v1/dead-letters/replay"): {"filter": {"endpoint": "orders"}, "max": 1},
@@ -87,6 +93,8 @@ def sample_request(method, path, world, role):
         ("PATCH", "/v1/config"): {"max_attempts": 12},
         ("POST", "/v1/tenants"): {"name": f"tenant-{role}"},
         ("PATCH", "/v1/tenants/{id}"): {"max_queued": 1000},
+        ("PUT", "/v1/event-types/{name}"): {"description": f"set by {role}"},
+        ("POST", "/v1/tokens"): {"name": f"made-by-{role}", "role": "reader"},
     }
     return url, bodies.get((method, path))
 
@@ -368,7 +376,7 @@ def test_two_admins_replaying_one_row_at_once_give_one_replay(api, role_tokens, 
         ) == [(1,)]
 
 
-BODY_ROUTES = [(r.method, r.path) for r in ROUTES if r.method in ("POST", "PATCH")]
+BODY_ROUTES = [(r.method, r.path) for r in ROUTES if r.method in ("POST", "PATCH", "PUT")]
 
 
 def written(db):

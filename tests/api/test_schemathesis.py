@@ -21,7 +21,7 @@ FAILED_AUTH_PER_MINUTE = 100
 # within a minute or two on a busy 2-core machine. One worker: schemathesis' threads parse Python
 # source at once (hypothesis describing its strategies), which CPython 3.11's ast module does not
 # survive ("AST constructor recursion depth mismatch").
-EXAMPLES = {"admin": 5, "reader": 2, "producer": 2}
+EXAMPLES = {"admin": 5, "reader": 2, "producer": 2, "tenant_admin": 2}
 # Valid to the document and still refused with 422, because the answer depends on the database's
 # state, which no schema can describe. Each entry: the operations, the extra status, and why.
 ALLOWED = [
@@ -31,6 +31,9 @@ ALLOWED = [
     ("GET /v1/deliveries", "422", "endpoint names no endpoint"),
     ("GET /v1/dead-letters", "422", "endpoint names no endpoint"),
     ("POST /v1/dead-letters/replay", "422", "filter.endpoint names no endpoint"),
+    # likewise `tenant` on a list (or on a token) that names no tenant, or another tenant than a
+    # scoped token's own
+    ("GET /v1/endpoints", "422", "tenant names no tenant"),
     # the destination rules on `url` depend on the configuration (security.require_https, the
     # networks refused) and on what its host resolves to at the time: the document gives its form only
     # (and a name, as a tenant's below, must be printable: the pattern keeps out control characters;
@@ -45,6 +48,13 @@ ALLOWED = [
     # rules over several settings (lease_outlasts_timeout: lease_seconds * 1000 >= timeout_ms + 5000)
     # and an interval's syntax are the database's to check; JSON Schema cannot compare two fields
     ("PATCH /v1/config", "422", "a rule over several settings, or an interval PostgreSQL cannot read"),
+    # an event type's name (worker.event_types.name_problem): not 'webhook.*' (the worker's own), no
+    # '*', at most 256 bytes of UTF-8; and a schema must itself be a valid JSON Schema: neither a
+    # prefix's absence nor a byte length nor "is a JSON Schema" has a pattern the tools agree on
+    ("PUT /v1/event-types/{name}", "422", "a reserved or wildcard name, or a schema that is not one"),
+    ("POST /v1/event-types/{name}/deprecate", "422", "a reserved (webhook.*) name"),
+    # a token's tenant goes with its role (tenant_admin: required; admin: refused) and must exist
+    ("POST /v1/tokens", "422", "a tenant missing, refused for the role, or naming no tenant"),
 ]
 
 

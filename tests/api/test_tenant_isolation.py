@@ -66,80 +66,116 @@ def snapshot(db):
 
 def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_changes_nothing(
         api, db, two_tenants):
+    """Each route with globex's reader (its producer to publish) and with globex's tenant
+    administrator: acme's rows are not found, not shown and not changed."""
     w = two_tenants
     reader, producer = scoped_token(db, "reader", "globex"), scoped_token(db, "producer", "globex")
+    tenant_admin = scoped_token(db, "tenant_admin", "globex")
     before = snapshot(db)
     acme_words = [b"acme", b"secret-reason"]
     ids = {"dead": w["dead"], "delivered": w["delivered"], "endpoint": w["endpoint"],
            "operation": w["operation"]}
+    endpoint = f"/v1/endpoints/{ids['endpoint']}"
+    # route: the requests tried, each (method, path, body, status for the reader or producer,
+    # status for the tenant administrator)
     calls = {
-        ("GET", "/v1/token"): [("GET", "/v1/token", None, 200)],
-        ("GET", "/v1/openapi.json"): [("GET", "/v1/openapi.json", None, 200)],
+        ("GET", "/v1/token"): [("GET", "/v1/token", None, 200, 200)],
+        ("GET", "/v1/openapi.json"): [("GET", "/v1/openapi.json", None, 200, 200)],
         ("POST", "/v1/messages"): [
-            ("POST", "/v1/messages", {"event_type": "a.b", "payload": {}, "endpoint": "acme-orders"}, 422),
+            ("POST", "/v1/messages", {"event_type": "a.b", "payload": {}, "endpoint": "acme-orders"},
+             422, 422),
             ("POST", "/v1/messages", {"event_type": "a.b", "payload": {}, "endpoint": str(w["endpoint"])},
-             422)],
+             422, 422)],
         ("GET", "/v1/deliveries"): [
-            ("GET", "/v1/deliveries", None, 200),
-            ("GET", f"/v1/deliveries?endpoint={w['endpoint']}", None, 422),
-            ("GET", "/v1/deliveries?endpoint=acme-orders", None, 422)],
-        ("GET", "/v1/deliveries/{id}"): [("GET", f"/v1/deliveries/{ids['dead']}", None, 404),
-                                         ("GET", f"/v1/deliveries/{ids['delivered']}", None, 404)],
-        ("POST", "/v1/deliveries/{id}/replay"): [("POST", f"/v1/deliveries/{ids['dead']}/replay", None, 403)],
-        ("GET", "/v1/dead-letters"): [("GET", "/v1/dead-letters", None, 200)],
-        ("POST", "/v1/dead-letters/replay"): [("POST", "/v1/dead-letters/replay", {}, 403)],
-        ("GET", "/v1/operations/{id}"): [("GET", f"/v1/operations/{ids['operation']}", None, 404)],
+            ("GET", "/v1/deliveries", None, 200, 200),
+            ("GET", f"/v1/deliveries?endpoint={w['endpoint']}", None, 422, 422),
+            ("GET", "/v1/deliveries?endpoint=acme-orders", None, 422, 422),
+            ("GET", "/v1/deliveries?tenant=acme", None, 422, 422)],
+        ("GET", "/v1/deliveries/{id}"): [("GET", f"/v1/deliveries/{ids['dead']}", None, 404, 404),
+                                         ("GET", f"/v1/deliveries/{ids['delivered']}", None, 404, 404)],
+        ("POST", "/v1/deliveries/{id}/replay"): [
+            ("POST", f"/v1/deliveries/{ids['dead']}/replay", None, 403, 404)],
+        ("GET", "/v1/dead-letters"): [("GET", "/v1/dead-letters", None, 200, 200),
+                                      ("GET", "/v1/dead-letters?tenant=acme", None, 422, 422)],
+        ("POST", "/v1/dead-letters/replay"): [
+            ("POST", "/v1/dead-letters/replay", {"filter": {"endpoint": "acme-orders"}}, 403, 422)],
+        ("GET", "/v1/operations/{id}"): [("GET", f"/v1/operations/{ids['operation']}", None, 404, 404)],
         ("POST", "/v1/operations/{id}/cancel"): [
-            ("POST", f"/v1/operations/{ids['operation']}/cancel", None, 403)],
-        ("GET", "/v1/endpoints"): [("GET", "/v1/endpoints", None, 200)],
+            ("POST", f"/v1/operations/{ids['operation']}/cancel", None, 403, 404)],
+        ("GET", "/v1/endpoints"): [("GET", "/v1/endpoints", None, 200, 200),
+                                   ("GET", "/v1/endpoints?tenant=acme", None, 422, 422)],
         ("POST", "/v1/endpoints"): [
-            ("POST", "/v1/endpoints", {"name": "x", "url": "https://example.com"}, 403)],
-        ("GET", "/v1/endpoints/{id}"): [("GET", f"/v1/endpoints/{ids['endpoint']}", None, 404),
-                                        ("GET", "/v1/endpoints/acme-orders", None, 404)],
-        ("PATCH", "/v1/endpoints/{id}"): [("PATCH", f"/v1/endpoints/{ids['endpoint']}", {"max_attempts": 2},
-                                           403)],
-        ("DELETE", "/v1/endpoints/{id}"): [("DELETE", f"/v1/endpoints/{ids['endpoint']}", None, 403)],
-        ("GET", "/v1/endpoints/{id}/health"): [("GET", f"/v1/endpoints/{ids['endpoint']}/health", None, 404)],
+            ("POST", "/v1/endpoints", {"name": "x", "url": "https://example.com", "tenant": "acme"},
+             403, 403)],
+        ("GET", "/v1/endpoints/{id}"): [("GET", endpoint, None, 404, 404),
+                                        ("GET", "/v1/endpoints/acme-orders", None, 404, 404)],
+        ("PATCH", "/v1/endpoints/{id}"): [("PATCH", endpoint, {"max_attempts": 2}, 403, 404),
+                                          ("PATCH", "/v1/endpoints/acme-orders", {"max_attempts": 2},
+                                           403, 404)],
+        ("DELETE", "/v1/endpoints/{id}"): [("DELETE", endpoint, None, 403, 404)],
+        ("GET", "/v1/endpoints/{id}/health"): [("GET", f"{endpoint}/health", None, 404, 404)],
         ("POST", "/v1/endpoints/{id}/circuit"): [
-            ("POST", f"/v1/endpoints/{ids['endpoint']}/circuit", {"action": "reset"}, 403)],
-        ("POST", "/v1/endpoints/{id}/enable"): [
-            ("POST", f"/v1/endpoints/{ids['endpoint']}/enable", None, 403)],
+            ("POST", f"{endpoint}/circuit", {"action": "reset"}, 403, 404)],
+        ("POST", "/v1/endpoints/{id}/enable"): [("POST", f"{endpoint}/enable", None, 403, 404)],
         ("POST", "/v1/endpoints/{id}/disable"): [
-            ("POST", f"/v1/endpoints/{ids['endpoint']}/disable", {"reason": "x"}, 403)],
-        ("POST", "/v1/endpoints/{id}/rotate-secret"): [
-            ("POST", f"/v1/endpoints/{ids['endpoint']}/rotate-secret", None, 403)],
-        ("GET", "/v1/stats"): [("GET", "/v1/stats", None, 200)],
-        ("GET", "/v1/config"): [("GET", "/v1/config", None, 200)],
-        ("PATCH", "/v1/config"): [("PATCH", "/v1/config", {"max_attempts": 3}, 403)],
-        ("GET", "/v1/tenants"): [("GET", "/v1/tenants", None, 403)],
-        ("POST", "/v1/tenants"): [("POST", "/v1/tenants", {"name": "x"}, 403)],
-        ("GET", "/v1/tenants/{id}"): [("GET", "/v1/tenants/acme", None, 403)],
-        ("PATCH", "/v1/tenants/{id}"): [("PATCH", "/v1/tenants/acme", {"max_queued": 1}, 403)],
-        ("POST", "/v1/tenants/{id}/portal-link"): [("POST", "/v1/tenants/acme/portal-link", None, 403)],
+            ("POST", f"{endpoint}/disable", {"reason": "x"}, 403, 404)],
+        ("POST", "/v1/endpoints/{id}/rotate-secret"): [("POST", f"{endpoint}/rotate-secret", None, 403, 404)],
+        ("GET", "/v1/endpoints/{id}/secret"): [("GET", f"{endpoint}/secret", None, 403, 404),
+                                               ("GET", "/v1/endpoints/acme-orders/secret", None, 403, 404)],
+        ("POST", "/v1/endpoints/{id}/test"): [("POST", f"{endpoint}/test", None, 403, 404),
+                                              ("POST", "/v1/endpoints/acme-orders/test", None, 403, 404)],
+        ("GET", "/v1/stats"): [("GET", "/v1/stats", None, 200, 200)],
+        ("GET", "/v1/config"): [("GET", "/v1/config", None, 200, 403)],
+        ("PATCH", "/v1/config"): [("PATCH", "/v1/config", {"max_attempts": 3}, 403, 403)],
+        ("GET", "/v1/tenants"): [("GET", "/v1/tenants", None, 403, 403)],
+        ("POST", "/v1/tenants"): [("POST", "/v1/tenants", {"name": "x"}, 403, 403)],
+        ("GET", "/v1/tenants/{id}"): [("GET", "/v1/tenants/acme", None, 403, 403)],
+        ("PATCH", "/v1/tenants/{id}"): [("PATCH", "/v1/tenants/acme", {"max_queued": 1}, 403, 403)],
+        ("GET", "/v1/event-types"): [("GET", "/v1/event-types", None, 200, 200)],
+        ("GET", "/v1/event-types/{name}"): [("GET", "/v1/event-types/webhook.test", None, 200, 200)],
+        ("PUT", "/v1/event-types/{name}"): [("PUT", "/v1/event-types/a.b", {"description": "x"}, 403, 403)],
+        ("POST", "/v1/event-types/{name}/deprecate"): [
+            ("POST", "/v1/event-types/webhook.test/deprecate", None, 403, 403)],
+        ("GET", "/v1/tokens"): [("GET", "/v1/tokens", None, 403, 403)],
+        ("POST", "/v1/tokens"): [("POST", "/v1/tokens", {"name": "x", "role": "admin"}, 403, 403)],
+        ("POST", "/v1/tokens/{name}/revoke"): [
+            ("POST", "/v1/tokens/tenant_admin-globex/revoke", None, 403, 403)],
+        ("POST", "/v1/tenants/{id}/portal-link"): [
+            ("POST", "/v1/tenants/acme/portal-link", None, 403, 403)],
     }
     assert set(calls) == {(route.method, route.path) for route in ROUTES}  # every route is tried
-    for (method, _path), tries in calls.items():
-        for verb, path, body, status in tries:
-            token = producer if (method, _path) == ("POST", "/v1/messages") else reader
-            answer = api.request(verb, path, token, body)
-            assert answer.status == status, (verb, path, answer.status, answer.body)
-            if path != "/v1/openapi.json":
-                asked = (path + repr(body)).encode()  # what the caller gave may be echoed, nothing else
-                for word in acme_words:
-                    assert word in asked or word not in answer.body, (verb, path, word, answer.body)
-    # what the lists show is the other tenant's alone
-    listed = api.get("/v1/deliveries", reader).json["items"]
-    assert [d["delivery_id"] for d in listed] == [w["pending"]]
-    assert api.get("/v1/dead-letters", reader).json["items"] == []
-    assert [e["id"] for e in api.get("/v1/endpoints", reader).json["items"]] == [w["theirs"]]
-    stats = api.get("/v1/stats", reader).json
-    assert {s["status"]: s["deliveries"] for s in stats["queue"]} == {
-        "pending": 1, "delivering": 0, "retrying": 0, "delivered": 0, "dead_letter": 0}
-    assert stats["held_back"] == []  # acme's disabled endpoint holds rows back: not theirs to see
+    for (method, route), tries in calls.items():
+        for verb, path, body, status, admin_status in tries:
+            scoped = producer if (method, route) == ("POST", "/v1/messages") else reader
+            for token, expected in ((scoped, status), (tenant_admin, admin_status)):
+                answer = api.request(verb, path, token, body)
+                who = "tenant_admin" if token == tenant_admin else "reader"
+                assert answer.status == expected, (verb, path, who, answer.status, answer.body)
+                if path != "/v1/openapi.json":
+                    asked = (path + repr(body)).encode()  # what the caller gave may be echoed, nothing else
+                    for word in acme_words:
+                        assert word in asked or word not in answer.body, (verb, path, word, answer.body)
+    # what the lists show is the other tenant's alone, to its reader and to its administrator
+    for token in (reader, tenant_admin):
+        listed = api.get("/v1/deliveries", token).json["items"]
+        assert [d["delivery_id"] for d in listed] == [w["pending"]]
+        assert api.get("/v1/dead-letters", token).json["items"] == []
+        assert [e["id"] for e in api.get("/v1/endpoints", token).json["items"]] == [w["theirs"]]
+        assert [e["id"] for e in api.get("/v1/endpoints?tenant=globex", token).json["items"]] == [w["theirs"]]
+        stats = api.get("/v1/stats", token).json
+        assert {s["status"]: s["deliveries"] for s in stats["queue"]} == {
+            "pending": 1, "delivering": 0, "retrying": 0, "delivered": 0, "dead_letter": 0}
+        assert stats["held_back"] == []  # acme's disabled endpoint holds rows back: not theirs to see
     assert snapshot(db) == before  # nothing changed
-    # the unscoped reader still sees everything
+    # the unscoped reader still sees everything, and narrows to a tenant when it asks
     everyone = role_token(db, "reader")
     assert len(api.get("/v1/deliveries", everyone).json["items"]) == 3
+    assert [d["delivery_id"] for d in api.get("/v1/deliveries?tenant=globex", everyone).json["items"]] == [
+        w["pending"]]
+    assert [d["delivery_id"] for d in api.get("/v1/dead-letters?tenant=acme", everyone).json["items"]] == [
+        w["dead"]]
+    assert [e["name"] for e in api.get("/v1/endpoints?tenant=acme", everyone).json["items"]] == [
+        "acme-orders"]
 
 
 def role_token(db, role):

@@ -65,3 +65,25 @@ def test_create_refuses_bad_input_naming_the_option(db):
     dup = cli("tokens", "create", "--name", "dup", "--role", "admin", env=env)
     assert dup.returncode == 1 and "exists" in dup.stderr
     assert query(db, "SELECT count(*) FROM webhooks.api_tokens")[0][0] == 1
+
+
+def test_a_tenant_admin_token_is_created_with_its_tenant_and_administers_that_tenant_only(db):
+    env = {"DATABASE_URL": db}
+    assert cli("tenants", "add", "acme", env=env).returncode == 0
+    unscoped = cli("tokens", "create", "--name", "x", "--role", "tenant_admin", env=env)
+    assert unscoped.returncode == 2
+    assert "--tenant: a tenant_admin token administers one tenant" in unscoped.stderr
+    created = cli("tokens", "create", "--name", "acme-admin", "--role", "tenant_admin", "--tenant", "acme",
+                  env=env)
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    server = ApiServer(api_config(db)).start()
+    try:
+        assert server.get("/v1/token", token).json == {"name": "acme-admin", "role": "tenant_admin"}
+        made = server.post("/v1/endpoints", token, {"name": "acme-hook", "url": "https://example.com/acme"})
+        assert made.status == 201 and made.json["tenant"] == "acme", made.body
+        assert server.get("/v1/tenants", token).status == 403
+    finally:
+        server.stop()
+    [row] = json.loads(cli("tokens", "list", "--json", env=env).stdout)
+    assert (row["role"], row["tenant"]) == ("tenant_admin", "acme")

@@ -104,9 +104,17 @@ def test_the_http_api_guide_names_only_routes_that_exist_and_each_route_s_roles(
     pairs = set(re.findall(r"\b(GET|POST|PATCH|PUT|DELETE) (/v1/[\w{}./-]*)", text))
     assert pairs - served == set(), sorted(pairs - served)
     roles = section(text, "## Authentication and roles")
-    table = {pair for row in re.findall(r"^\| (`(?:GET|POST|PATCH|DELETE) .+?) \|", roles, re.MULTILINE)
-             for pair in re.findall(r"(GET|POST|PATCH|DELETE) (/v1/[\w{}./-]*)", row)}
+    table = {pair for row in re.findall(r"^\| (`(?:GET|POST|PATCH|PUT|DELETE) .+?) \|", roles, re.MULTILINE)
+             for pair in re.findall(r"(GET|POST|PATCH|PUT|DELETE) (/v1/[\w{}./-]*)", row)}
     assert table == served, f"the roles table misses {sorted(served - table)}"
+    # and each row names the roles its routes are declared with
+    declared = {(route.method, route.path): set(route.roles) for route in ROUTES}
+    rows = re.findall(r"^\| (`(?:GET|POST|PATCH|PUT|DELETE) .+?) \| (.+?) \|$", roles, re.MULTILINE)
+    for row, cell in rows:
+        named_roles = set(re.findall(r"\b(producer|reader|admin|tenant_admin)\b", cell))
+        for pair in re.findall(r"(GET|POST|PATCH|PUT|DELETE) (/v1/[\w{}./-]*)", row):
+            if named_roles:  # "any valid token", "anyone": no role named
+                assert declared[pair] == named_roles, (pair, sorted(declared[pair]), cell)
 
 
 def test_readme_is_a_front_door():

@@ -8,9 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model
 
 from worker import endpoints as endpoint_service
+from worker.api.tokens import Role
 
 Status = Literal["pending", "delivering", "retrying", "delivered", "dead_letter"]
-Role = Literal["producer", "reader", "admin"]
 
 
 class Answer(BaseModel):

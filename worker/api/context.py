@@ -23,9 +23,14 @@ from worker.config import Config
 from worker.encryption import Keyring
 from worker.shapes import json_default
 
-PUBLISH = ("producer", "admin")
-READ = ("reader", "admin")
-ADMIN = ("admin",)
+# A tenant administrator (tenant_admin) reads, publishes and administers what admin does for
+# endpoints, deliveries, dead letters and operations, kept to its tenant by PostgreSQL
+# (webhooks_tenant_admin); the fleet's settings, tenants, tokens and catalogue stay the unscoped admin's.
+PUBLISH = ("producer", "admin", "tenant_admin")
+READ = ("reader", "admin", "tenant_admin")
+ADMIN = ("admin", "tenant_admin")
+FLEET_READ = ("reader", "admin")
+FLEET_ADMIN = ("admin",)
 T = TypeVar("T")
 
 

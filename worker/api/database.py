@@ -150,8 +150,7 @@ class Database:
         async with self._pooled() as conn, conn.transaction():
             await set_local_role(conn, DATABASE_ROLES[caller.role])
             if caller.tenant_id is not None:
-                # for this transaction only: row-level security and the views keep to this tenant
-                await conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(caller.tenant_id),))
+                await conn.execute(TENANT_SETTING, (str(caller.tenant_id),))
             yield conn
 
 
@@ -165,6 +164,18 @@ def _unreachable(exc: Exception) -> bool:
         return True
     sqlstate = getattr(exc, "sqlstate", None)
     return sqlstate is None or sqlstate.startswith(("08", "57P"))
+
+
+# For the rest of a transaction: row-level security and the views keep to this tenant (its id).
+TENANT_SETTING = "SELECT set_config('webhooks.tenant', %s, true)"
+
+
+def begin_as(conn: psycopg.Connection[Any], caller: Caller) -> None:
+    """What Database.transaction() does, on a blocking connection inside a transaction: the
+    caller's database role and tenant for the rest of it (the operator functions, run in a thread)."""
+    conn.execute(local_role(DATABASE_ROLES[caller.role]))
+    if caller.tenant_id is not None:
+        conn.execute(TENANT_SETTING, (str(caller.tenant_id),))
 
 
 def local_role(role: str) -> psycopg.sql.Composed:

@@ -23,8 +23,9 @@ from worker.api.inputs import (
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Model = TypeVar("Model", bound=BaseModel)
-# `{id}` in a path: "id" an integer id; "ref" an id or a name (all digits: always the id)
-PathId = Literal["id", "ref"]
+# `{id}` in a path: "id" an integer id; "ref" an id or a name (all digits: always the id);
+# `{name}` in a path: "name" a name alone (an event type's, a token's), whatever its characters
+PathId = Literal["id", "ref", "name"]
 
 
 class NoBody(Body):
@@ -75,8 +76,8 @@ class Route:
 
     @property
     def takes_body(self) -> bool:
-        """POST, PATCH and DELETE read a body: their model's, or `{}` / nothing."""
-        return self.method in ("POST", "PATCH", "DELETE")
+        """POST, PUT, PATCH and DELETE read a body: their model's, or `{}` / nothing."""
+        return self.method in ("POST", "PUT", "PATCH", "DELETE")
 
     def serve(self) -> Handler:
         """The aiohttp handler: reads the path id, the query and the body by this declaration, then
@@ -89,6 +90,8 @@ class Route:
                 found = path_id(request)
             elif route.path_id == "ref":
                 found = path_ref(request)
+            elif route.path_id == "name":
+                found = path_ref(request, "name")
             query = read_query(request, route.query)
             body: BaseModel | None = None
             if route.takes_body:

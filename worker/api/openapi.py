@@ -24,6 +24,7 @@ PATH_IDS: dict[str, dict[str, Any]] = {
     "id": {"schema": ID, "description": "the id"},
     "ref": {"schema": {"anyOf": [ID, {"type": "string", "minLength": 1, "pattern": NO_CONTROL}]},
             "description": "all digits: the id; anything else: the name"},
+    "name": {"schema": {"type": "string", "minLength": 1, "pattern": NO_CONTROL}, "description": "the name"},
 }
 PROBLEM = {"description": "a problem document (RFC 9457)",
            "content": {"application/problem+json": {"schema": {"$ref": REF.format(model="ProblemDocument")}}}}
@@ -93,7 +94,8 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
 def _parameters(route: Route) -> list[dict[str, Any]]:
     parameters: list[dict[str, Any]] = []
     if route.path_id is not None:
-        parameters.append({"name": "id", "in": "path", "required": True, **PATH_IDS[route.path_id]})
+        name = "name" if route.path_id == "name" else "id"
+        parameters.append({"name": name, "in": "path", "required": True, **PATH_IDS[route.path_id]})
     query = route.query.model_json_schema(ref_template=REF, schema_generator=Schemas)
     for name, schema in query.get("properties", {}).items():
         description = schema.pop("description", None)

@@ -10,7 +10,7 @@ from pydantic import Field
 from worker import portal
 from worker.api import queries
 from worker.api.answers import Answer
-from worker.api.context import ADMIN, STATE, caller_of, json_response
+from worker.api.context import FLEET_ADMIN, STATE, caller_of, json_response
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.inputs import Body
 from worker.api.problems import not_found
@@ -55,5 +55,5 @@ async def create_portal_link(request: web.Request) -> web.Response:
 
 ROUTE = Route("POST", "/v1/tenants/{id}/portal-link", create_portal_link,
               "A one-time console link for the tenant's administrator (role tenant_admin): it opens the "
-              "console once, until it expires; the session ends with it", ADMIN, {201: PortalLink},
+              "console once, until it expires; the session ends with it", FLEET_ADMIN, {201: PortalLink},
               body=PortalLinkBody, body_required=False, path_id="ref", refusals=(404,))

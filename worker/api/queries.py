@@ -234,3 +234,26 @@ async def add_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
 
 async def update_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
     await conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, Jsonb(limits)))
+
+
+async def tenant_id(conn: Conn, name: str) -> int | None:
+    """A tenant's id by its name, as the caller sees the tenants (a scoped caller: its own only)."""
+    row = await fetch_one(conn, "SELECT id FROM webhooks.tenants WHERE name = %s", (name,))
+    return None if row is None else int(row["id"])
+
+
+async def send_test_event(conn: Conn, endpoint_id: int) -> int:
+    """A webhook.test event to this endpoint alone (sql/functions/event_types.sql): its delivery id."""
+    row = await fetch_one(conn, "SELECT webhooks.send_test_event(%s) AS delivery_id", (str(endpoint_id),))
+    assert row is not None
+    return int(row["delivery_id"])
+
+
+async def event_types(conn: Conn) -> list[dict[str, Any]]:
+    return await fetch_all(conn, "SELECT name, description, schema, deprecated, created_at, updated_at"
+                                 " FROM webhooks.event_type_list()")
+
+
+async def unmatched_subscriptions(conn: Conn) -> list[dict[str, Any]]:
+    return await fetch_all(conn, "SELECT webhook_id AS endpoint_id, endpoint_name, pattern, problem"
+                                 " FROM webhooks.unmatched_subscriptions()")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -18,10 +17,20 @@ from worker import coalescing, event_types, signing
 from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
-from worker.api import answers, portal, queries
+from worker.api import answers, portal, queries, self_service
 from worker.api import endpoints as endpoint_rules
-from worker.api.context import ADMIN, DOCUMENT, PUBLISH, READ, STATE, ApiState, caller_of, json_response
-from worker.api.database import DATABASE_ROLES, local_role
+from worker.api.context import (
+    ADMIN,
+    DOCUMENT,
+    FLEET_ADMIN,
+    FLEET_READ,
+    PUBLISH,
+    READ,
+    STATE,
+    ApiState,
+    caller_of,
+    json_response,
+)
 from worker.api.declare import Header, Route, body_of, id_of, query_of, ref_of
 from worker.api.inputs import (
     BIGINT_MAX,
@@ -161,6 +170,7 @@ class Page(Query):
 
 
 class Filters(Page):
+    tenant: Text | None = self_service.TENANT_FILTER
     endpoint: Ref | None = Field(default=None, description="endpoint name or id")
     event_type: Text | None = Field(default=None, description="exact event type")
     category: Category | None = Field(default=None, description="failure category")
@@ -183,6 +193,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
     query = query_of(request, DeliveryQuery)
     filters = {**_filters(query), "status": query.status, "idempotency_key": query.idempotency_key}
     async with _state(request).db.transaction(caller_of(request)) as conn:
+        await self_service.narrow_to_tenant(conn, query.tenant)
         filters["webhook_id"] = await _endpoint_filter(conn, _ref(query.endpoint), "endpoint")
         rows = await queries.deliveries(conn, filters, query.cursor, query.limit + 1)
     more = len(rows) > query.limit
@@ -238,6 +249,7 @@ async def list_dead_letters(request: web.Request) -> web.Response:
     after = None if query.cursor is None else dead_letter_cursor(query.cursor)
     filters = _filters(query)
     async with _state(request).db.transaction(caller_of(request)) as conn:
+        await self_service.narrow_to_tenant(conn, query.tenant)
         filters["webhook_id"] = await _endpoint_filter(conn, _ref(query.endpoint), "endpoint")
         rows = await queries.dead_letters(conn, filters, after, query.limit + 1)
     more = len(rows) > query.limit
@@ -321,27 +333,21 @@ def _keyring(state: ApiState) -> Any:
     return state.keyring
 
 
-async def _sync(state: ApiState, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) on a
-    connection of their own, in a thread: the same code the CLI runs, in one transaction as
-    webhooks_admin (admin routes only)."""
-
-    def run() -> T:
-        with (operator_queries.connect(state.config, application_name="webhook-worker api") as conn,
-              conn.transaction()):
-            conn.execute(local_role(DATABASE_ROLES["admin"]))
-            return work(conn)
-
-    return await asyncio.to_thread(run)
+async def _sync(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) in
+    a thread, under the caller's database role and tenant (self_service.in_thread)."""
+    return await self_service.in_thread(state, caller, work)
 
 
 class EndpointQuery(Page):
+    tenant: Text | None = self_service.TENANT_FILTER
     cursor: Id | None = Field(default=None, description="next_cursor of the previous page")
 
 
 async def list_endpoints(request: web.Request) -> web.Response:
     query = query_of(request, EndpointQuery)
     async with _state(request).db.transaction(caller_of(request)) as conn:
+        await self_service.narrow_to_tenant(conn, query.tenant)
         rows = await queries.endpoints(conn, query.cursor, query.limit + 1)
     more = len(rows) > query.limit
     rows = rows[:query.limit]
@@ -354,8 +360,12 @@ async def create_endpoint(request: web.Request) -> web.Response:
     endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
     keyring = _keyring(state)
     await endpoint_rules.check_destination(body.url, state.config)
-    registered = await endpoint_rules.settled(
-        _sync(state, lambda conn: endpoint_service.register(conn, body, keyring)))
+    try:
+        registered = await endpoint_rules.settled(
+            _sync(state, caller_of(request), lambda conn: endpoint_service.register(conn, body, keyring)))
+    except psycopg.errors.InsufficientPrivilege as exc:  # a tenant not the scoped caller's own
+        raise Problem(403, "forbidden", "The token may not do this", str(exc.diag.message_primary),
+                      field="tenant") from None
     get_logger().info("api registered an endpoint", endpoint_id=registered.id, by=caller_of(request).name)
     async with state.db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, registered.id)
@@ -378,7 +388,8 @@ async def update_endpoint(request: web.Request) -> web.Response:
     async with state.db.transaction(caller_of(request)) as conn:
         endpoint_id = await _endpoint_path(conn, request)
     await endpoint_rules.settled(
-        _sync(state, lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
+        _sync(state, caller_of(request),
+              lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
     async with state.db.transaction(caller_of(request)) as conn:
         row = await queries.endpoint(conn, endpoint_id)
     return json_response(row)
@@ -459,7 +470,8 @@ async def rotate_secret(request: web.Request) -> web.Response:
         expire_at = datetime.now(UTC) + timedelta(hours=body.expire_old_after_hours)
     async with state.db.transaction(caller_of(request)) as conn:
         endpoint_id = await _endpoint_path(conn, request)
-    active = await _sync(state, lambda conn: operator_queries.rotate_secret(conn, endpoint_id, secret,
+    active = await _sync(state, caller_of(request), lambda conn: operator_queries.rotate_secret(
+                                 conn, endpoint_id, secret,
                                                                              expire_at, keyring))
     return json_response({"endpoint_id": endpoint_id, "signing_secret": secret, "active_secrets": active,
                           "old_expire_at": expire_at})
@@ -689,7 +701,7 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 TRACEPARENT_HEADER = Header("traceparent", {"type": "string", "pattern": TRACEPARENT_PATTERN},
                             "W3C trace context, carried to the receiver")
-PUBLIC = ("producer", "reader", "admin")
+PUBLIC = ("producer", "reader", "admin", "tenant_admin")
 A = answers
 
 ROUTES: list[Route] = [
@@ -751,20 +763,24 @@ ROUTES: list[Route] = [
           "Add a new signing secret (shown once); the old ones stay until expire_old_after_hours", ADMIN,
           {200: A.SecretRotated}, body=endpoint_rules.SecretRotation, body_required=False, path_id="ref",
           refusals=(404, 503)),
-    Route("GET", "/v1/tenants", list_tenants, "Tenants, their limits (null: none) and rows", ADMIN,
+    Route("GET", "/v1/tenants", list_tenants, "Tenants, their limits (null: none) and rows", FLEET_ADMIN,
           {200: A.TenantList}),
-    Route("POST", "/v1/tenants", create_tenant, "Add a tenant", ADMIN, {201: A.Tenant}, body=TenantCreate,
+    Route("POST", "/v1/tenants", create_tenant, "Add a tenant", FLEET_ADMIN, {201: A.Tenant},
+          body=TenantCreate,
           refusals=(409,)),
-    Route("GET", "/v1/tenants/{id}", get_tenant, "A tenant, by name or id", ADMIN, {200: A.Tenant},
+    Route("GET", "/v1/tenants/{id}", get_tenant, "A tenant, by name or id", FLEET_ADMIN, {200: A.Tenant},
           path_id="ref", refusals=(404,)),
-    Route("PATCH", "/v1/tenants/{id}", update_tenant, "Change a tenant's limits; null clears one", ADMIN,
+    Route("PATCH", "/v1/tenants/{id}", update_tenant, "Change a tenant's limits; null clears one",
+          FLEET_ADMIN,
           {200: A.Tenant}, body=TenantPatch, path_id="ref", refusals=(404,)),
     portal.ROUTE,
     Route("GET", "/v1/stats", stats, "Queue by status, oldest due, rows held back and why", READ,
           {200: A.Stats}),
-    Route("GET", "/v1/config", get_config, "The fleet-wide defaults", READ, {200: A.Settings}),
-    Route("PATCH", "/v1/config", patch_config, "Change fleet-wide defaults (workers pick them up)", ADMIN,
+    Route("GET", "/v1/config", get_config, "The fleet-wide defaults", FLEET_READ, {200: A.Settings}),
+    Route("PATCH", "/v1/config", patch_config, "Change fleet-wide defaults (workers pick them up)",
+          FLEET_ADMIN,
           {200: A.Settings}, body=ConfigPatch),
+    *self_service.ROUTES,
 ]
 
 

@@ -21,6 +21,8 @@ _TOKEN_SHAPE = re.compile(r"^whk_[A-Za-z0-9_-]{43}$")
 ROLES = ("producer", "reader", "admin", "tenant_admin")
 Role = Literal["producer", "reader", "admin", "tenant_admin"]
 MAX_NAME_LENGTH = 200
+# a token's lifetime in days, when it has one: the CLI's --expires-in and the API's expires_in_days
+MAX_EXPIRES_DAYS = 3650
 
 
 def generate_token() -> str:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
-from worker import __version__, operator_sql, signing
+from worker import __version__, event_types, operator_sql, self_service, signing
 from worker import endpoints as service
 from worker.cli.base import (
     EXIT_FAILURE,
@@ -294,16 +294,37 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
         endpoint_id = endpoint_ref(conn, args.endpoint)
         details = service.read(conn, endpoint_id) or {}
         details.update(operator_sql.endpoint_activity(conn, endpoint_id))
+        # subscriptions no current catalogued type matches: a typo, or a type no longer published
+        details["unmatched_subscriptions"] = [
+            {"pattern": row["pattern"], "problem": row["problem"]}
+            for row in event_types.unmatched_subscriptions(conn) if row["webhook_id"] == endpoint_id]
     if args.json:
         emit(args, details)
         return 0
     events, queued = details.pop("events"), details.pop("queued")
+    unmatched = details.pop("unmatched_subscriptions")
     emit(args, details)
     print(f"queued: {', '.join(f'{k} {v}' for k, v in queued.items()) or 'nothing'}")
+    if unmatched:
+        print("subscriptions matching no current event type: "
+              + ", ".join(f"{u['pattern']} ({u['problem']})" for u in unmatched))
     if events:
         print("\nrecent state changes:")
         print_table(["at", "change", "reason", "decided_by"],
                     [[cell(e[c]) for c in ("at", "change", "reason", "decided_by")] for e in events])
+    return 0
+
+
+def cmd_endpoints_test(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        delivery_id = self_service.send_test_event(conn, args.endpoint)
+    if delivery_id is None:
+        raise CommandFailed(f"ENDPOINT {args.endpoint!r}: no endpoint with this name or id")
+    if args.json:
+        print(json.dumps({"delivery_id": delivery_id, "event_type": "webhook.test"}))
+    else:
+        print(f"test event queued to {args.endpoint}: delivery {delivery_id} "
+              f"(webhook-worker deliveries show {delivery_id})")
     return 0
 
 
@@ -430,6 +451,10 @@ def register(cli: Commands) -> None:
                          help="reset: closed and counters cleared; open: nothing sent (until --until, "
                               "or until reset); close: never opens by itself until reset")
     circuit.add_argument("--until", metavar="TIMESTAMP", help="with open: when to start probing again")
+    test = cli.command(endpoint_commands, "test", cmd_endpoints_test,
+                       "send a webhook.test event to this endpoint alone; prints its delivery id")
+    test.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
+    test.add_argument("--json", action="store_true", help="print JSON")
     listing = cli.command(endpoint_commands, "list", cmd_endpoints_list, "list endpoints and health")
     listing.add_argument("--json", action="store_true", help="print JSON")
     show = cli.command(endpoint_commands, "show", cmd_endpoints_show,

@@ -18,11 +18,12 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
     problem = tokens.name_problem(args.name)
     if problem is not None:
         raise UsageError(f"--name: {problem}")
-    if args.tenant is not None and args.role == "admin":
-        # admin requests change things through SECURITY DEFINER functions, which keep to no tenant
-        raise UsageError("--tenant: only producer and reader tokens can be scoped to a tenant")
-    if args.expires_in is not None and not 0 < args.expires_in <= 3650:
-        raise UsageError("--expires-in: expected a number of days above 0, at most 3650")
+    problem = tokens.scope_problem(args.role, args.tenant)
+    if problem is not None:
+        raise UsageError(f"--tenant: {problem}")
+    if args.expires_in is not None and not 0 < args.expires_in <= tokens.MAX_EXPIRES_DAYS:
+        raise UsageError("--expires-in: expected a number of days above 0, at most "
+                         f"{tokens.MAX_EXPIRES_DAYS}")
     expires_at = datetime.now(UTC) + timedelta(days=args.expires_in) if args.expires_in else None
     with connect(args) as conn:
         try:
@@ -97,11 +98,15 @@ def register(cli: Commands) -> None:
     token_create = cli.command(token_commands, "create", cmd_tokens_create,
                                "create a token; prints it once, alone on standard output")
     token_create.add_argument("--name", required=True, help="unique name (shown in lists, never secret)")
-    token_create.add_argument("--role", required=True, choices=["producer", "reader", "admin"],
-                              help="producer: publish only; reader: every read; admin: everything")
+    token_create.add_argument("--role", required=True,
+                              choices=["producer", "reader", "admin", "tenant_admin"],  # tokens.ROLES
+                              help="producer: publish only; reader: every read; admin: everything; "
+                                   "tenant_admin: what admin does to one tenant's endpoints, deliveries "
+                                   "and dead letters (with --tenant)")
     token_create.add_argument("--expires-in", type=float, metavar="DAYS", help="stops working after this")
     token_create.add_argument("--tenant", metavar="NAME",
-                              help="producer or reader token that sees and changes only this tenant's rows")
+                              help="the tenant a producer, reader or tenant_admin token sees and changes "
+                                   "alone (required for tenant_admin)")
     token_create.add_argument("--json", action="store_true", help="print JSON")
     token_list = cli.command(token_commands, "list", cmd_tokens_list,
                              "list tokens (never the tokens themselves)")
