@@ -116,7 +116,7 @@ def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
 
 def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of_another_tenant(
         db, receiver, spawn, console, tmp_path):
-    """Issue 35's end to end: the portal link opened in chromium lets a tenant's customer add an
+    """End to end: the portal link opened in chromium lets a tenant's customer add an
     endpoint, send a test event, see it delivered, reveal the secret and verify the test event's
     signature with it, replay a dead letter; another tenant's endpoint is neither shown nor reachable."""
     assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"

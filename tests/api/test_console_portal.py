@@ -1,4 +1,4 @@
-"""Portal links (issue 35): a one-time URL, made by the CLI or an admin over the API, opens a console
+"""Portal links: a one-time URL, made by the CLI or an admin over the API, opens a console
 session as one tenant's administrator; the link works once and expires, and the session ends with it."""
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 
 from worker import endpoints as endpoint_service
 from worker.api.database import fetch_all, fetch_one
+from worker.api.problems import not_found
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
@@ -31,6 +32,15 @@ ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms,
 async def endpoint_id(conn: Conn, name_or_id: str) -> int | None:
     row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (name_or_id,))
     return None if row is None or row["id"] is None else int(row["id"])
+
+
+async def endpoint_named(conn: Conn, name_or_id: str) -> int:
+    """The endpoint a path names, by id or by name (as the CLI's ENDPOINT arguments); one the caller
+    cannot see (another tenant's) is a missing one: 404."""
+    found = await endpoint_id(conn, name_or_id)
+    if found is None:
+        raise not_found(f"endpoint {name_or_id}")
+    return found
 
 
 async def publish(conn: Conn, event_type: str, payload: str, endpoint: str | None,

@@ -316,15 +316,6 @@ async def cancel_operation(request: web.Request) -> web.Response:
 # --- endpoints --------------------------------------------------------------------------------------
 
 
-async def _endpoint_path(conn: psycopg.AsyncConnection[Any], request: web.Request) -> int:
-    """The endpoint a path names, by id or by name (as the CLI's ENDPOINT arguments)."""
-    value = ref_of(request)
-    found = await queries.endpoint_id(conn, value)
-    if found is None:
-        raise not_found(f"endpoint {value}")
-    return found
-
-
 def _keyring(state: ApiState) -> Any:
     if state.keyring is None:
         raise Problem(503, "no-encryption-keys", "Endpoint credentials cannot be sealed",
@@ -375,7 +366,7 @@ async def create_endpoint(request: web.Request) -> web.Response:
 
 async def get_endpoint(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint(conn, await _endpoint_path(conn, request))
+        row = await queries.endpoint(conn, await queries.endpoint_named(conn, ref_of(request)))
     return json_response(row)
 
 
@@ -386,7 +377,7 @@ async def update_endpoint(request: web.Request) -> web.Response:
     keyring = _keyring(state)
     await endpoint_rules.check_destination(body.url, state.config)
     async with state.db.transaction(caller_of(request)) as conn:
-        endpoint_id = await _endpoint_path(conn, request)
+        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
     await endpoint_rules.settled(
         _sync(state, caller_of(request),
               lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
@@ -398,7 +389,7 @@ async def update_endpoint(request: web.Request) -> web.Response:
 async def delete_endpoint(request: web.Request) -> web.Response:
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
-            endpoint_id = await _endpoint_path(conn, request)
+            endpoint_id = await queries.endpoint_named(conn, ref_of(request))
             deleted = await queries.delete_endpoint(conn, endpoint_id)
     except (psycopg.errors.ObjectInUse, psycopg.errors.ForeignKeyViolation) as exc:
         raise conflict(str(exc.diag.message_primary or "the endpoint still has deliveries")) from None
@@ -414,7 +405,7 @@ class HealthQuery(Query):
 async def endpoint_health(request: web.Request) -> web.Response:
     hours = query_of(request, HealthQuery).hours
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint_health(conn, await _endpoint_path(conn, request), hours)
+        row = await queries.endpoint_health(conn, await queries.endpoint_named(conn, ref_of(request)), hours)
     return json_response(row)
 
 
@@ -430,7 +421,7 @@ async def endpoint_circuit(request: web.Request) -> web.Response:
     until = body.until
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
-        endpoint_id = await _endpoint_path(conn, request)
+        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
         change = await queries.set_circuit(conn, endpoint_id, body.action, until, _decided_by(caller))
         health = await queries.endpoint_health(conn, endpoint_id, HEALTH_WINDOW_HOURS)
     return json_response({"endpoint_id": endpoint_id, "change": change,
@@ -445,7 +436,7 @@ async def _set_active(request: web.Request, active: bool) -> web.Response:
     reason = body_of(request, ReasonBody).reason if not active else None
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
-        endpoint_id = await _endpoint_path(conn, request)
+        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
         change = await queries.set_active(conn, endpoint_id, active, reason or "disabled over the API",
                                           _decided_by(caller))
     return json_response({"endpoint_id": endpoint_id, "active": active, "changed": change is not None})
@@ -469,7 +460,7 @@ async def rotate_secret(request: web.Request) -> web.Response:
     if body.expire_old_after_hours is not None:
         expire_at = datetime.now(UTC) + timedelta(hours=body.expire_old_after_hours)
     async with state.db.transaction(caller_of(request)) as conn:
-        endpoint_id = await _endpoint_path(conn, request)
+        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
     active = await _sync(state, caller_of(request), lambda conn: operator_queries.rotate_secret(
                                  conn, endpoint_id, secret,
                                                                              expire_at, keyring))

@@ -148,15 +148,6 @@ async def narrow_to_tenant(conn: psycopg.AsyncConnection[Any], name: str | None)
     await conn.execute(TENANT_SETTING, (str(tenant_id),))
 
 
-async def _endpoint(conn: psycopg.AsyncConnection[Any], request: web.Request) -> int:
-    """The endpoint a path names, by id or by name; another tenant's is a missing one."""
-    value = ref_of(request)
-    found = await queries.endpoint_id(conn, value)
-    if found is None:
-        raise not_found(f"endpoint {value}")
-    return found
-
-
 # --- an endpoint's signing secrets and test events -----------------------------------------------------
 
 
@@ -165,7 +156,7 @@ async def read_secret(request: web.Request) -> web.Response:
     state, caller = _state(request), caller_of(request)
     keyring = keyring_of(state)
     async with state.db.transaction(caller) as conn:
-        endpoint_id = await _endpoint(conn, request)
+        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
     plaintext = not state.config.security.require_sealed
     try:
         found = await in_thread(state, caller, lambda conn: secrets_service.signing_secrets(
@@ -187,7 +178,7 @@ async def send_test_event(request: web.Request) -> web.Response:
     """A `webhook.test` event to this endpoint alone; its delivery is followed like any other."""
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
-        endpoint_id = await _endpoint(conn, request)
+        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
         try:
             delivery_id = await queries.send_test_event(conn, endpoint_id)
         except psycopg.errors.NoDataFound:
