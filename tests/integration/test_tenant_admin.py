@@ -257,7 +257,7 @@ def test_the_tenant_admin_role_holds_what_it_needs_and_nothing_of_the_fleet(db):
         "jsonb,text,jsonb,boolean,text,boolean)",
         "store_endpoint_credentials(bigint,text,jsonb,jsonb,jsonb)", "endpoint_credentials(bigint,integer)",
         "update_endpoint(bigint,jsonb)", "disable_endpoint(bigint,text,text,bigint,integer)",
-        "enable_endpoint(bigint,text)", "set_circuit(bigint,text,timestamp with time zone,text)",
+        "enable_endpoint(bigint,text,text)", "set_circuit(bigint,text,timestamp with time zone,text,text)",
         "rotate_secret(bigint,text,timestamp with time zone)", "api_delete_endpoint(bigint)",
         "replay(bigint)", "api_start_replay(jsonb,double precision,integer,text)",
         "api_cancel_operation(bigint,text)",
