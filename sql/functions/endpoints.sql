@@ -440,58 +440,39 @@ SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
     v_unknown text;
+    v_changes jsonb := p_changes;
+    v_set text;
+    v_rows integer;
 BEGIN
+    -- Every column of webhooks.endpoints may be changed by its own name but these, which have
+    -- functions of their own (enable/disable, rotate_secret) or never change: a column a migration
+    -- adds is changeable here with no edit (the endpoint service's model decides what callers send).
     SELECT k INTO v_unknown FROM jsonb_object_keys(p_changes) k
-    WHERE k NOT IN ('url', 'url_display', 'event_types', 'headers', 'max_attempts', 'timeout_ms',
-                    'retry_schedule', 'rate_limit_per_second', 'rate_limit_burst', 'max_in_flight',
-                    'circuit_policy', 'body_format', 'secret_settings', 'delivery_ttl', 'retry_policy',
-                    'coalesce_max', 'coalesce_window', 'operational_all_tenants', 'description')
+    WHERE k IN ('id', 'name', 'tenant_id', 'signing_secrets', 'active', 'disabled_reason', 'disabled_at',
+                'metadata', 'created_at', 'updated_at')
+       OR NOT EXISTS (SELECT 1 FROM pg_attribute a
+                      WHERE a.attrelid = 'webhooks.endpoints'::regclass AND a.attname = k
+                        AND a.attnum > 0 AND NOT a.attisdropped)
     LIMIT 1;
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'update_endpoint: unknown field %', v_unknown;
     END IF;
-    UPDATE webhooks.endpoints e SET
-        url = CASE WHEN p_changes ? 'url' THEN p_changes ->> 'url' ELSE e.url END,
-        url_display = CASE WHEN p_changes ? 'url_display' THEN p_changes ->> 'url_display' ELSE e.url_display END,
-        event_types = CASE WHEN p_changes ? 'event_types'
-                           THEN ARRAY(SELECT jsonb_array_elements_text(p_changes -> 'event_types'))
-                           ELSE e.event_types END,
-        headers = CASE WHEN p_changes ? 'headers' THEN p_changes -> 'headers' ELSE e.headers END,
-        max_attempts = CASE WHEN p_changes ? 'max_attempts' THEN (p_changes ->> 'max_attempts')::integer
-                            ELSE e.max_attempts END,
-        timeout_ms = CASE WHEN p_changes ? 'timeout_ms' THEN (p_changes ->> 'timeout_ms')::integer
-                          ELSE e.timeout_ms END,
-        retry_schedule = CASE WHEN p_changes ? 'retry_schedule' THEN nullif(p_changes -> 'retry_schedule', 'null')
-                              ELSE e.retry_schedule END,
-        rate_limit_per_second = CASE WHEN p_changes ? 'rate_limit_per_second'
-                                     THEN (p_changes ->> 'rate_limit_per_second')::numeric
-                                     ELSE e.rate_limit_per_second END,
-        rate_limit_burst = CASE WHEN p_changes ? 'rate_limit_burst'
-                                THEN (p_changes ->> 'rate_limit_burst')::integer ELSE e.rate_limit_burst END,
-        max_in_flight = CASE WHEN p_changes ? 'max_in_flight' THEN (p_changes ->> 'max_in_flight')::integer
-                             ELSE e.max_in_flight END,
-        circuit_policy = CASE WHEN p_changes ? 'circuit_policy' THEN p_changes -> 'circuit_policy'
-                              ELSE e.circuit_policy END,
-        body_format = CASE WHEN p_changes ? 'body_format' THEN p_changes ->> 'body_format' ELSE e.body_format END,
-        secret_settings = CASE WHEN p_changes ? 'secret_settings' THEN p_changes -> 'secret_settings'
-                               ELSE e.secret_settings END,
-        delivery_ttl = CASE WHEN p_changes ? 'delivery_ttl' THEN (p_changes ->> 'delivery_ttl')::interval
-                            ELSE e.delivery_ttl END,
-        retry_policy = CASE WHEN p_changes ? 'retry_policy' THEN p_changes -> 'retry_policy'
-                            ELSE e.retry_policy END,
-        -- JSON null, or the key absent, leaves coalescing off
-        coalesce_max = CASE WHEN p_changes ? 'coalesce_max' THEN (p_changes ->> 'coalesce_max')::integer
-                            ELSE e.coalesce_max END,
-        coalesce_window = CASE WHEN p_changes ? 'coalesce_window'
-                               THEN (p_changes ->> 'coalesce_window')::interval ELSE e.coalesce_window END,
-        -- JSON null: off
-        operational_all_tenants = CASE WHEN p_changes ? 'operational_all_tenants'
-                                       THEN coalesce((p_changes ->> 'operational_all_tenants')::boolean, false)
-                                       ELSE e.operational_all_tenants END,
-        description = CASE WHEN p_changes ? 'description' THEN p_changes ->> 'description' ELSE e.description END,
-        updated_at = now()
-    WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(p_webhook_id);
-    RETURN FOUND;
+    IF v_changes -> 'operational_all_tenants' = 'null' THEN  -- JSON null: off
+        v_changes := jsonb_set(v_changes, '{operational_all_tenants}', 'false');
+    END IF;
+    IF v_changes = '{}' THEN
+        v_set := '';
+    ELSE
+        SELECT string_agg(format('%I = r.%I', k, k), ', ') || ', ' INTO v_set
+        FROM jsonb_object_keys(v_changes) k;
+    END IF;
+    -- each value read as its column's type (JSON null: NULL; arrays and intervals from their JSON)
+    EXECUTE format('UPDATE webhooks.endpoints e SET %s updated_at = now()'
+                   ' FROM jsonb_populate_record(NULL::webhooks.endpoints, $1) r'
+                   ' WHERE e.id = $2 AND webhooks.caller_sees_endpoint($2)', v_set)
+        USING v_changes, p_webhook_id;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows > 0;
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.update_endpoint(bigint, jsonb) TO webhooks_admin, webhooks_tenant_admin;
