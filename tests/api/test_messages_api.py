@@ -11,8 +11,8 @@ def test_a_published_message_and_one_inserted_with_sql_are_listed_with_their_del
     a = add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*", "invoice.*"))
     b = add_endpoint(db, receiver.url("/b"), name="b", event_types=("order.*",))
     c = add_endpoint(db, receiver.url("/c"), name="c", event_types=("invoice.*",))
-    published = api.post("/v1/messages", role_tokens["producer"],
-                         {"event_type": "order.created", "payload": {"order": 7}, "idempotency_key": "order-7"})
+    message = {"event_type": "order.created", "payload": {"order": 7}, "idempotency_key": "order-7"}
+    published = api.post("/v1/messages", role_tokens["producer"], message)
     assert published.status == 202, published.body
     # a producer writing SQL: one event to two endpoints, in one statement
     inserted = query(
