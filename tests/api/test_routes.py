@@ -61,7 +61,10 @@ def world(db, receiver):
     )
     query(db, "SELECT webhooks.upsert_event_type('order.created', 'An order was placed')")
     make_token(db, "reader", name="revocable")
+    [(message,)] = query(db, "SELECT message_id FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
+                         (delivered,))
     return {
+        "message": message,
         "endpoint": endpoint,
         "spare": spare,
         "dead": dead,
@@ -73,6 +76,7 @@ def world(db, receiver):
 def sample_request(method, path, world, role):
     """A request each route can act on, with the world's ids, so an allowed role reaches the database."""
     ids = {
+        "/v1/messages/{id}": world["message"],
         "/v1/deliveries/{id}": world["delivered"],
         "/v1/deliveries/{id}/replay": world["dead"],
         "/v1/operations/{id}": world["operation"],
@@ -448,7 +452,7 @@ def test_a_body_not_sent_as_json_is_refused_with_415_and_405_says_what_is_allowe
                             headers={"Content-Type": content_type})
         assert accepted.status == 202, (content_type, accepted.body)
     wrong_method = api.request("DELETE", "/v1/messages", producer)
-    assert wrong_method.status == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.status == 405 and wrong_method.headers["allow"] == "GET, POST"
 
 
 def _deep(levels):

@@ -75,6 +75,9 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
     acme_words = [b"acme", b"secret-reason"]
     ids = {"dead": w["dead"], "delivered": w["delivered"], "endpoint": w["endpoint"],
            "operation": w["operation"]}
+    [(message, event_id)] = query(db, "SELECT m.message_id, m.event_id FROM webhooks.messages m"
+                                      " JOIN webhooks.alert_delivery_queue q USING (message_id)"
+                                      " WHERE q.delivery_id = %s", (w["delivered"],))
     endpoint = f"/v1/endpoints/{ids['endpoint']}"
     # route: the requests tried, each (method, path, body, status for the reader or producer,
     # status for the tenant administrator)
@@ -86,6 +89,11 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
              422, 422),
             ("POST", "/v1/messages", {"event_type": "a.b", "payload": {}, "endpoint": str(w["endpoint"])},
              422, 422)],
+        ("GET", "/v1/messages"): [
+            ("GET", "/v1/messages", None, 200, 200),
+            ("GET", f"/v1/messages?idempotency_key={event_id}", None, 200, 200),
+            ("GET", "/v1/messages?tenant=acme", None, 422, 422)],
+        ("GET", "/v1/messages/{id}"): [("GET", f"/v1/messages/{message}", None, 404, 404)],
         ("GET", "/v1/deliveries"): [
             ("GET", "/v1/deliveries", None, 200, 200),
             ("GET", f"/v1/deliveries?endpoint={w['endpoint']}", None, 422, 422),
@@ -159,6 +167,9 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
     for token in (reader, tenant_admin):
         listed = api.get("/v1/deliveries", token).json["items"]
         assert [d["delivery_id"] for d in listed] == [w["pending"]]
+        messages = api.get("/v1/messages", token).json["items"]
+        assert [[d["delivery_id"] for d in m["deliveries"]] for m in messages] == [[w["pending"]]]
+        assert api.get(f"/v1/messages?idempotency_key={event_id}", token).json["items"] == []
         assert api.get("/v1/dead-letters", token).json["items"] == []
         assert [e["id"] for e in api.get("/v1/endpoints", token).json["items"]] == [w["theirs"]]
         assert [e["id"] for e in api.get("/v1/endpoints?tenant=globex", token).json["items"]] == [w["theirs"]]
@@ -174,6 +185,10 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
         w["pending"]]
     assert [d["delivery_id"] for d in api.get("/v1/dead-letters?tenant=acme", everyone).json["items"]] == [
         w["dead"]]
+    assert len(api.get("/v1/messages", everyone).json["items"]) == 3
+    assert [[d["delivery_id"] for d in m["deliveries"]]
+            for m in api.get("/v1/messages?tenant=globex", everyone).json["items"]] == [[w["pending"]]]
+    assert api.get(f"/v1/messages/{message}", everyone).json["payload"] == {"acme": "payload", "n": 1}
     assert [e["name"] for e in api.get("/v1/endpoints?tenant=acme", everyone).json["items"]] == [
         "acme-orders"]
 

@@ -150,7 +150,8 @@ def test_a_tenant_admin_finds_nothing_of_another_tenant_and_changes_nothing(db, 
         for table, column in (("endpoints", "id"), ("webhook_health_metrics", "webhook_id"),
                               ("alert_delivery_queue", "webhook_id"), ("alert_delivery_log", "webhook_id"),
                               ("endpoint_events", "webhook_id"), ("endpoint_summary", "id"),
-                              ("delivery_overview", "webhook_id"), ("held_back", "webhook_id")):
+                              ("delivery_overview", "webhook_id"), ("held_back", "webhook_id"),
+                              ("message_deliveries", "endpoint_id")):
             found = conn.execute(f"SELECT count(*) FROM webhooks.{table} WHERE {column} = %s", (theirs,))
             assert found.fetchone()[0] == 0, table
         assert conn.execute("SELECT count(*) FROM webhooks.tenants WHERE name = 'globex'").fetchone()[0] == 0
@@ -203,6 +204,8 @@ def test_a_tenant_admin_without_its_tenant_set_sees_nothing_and_changes_nothing(
         "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'me')",
         "SELECT count(*) FROM webhooks.endpoint_summary",
         "SELECT count(*) FROM webhooks.delivery_overview",
+        "SELECT count(*) FROM webhooks.message_overview",
+        "SELECT count(*) FROM webhooks.message_deliveries",
     ):
         assert refused(db, None, statement) == "42501", statement
     assert snapshot(db, ours) == before

@@ -267,3 +267,50 @@ async def event_types(conn: Conn) -> list[dict[str, Any]]:
 async def unmatched_subscriptions(conn: Conn) -> list[dict[str, Any]]:
     return await fetch_all(conn, "SELECT webhook_id AS endpoint_id, endpoint_name, pattern, problem"
                                  " FROM webhooks.unmatched_subscriptions()")
+
+
+# The columns of a message in lists (its payload and metadata only on its own page).
+MESSAGE_COLUMNS = "message_id, event_id, event_type, created_at, traceparent, source_ref"
+MESSAGE_DELIVERY_COLUMNS = (
+    "message_id, delivery_id, endpoint_id, endpoint_name, idempotency_key, status, attempts, max_attempts,"
+    " replays, next_retry_at, last_http_status, failure_category, dead_letter_reason, delivered_at,"
+    " dead_lettered_at, endpoint_deleted_at"
+)
+
+
+async def messages(conn: Conn, filters: dict[str, Any], before_id: int | None,
+                   limit: int) -> list[dict[str, Any]]:
+    """Newest first, after a cursor (sql/functions/messages.sql). A key names a message by its event id
+    (what the API's publish makes every delivery's key) or by a key one of its deliveries carries (a
+    producer's INSERT may give each row its own)."""
+    return await fetch_all(
+        conn,
+        f"SELECT {MESSAGE_COLUMNS} FROM webhooks.message_overview"
+        " WHERE (%(event_type)s::text IS NULL OR event_type = %(event_type)s)"
+        " AND (%(idempotency_key)s::text IS NULL OR event_id = %(idempotency_key)s"
+        "      OR message_id IN (SELECT d.message_id FROM webhooks.message_deliveries d"
+        "                        WHERE d.idempotency_key = %(idempotency_key)s))"
+        " AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)"
+        " AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"
+        " AND (%(before)s::bigint IS NULL OR message_id < %(before)s)"
+        " ORDER BY message_id DESC LIMIT %(limit)s",
+        {**filters, "before": before_id, "limit": limit})
+
+
+async def message(conn: Conn, message_id: int) -> dict[str, Any] | None:
+    return await fetch_one(conn, f"SELECT {MESSAGE_COLUMNS}, metadata, payload FROM webhooks.message_overview"
+                                 " WHERE message_id = %s", (message_id,))
+
+
+async def message_deliveries(conn: Conn, message_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The deliveries of these messages, by message, each by endpoint: one read of the queue for them
+    all (it has no index on message_id)."""
+    found: dict[int, list[dict[str, Any]]] = {message_id: [] for message_id in message_ids}
+    if not message_ids:
+        return found
+    for row in await fetch_all(
+            conn, f"SELECT {MESSAGE_DELIVERY_COLUMNS} FROM webhooks.message_deliveries"
+                  " WHERE message_id = ANY (%s) ORDER BY message_id, endpoint_id, delivery_id",
+            (message_ids,)):
+        found[row.pop("message_id")].append(row)
+    return found

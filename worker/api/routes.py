@@ -17,7 +17,7 @@ from worker import coalescing, event_types, signing
 from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
-from worker.api import answers, portal, queries, self_service
+from worker.api import answers, message_history, portal, queries, self_service
 from worker.api import endpoints as endpoint_rules
 from worker.api.context import (
     ADMIN,
@@ -705,6 +705,7 @@ ROUTES: list[Route] = [
           "endpoints subscribe, it is kept for them as dead letters (category disabled), replayable",
           PUBLISH, {200: A.Published, 202: A.Published}, body=MessageBody, headers=(TRACEPARENT_HEADER,),
           refusals=(409,)),
+    *message_history.ROUTES,
     Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
           {200: A.DeliveryPage}, query=DeliveryQuery),
     Route("GET", "/v1/deliveries/{id}", get_delivery, "A delivery with every attempt", READ,
