@@ -310,6 +310,8 @@ DECLARE
     v_endpoints bigint[];
     v_one_plain_endpoint boolean := false;
     v_tenants bigint[];
+    v_walk bigint;
+    v_walk_cut boolean;
 BEGIN
     -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
     -- of more rows than any worker can hold only locks them.
@@ -324,23 +326,26 @@ BEGIN
     PERFORM webhooks.reap_expired_leases();
     PERFORM webhooks.expire_deliveries();
 
-    SELECT array_agg(x.webhook_id ORDER BY x.webhook_id) INTO v_endpoints
-    FROM (
-        SELECT h.webhook_id
-        FROM webhooks.webhook_health_metrics h
-        JOIN (
+    -- Each tenant's line is walked up to v_walk endpoints that may send (twice the batch: the claim
+    -- never takes more, and other claims may hold some). Claims of a fleet overlap, and when they
+    -- hold all of a tenant's first v_walk (three claims at once can), the walk goes further: with a
+    -- fixed bound the claim came back empty although endpoints behind those were free and due.
+    v_walk := 2 * p_batch_size;
+    LOOP
+        WITH ranked AS MATERIALIZED (
             -- Tenants first, then their endpoints: each tenant's least recently served endpoint
             -- comes before any tenant's second, so a tenant with a hundred endpoints takes no more
             -- of the claim than a tenant with one. (A window function cannot sit beside FOR
             -- UPDATE, hence the ranking apart from the locking.)
             SELECT c.webhook_id,
                    row_number() OVER (PARTITION BY c.tenant_id
-                                      ORDER BY c.last_claimed_at NULLS FIRST, c.webhook_id) AS tenant_turn
+                                      ORDER BY c.last_claimed_at NULLS FIRST, c.webhook_id) AS tenant_turn,
+                   count(*) OVER (PARTITION BY c.tenant_id) AS walked
             FROM webhooks.tenants t
             -- Each tenant's endpoints in the line's order (webhook_health_metrics_claim_order), up
-            -- to twice the batch of those that may send and have a due row: the claim never takes
-            -- more, and another claim may hold some. Ranking every endpoint instead cost a probe
-            -- of the queue per endpoint per claim (94 ms per claim over 10,000 endpoints).
+            -- to v_walk of those that may send and have a due row. Ranking every endpoint instead
+            -- cost a probe of the queue per endpoint per claim (94 ms per claim over 10,000
+            -- endpoints).
             CROSS JOIN LATERAL (
                 SELECT h2.webhook_id, h2.tenant_id, h2.last_claimed_at
                 FROM webhooks.webhook_health_metrics h2
@@ -358,23 +363,35 @@ BEGIN
                        WHERE q.webhook_id = h2.webhook_id AND q.next_retry_at <= now()
                        ORDER BY q.next_retry_at LIMIT 1)
                 ORDER BY h2.last_claimed_at NULLS FIRST, h2.webhook_id
-                LIMIT 2 * p_batch_size
+                LIMIT v_walk
             ) c
             -- a pool serves only its tenants (worker.tenants / worker.exclude_tenants)
             WHERE (p_tenants IS NULL OR t.name = ANY (p_tenants))
               AND (p_exclude_tenants IS NULL OR NOT t.name = ANY (p_exclude_tenants))
-        ) r ON r.webhook_id = h.webhook_id
-        -- Again on the locked row itself: when a finish updates it while this claim waits to lock
-        -- it, PostgreSQL re-checks only the locked row's own conditions against its new version,
-        -- so a Retry-After pause or an opened circuit the finish just wrote is seen here.
-        WHERE (h.paused_until IS NULL OR h.paused_until <= now())
-          AND h.circuit_state <> 'forced_open'
-          AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
-        -- least recently served first, and a bounded number: a claim never locks every endpoint
-        ORDER BY r.tenant_turn, h.last_claimed_at NULLS FIRST, h.webhook_id
-        LIMIT p_batch_size
-        FOR UPDATE OF h SKIP LOCKED
-    ) x;
+        )
+        SELECT array_agg(x.webhook_id ORDER BY x.webhook_id),
+               coalesce((SELECT max(r.walked) FROM ranked r), 0) >= v_walk
+        INTO v_endpoints, v_walk_cut
+        FROM (
+            SELECT h.webhook_id
+            FROM webhooks.webhook_health_metrics h
+            JOIN ranked r ON r.webhook_id = h.webhook_id
+            -- Again on the locked row itself: when a finish updates it while this claim waits to
+            -- lock it, PostgreSQL re-checks only the locked row's own conditions against its new
+            -- version, so a Retry-After pause or an opened circuit the finish just wrote is seen
+            -- here.
+            WHERE (h.paused_until IS NULL OR h.paused_until <= now())
+              AND h.circuit_state <> 'forced_open'
+              AND (h.circuit_state <> 'open' OR h.circuit_open_until <= now())
+            -- least recently served first, and a bounded number: a claim never locks every endpoint
+            ORDER BY r.tenant_turn, h.last_claimed_at NULLS FIRST, h.webhook_id
+            LIMIT p_batch_size
+            FOR UPDATE OF h SKIP LOCKED
+        ) x;
+        -- (what this claim locked stays locked: a further walk takes it again, as its own lock)
+        EXIT WHEN coalesce(cardinality(v_endpoints), 0) >= p_batch_size OR NOT v_walk_cut;
+        v_walk := v_walk * 4;
+    END LOOP;
     IF v_endpoints IS NULL THEN
         RETURN;
     END IF;
