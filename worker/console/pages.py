@@ -136,7 +136,10 @@ async def console_middleware(request: web.Request, handler: Handler) -> web.Stre
         response = error_page(request, exc.status, exc.reason,
                               f"{request.method} {request.path}: {exc.reason}")
     except psycopg.OperationalError:
-        get_logger().warning("console database unreachable", path=request.path)
+        # the route's pattern, not the path: a portal link's path is its secret
+        route = request.match_info.route.resource
+        get_logger().warning("console database unreachable",
+                             route=route.canonical if route is not None else "(no route)")
         response = error_page(request, 503, "The database is unreachable", "Try again shortly.")
     except psycopg.Error as exc:
         # The type only: a database message can quote the values of the statement.
