@@ -89,6 +89,8 @@ def sample_request(method, path, world, role):
     url = path.replace("{id}", str(target)).replace("{name}", str(target))
     bodies = {
         ("POST", "/v1/messages"): {"event_type": "order.created", "payload": {"n": 1}, "endpoint": "orders"},
+        ("POST", "/v1/messages/batch"): {"messages": [
+            {"event_type": "order.created", "payload": {"n": 1}, "endpoint": "orders"}]},
         ("POST", "/v1/dead-letters/replay"): {"filter": {"endpoint": "orders"}, "max": 1},
         ("POST", "/v1/endpoints"): {"name": f"new-{role}", "url": "https://example.com/hook"},
         ("PATCH", "/v1/endpoints/{id}"): {"max_attempts": 5},

@@ -89,6 +89,11 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
              422, 422),
             ("POST", "/v1/messages", {"event_type": "a.b", "payload": {}, "endpoint": str(w["endpoint"])},
              422, 422)],
+        # each item refused alone (its own 422 in the results), nothing queued
+        ("POST", "/v1/messages/batch"): [
+            ("POST", "/v1/messages/batch", {"messages": [
+                {"event_type": "a.b", "payload": {}, "endpoint": "acme-orders"},
+                {"event_type": "a.b", "payload": {}, "endpoint": str(w["endpoint"])}]}, 200, 200)],
         ("GET", "/v1/messages"): [
             ("GET", "/v1/messages", None, 200, 200),
             ("GET", f"/v1/messages?idempotency_key={event_id}", None, 200, 200),
@@ -154,7 +159,8 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
     assert set(calls) == {(route.method, route.path) for route in ROUTES}  # every route is tried
     for (method, route), tries in calls.items():
         for verb, path, body, status, admin_status in tries:
-            scoped = producer if (method, route) == ("POST", "/v1/messages") else reader
+            publishes = (method, route) in (("POST", "/v1/messages"), ("POST", "/v1/messages/batch"))
+            scoped = producer if publishes else reader
             for token, expected in ((scoped, status), (tenant_admin, admin_status)):
                 answer = api.request(verb, path, token, body)
                 who = "tenant_admin" if token == tenant_admin else "reader"
@@ -220,6 +226,13 @@ def test_publishing_beyond_the_tenants_queued_quota_gets_429_with_retry_after(
     full = api.post("/v1/messages", role_tokens["producer"],
                     {"event_type": "a", "payload": {}, "endpoint": "other-hook"})
     assert full.status == 429
+    # a batch stops at the quota: 429 for the whole of it, not even the message that fitted is kept
+    query(db, "SELECT webhooks.update_tenant('globex', '{\"max_queued\": 3}')")
+    before = query(db, "SELECT count(*) FROM webhooks.messages")
+    batch = api.post("/v1/messages/batch", producer, {"messages": [
+        {"event_type": "a", "payload": {}}, {"event_type": "a", "payload": {}}]})
+    assert batch.status == 429 and int(batch.headers["retry-after"]) > 0, batch.body
+    assert query(db, "SELECT count(*) FROM webhooks.messages") == before
     # a producer writing SQL is never refused: its rows wait under the tenant's limits
     enqueue(db, w["theirs"], count=3)
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE tenant_id = %s",

@@ -47,6 +47,11 @@ class Published(Answer):
     deliveries: list[PublishedDelivery]
 
 
+class BatchPublished(Answer):
+    results: list[Published | ProblemDocument] = Field(
+        description="one per message, in request order: its publish answer, or the problem refusing it")
+
+
 class Delivery(Answer):
     delivery_id: int
     endpoint_id: int

@@ -102,11 +102,17 @@ class MessageBody(Body):
 NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-async def publish(request: web.Request) -> web.Response:
-    body = body_of(request, MessageBody)
+def _traceparent(request: web.Request) -> str | None:
     traceparent = request.headers.get("traceparent")
     if traceparent is not None and not _valid_traceparent(traceparent):
         raise invalid("traceparent", "not a W3C trace context (00-<32 hex>-<16 hex>-<2 hex>)")
+    return traceparent
+
+
+async def _publish_one(request: web.Request, conn: psycopg.AsyncConnection[Any], body: MessageBody,
+                       traceparent: str | None) -> tuple[dict[str, Any], int, str | None]:
+    """Publish one message in the caller's transaction: its answer, status and location, or a Problem.
+    The single publish and every item of a batch go through here, so they check and refuse alike."""
     endpoint = None if body.endpoint is None else str(body.endpoint)
     try:
         payload = orjson.dumps(body.payload).decode()
@@ -115,14 +121,13 @@ async def publish(request: web.Request) -> web.Response:
     if "\\u0000" in payload and NUL_ESCAPE.search(payload):
         raise invalid("payload", "holds \\u0000, which PostgreSQL's jsonb cannot store")
     try:
-        async with _state(request).db.transaction(caller_of(request)) as conn:
-            known = await event_types.get_async(conn, body.event_type)
-            refused = event_types.publish_problem(body.event_type, known, body.payload,
-                                                  _state(request).config.api.require_known_event_types)
-            if refused is not None:
-                raise invalid(refused.field, refused.message)
-            rows = await queries.publish(conn, body.event_type, payload, endpoint, body.idempotency_key,
-                                         body.ordering_key, body.priority, body.expires_at, traceparent)
+        known = await event_types.get_async(conn, body.event_type)
+        refused = event_types.publish_problem(body.event_type, known, body.payload,
+                                              _state(request).config.api.require_known_event_types)
+        if refused is not None:
+            raise invalid(refused.field, refused.message)
+        rows = await queries.publish(conn, body.event_type, payload, endpoint, body.idempotency_key,
+                                     body.ordering_key, body.priority, body.expires_at, traceparent)
     except psycopg.errors.NoDataFound:
         raise invalid("endpoint", "no endpoint with this name or id") from None
     except psycopg.errors.ProgramLimitExceeded as exc:
@@ -144,8 +149,46 @@ async def publish(request: web.Request) -> web.Response:
     deliveries = [{k: row[k] for k in ("delivery_id", "endpoint_id", "endpoint_name")} for row in rows]
     # where the deliveries it made can be followed
     where = None if event_id is None else "/v1/deliveries?" + urlencode({"idempotency_key": event_id})
-    return json_response({"idempotency_key": event_id, "created": created, "deliveries": deliveries},
-                         status=202 if created or not rows else 200, location=where if created else None)
+    answer = {"idempotency_key": event_id, "created": created, "deliveries": deliveries}
+    return answer, 202 if created or not rows else 200, where if created else None
+
+
+async def publish(request: web.Request) -> web.Response:
+    body = body_of(request, MessageBody)
+    traceparent = _traceparent(request)
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        answer, status, where = await _publish_one(request, conn, body, traceparent)
+    return json_response(answer, status=status, location=where)
+
+
+# One request's worth of messages: large enough to spare a producer round trips, small enough that its
+# one transaction stays short.
+MAX_BATCH = 1000
+
+
+class BatchBody(Body):
+    messages: list[MessageBody] = Field(
+        min_length=1, max_length=MAX_BATCH,
+        description=f"1 to {MAX_BATCH} messages, each as POST /v1/messages takes")
+
+
+async def publish_batch(request: web.Request) -> web.Response:
+    body = body_of(request, BatchBody)
+    traceparent = _traceparent(request)
+    results: list[dict[str, Any]] = []
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        for message in body.messages:
+            try:
+                # a savepoint: an item the database refuses does not abort the others
+                async with conn.transaction():
+                    answer, _, _ = await _publish_one(request, conn, message, traceparent)
+            except Problem as problem:
+                if problem.status == 429:
+                    raise  # the tenant's queue is full: the rest would be refused too; none is kept
+                answer = problem.document()
+            results.append(answer)
+    created = any(result.get("created") for result in results)
+    return json_response({"results": results}, status=202 if created else 200)
 
 
 def _valid_traceparent(value: str) -> bool:
@@ -705,6 +748,12 @@ ROUTES: list[Route] = [
           "endpoints subscribe, it is kept for them as dead letters (category disabled), replayable",
           PUBLISH, {200: A.Published, 202: A.Published}, body=MessageBody, headers=(TRACEPARENT_HEADER,),
           refusals=(409,)),
+    Route("POST", "/v1/messages/batch", publish_batch,
+          "Publish up to 1000 events in one transaction: each gets its own result, in request order "
+          "(POST /v1/messages's answer, or a problem for that message alone); 202 when any was queued. "
+          "A full tenant queue refuses the whole batch (429, nothing kept)",
+          PUBLISH, {200: A.BatchPublished, 202: A.BatchPublished}, body=BatchBody,
+          headers=(TRACEPARENT_HEADER,)),
     *message_history.ROUTES,
     Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
           {200: A.DeliveryPage}, query=DeliveryQuery),
