@@ -47,3 +47,11 @@ def test_a_batch_over_1000_messages_or_empty_is_refused(api, role_tokens, db):
         assert refused.status == 422, refused.body
         assert refused.json["field"] == "messages", refused.json
     assert query(db, "SELECT count(*) FROM webhooks.messages") == [(0,)]
+
+
+def test_get_on_the_batch_path_is_not_read_as_a_message_id(api, role_tokens):
+    # /v1/messages/{id} must not take "batch": a 405 names only the methods the batch path has
+    answer = api.get("/v1/messages/batch", role_tokens["reader"])
+    assert answer.status == 405, answer.body
+    assert answer.headers["allow"] == "POST"
+    assert api.get("/v1/messages/batches", role_tokens["reader"]).status == 422  # any other id as before

@@ -825,6 +825,24 @@ ROUTES: list[Route] = [
 ]
 
 
+def _router_path(path: str, paths: set[str]) -> str:
+    """The path as aiohttp routes it: a `{id}` or `{name}` segment does not take the literal segment of
+    a sibling route (`batch` is no message id), so GET /v1/messages/batch is a 405 whose Allow header
+    lists only the methods declared for that path."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if not part.startswith("{"):
+            continue
+        siblings = sorted({other.split("/")[i] for other in paths
+                           if other.split("/")[:i] == parts[:i] and len(other.split("/")) > i
+                           and not other.split("/")[i].startswith("{")})
+        if siblings:
+            taken = "|".join(re.escape(sibling) for sibling in siblings)
+            parts[i] = f"{{{part[1:-1]}:(?!(?:{taken})$)[^{{}}/]+}}"
+    return "/".join(parts)
+
+
 def add_routes(app: web.Application) -> None:
+    paths = {route.path for route in ROUTES}
     for route in ROUTES:
-        app.router.add_route(route.method, route.path, route.serve())
+        app.router.add_route(route.method, _router_path(route.path, paths), route.serve())
