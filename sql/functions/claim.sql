@@ -399,7 +399,7 @@ BEGIN
     -- One endpoint that makes no digest, answers to no tenant limit and has no circuit to half-open
     -- (the usual claim of a row or two, woken by their NOTIFY) takes the short claim below: the
     -- full claim without the steps only those cases need, so the same rows. The full claim's plan,
-    -- about 170 nodes, cost more to start than a one-row claim's work (issue 22). The setting
+    -- about 170 nodes, cost more to start than a one-row claim's work. The setting
     -- webhooks.claim_path = 'full' sends every claim the long way (the tests compare the two).
     IF cardinality(v_endpoints) = 1
        AND current_setting('webhooks.claim_path', true) IS DISTINCT FROM 'full' THEN

@@ -52,13 +52,14 @@ class BatchPublished(Answer):
         description="one per message, in request order: its publish answer, or the problem refusing it")
 
 
-class Delivery(Answer):
+class DeliveryState(Answer):
+    """A delivery's state: what a message's delivery to one endpoint reads as, and the start of a
+    delivery's own answer."""
+
     delivery_id: int
     endpoint_id: int
     endpoint_name: str
-    event_id: str
-    idempotency_key: str
-    event_type: str
+    idempotency_key: str = Field(description="its webhook-id, the same on every attempt and replay")
     status: Status
     attempts: int
     max_attempts: int
@@ -66,14 +67,19 @@ class Delivery(Answer):
     next_retry_at: datetime | None
     last_http_status: int | None
     failure_category: str | None
-    last_error: str | None
     dead_letter_reason: str | None
-    priority: int
-    created_at: datetime
     delivered_at: datetime | None
     dead_lettered_at: datetime | None
     endpoint_deleted_at: datetime | None = Field(
         description="when its endpoint was deleted (its id and name stay); such rows are not replayed")
+
+
+class Delivery(DeliveryState):
+    event_id: str
+    event_type: str
+    last_error: str | None
+    priority: int
+    created_at: datetime
 
 
 class Attempt(Answer):

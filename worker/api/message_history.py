@@ -9,7 +9,7 @@ from aiohttp import web
 from pydantic import Field, JsonValue
 
 from worker.api import queries, self_service
-from worker.api.answers import Answer, Status
+from worker.api.answers import Answer, DeliveryState
 from worker.api.context import READ, STATE, caller_of, json_response
 from worker.api.declare import Route, id_of, query_of
 from worker.api.inputs import DEFAULT_PAGE, MAX_PAGE, Id, Query, Text, Timestamp
@@ -18,23 +18,8 @@ from worker.api.problems import not_found
 # --- what the routes answer ---------------------------------------------------------------------------
 
 
-class MessageDelivery(Answer):
-    delivery_id: int
-    endpoint_id: int
-    endpoint_name: str
-    idempotency_key: str = Field(description="its webhook-id, the same on every attempt and replay")
-    status: Status
-    attempts: int
-    max_attempts: int
-    replays: int
-    next_retry_at: datetime | None
-    last_http_status: int | None
-    failure_category: str | None
-    dead_letter_reason: str | None
-    delivered_at: datetime | None
-    dead_lettered_at: datetime | None
-    endpoint_deleted_at: datetime | None = Field(
-        description="when its endpoint was deleted (its id and name stay); such rows are not replayed")
+class MessageDelivery(DeliveryState):
+    """One delivery of a message: its state at one endpoint."""
 
 
 class Message(Answer):
