@@ -4,6 +4,7 @@ watches it become delivered."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -34,6 +35,22 @@ def console(db: str) -> Iterator[ConsoleServer]:
     server.stop()
 
 
+@contextlib.contextmanager
+def browser_page() -> Iterator[tuple[Page, list[str]]]:
+    """A page in chromium, 1280 px wide, and the script errors and CSP refusals it reports."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(WAIT_MS)
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            yield page, problems
+        finally:
+            browser.close()
+
+
 def screenshot(page: Page, tmp_path: Path, name: str) -> None:
     page.screenshot(path=str(tmp_path / name), full_page=True)
     keep = os.environ.get(SCREENSHOTS_ENV)
@@ -55,58 +72,49 @@ def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
     token = make_token(db, "admin", name="on-call")
     base = f"http://127.0.0.1:{console.port}/console"
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.set_default_timeout(WAIT_MS)
-            problems: list[str] = []
-            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(str(e)))
+    with browser_page() as (page, problems):
 
-            page.goto(base + "/")
-            assert page.url == base + "/login"  # no session yet
-            # by keyboard: the token field has the focus, Enter submits
-            page.keyboard.type(token)
-            page.keyboard.press("Enter")
-            page.wait_for_url(base + "/")
-            assert page.get_by_role("heading", name="Overview").is_visible()
-            assert page.locator(f"#endpoint-{endpoint}").get_by_text("http_5xx").is_visible()
-            screenshot(page, tmp_path, "console-overview.png")
+        page.goto(base + "/")
+        assert page.url == base + "/login"  # no session yet
+        # by keyboard: the token field has the focus, Enter submits
+        page.keyboard.type(token)
+        page.keyboard.press("Enter")
+        page.wait_for_url(base + "/")
+        assert page.get_by_role("heading", name="Overview").is_visible()
+        assert page.locator(f"#endpoint-{endpoint}").get_by_text("http_5xx").is_visible()
+        screenshot(page, tmp_path, "console-overview.png")
 
-            page.get_by_role("link", name="Dead letters").click()
-            page.get_by_label("Endpoint").select_option(label="pagerduty")
-            page.get_by_role("button", name="Filter").click()
-            row = page.locator(f"#dead-letter-{delivery_id}")
-            row.wait_for()
-            assert "http_5xx" in row.inner_text() and "503" in row.inner_text()
-            screenshot(page, tmp_path, "console-dead-letters.png")
+        page.get_by_role("link", name="Dead letters").click()
+        page.get_by_label("Endpoint").select_option(label="pagerduty")
+        page.get_by_role("button", name="Filter").click()
+        row = page.locator(f"#dead-letter-{delivery_id}")
+        row.wait_for()
+        assert "http_5xx" in row.inner_text() and "503" in row.inner_text()
+        screenshot(page, tmp_path, "console-dead-letters.png")
 
-            row.get_by_role("link", name=f"#{delivery_id}").click()
-            page.wait_for_url(f"{base}/deliveries/{delivery_id}")
-            history = page.locator("table.history").inner_text()
-            assert "http_5xx" in history and "503" in history and "upstream database is down" in history
-            assert '"host": "db-1"' in page.locator("pre.payload").inner_text()
-            assert page.locator("#status").get_attribute("data-status") == "dead_letter"
+        row.get_by_role("link", name=f"#{delivery_id}").click()
+        page.wait_for_url(f"{base}/deliveries/{delivery_id}")
+        history = page.locator("table.history").inner_text()
+        assert "http_5xx" in history and "503" in history and "upstream database is down" in history
+        assert '"host": "db-1"' in page.locator("pre.payload").inner_text()
+        assert page.locator("#status").get_attribute("data-status") == "dead_letter"
 
-            page.get_by_role("button", name="Replay this delivery").focus()
-            page.keyboard.press("Enter")  # forms work from the keyboard
-            # the page refreshes itself until the row settles
-            page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
-            assert page.get_by_role("status").inner_text() == "1 dead letter(s) put back in the queue."
-            history = page.locator("table.history").inner_text()
-            assert "replayed" in history and "delivered" in history
-            screenshot(page, tmp_path, "console-delivery.png")
+        page.get_by_role("button", name="Replay this delivery").focus()
+        page.keyboard.press("Enter")  # forms work from the keyboard
+        # the page refreshes itself until the row settles
+        page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
+        assert page.get_by_role("status").inner_text() == "1 dead letter(s) put back in the queue."
+        history = page.locator("table.history").inner_text()
+        assert "replayed" in history and "delivered" in history
+        screenshot(page, tmp_path, "console-delivery.png")
 
-            # a reason as long as the API takes, without a space: it wraps, the page stays as wide
-            query(db, "SELECT webhooks.set_circuit(%s, 'reset', NULL, 'on-call', repeat('x', 600))", (other,))
-            page.get_by_role("link", name="Endpoints").click()
-            assert page.get_by_text("x" * 600).is_visible()
-            assert page.evaluate("document.documentElement.scrollWidth") <= 1280
-            screenshot(page, tmp_path, "console-endpoints.png")
-            assert problems == [], problems  # nothing the CSP blocked, no script error
-        finally:
-            browser.close()
+        # a reason as long as the API takes, without a space: it wraps, the page stays as wide
+        query(db, "SELECT webhooks.set_circuit(%s, 'reset', NULL, 'on-call', repeat('x', 600))", (other,))
+        page.get_by_role("link", name="Endpoints").click()
+        assert page.get_by_text("x" * 600).is_visible()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+        screenshot(page, tmp_path, "console-endpoints.png")
+        assert problems == [], problems  # nothing the CSP blocked, no script error
 
     assert statuses(db, [delivery_id]) == {delivery_id: "delivered"}
     sent = receiver.to("/hook")
@@ -140,61 +148,52 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
     link = made.stdout.strip()
     base = f"http://127.0.0.1:{console.port}/console"
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.set_default_timeout(WAIT_MS)
-            problems: list[str] = []
-            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(str(e)))
+    with browser_page() as (page, problems):
 
-            page.goto(link)
-            page.get_by_role("button", name="Open the console").click()
-            page.wait_for_url(base + "/")
-            assert page.locator("#tenant").inner_text() == "Tenant globex"
+        page.goto(link)
+        page.get_by_role("button", name="Open the console").click()
+        page.wait_for_url(base + "/")
+        assert page.locator("#tenant").inner_text() == "Tenant globex"
+        assert "acme" not in page.content()
+
+        page.get_by_role("link", name="Endpoints", exact=True).click()
+        page.get_by_label("Name").fill("customer-hook")
+        page.get_by_label("URL").fill(receiver.url("/customer"))
+        page.get_by_label("Event types").fill("*")
+        page.get_by_label("Format").select_option("raw")
+        page.get_by_role("button", name="Add").click()
+        page.wait_for_url(f"{base}/endpoints/*")
+        assert page.get_by_role("heading", name="Endpoint customer-hook").is_visible()
+        [(endpoint, tenant)] = query(db, "SELECT id, tenant_id FROM webhooks.endpoints"
+                                         " WHERE name = 'customer-hook'")
+        assert tenant == globex
+
+        page.get_by_role("button", name="Send a test event").click()
+        page.wait_for_url(f"{base}/deliveries/*")
+        page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
+        assert "webhook.test" in page.locator("dl.facts").inner_text()
+
+        page.get_by_role("link", name="customer-hook").click()
+        screenshot(page, tmp_path, "console-endpoint.png")
+        page.get_by_role("button", name="Reveal the signing secret").click()
+        secret = page.locator("code.secret").first.inner_text()
+        [sent] = receiver.to("/customer")
+        signing.verify(secret, sent.headers, sent.body)  # raises unless the signature is this secret's
+
+        page.get_by_role("link", name="Dead letters").click()
+        assert page.locator(f"#dead-letter-{acme_dead}").count() == 0
+        page.locator(f"#dead-letter-{dead}").get_by_role("link", name=f"#{dead}").click()
+        page.get_by_role("button", name="Replay this delivery").click()
+        page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
+
+        # another tenant's endpoint and dead letter: not listed, and not reachable by URL
+        page.get_by_role("link", name="Endpoints", exact=True).click()
+        assert "acme-orders" not in page.content()
+        assert problems == [], problems  # nothing the CSP blocked, no script error
+        for path in (f"/endpoints/{theirs}", f"/deliveries/{acme_dead}"):
+            answer = page.goto(base + path)
+            assert answer is not None and answer.status == 404, path
             assert "acme" not in page.content()
-
-            page.get_by_role("link", name="Endpoints", exact=True).click()
-            page.get_by_label("Name").fill("customer-hook")
-            page.get_by_label("URL").fill(receiver.url("/customer"))
-            page.get_by_label("Event types").fill("*")
-            page.get_by_label("Format").select_option("raw")
-            page.get_by_role("button", name="Add").click()
-            page.wait_for_url(f"{base}/endpoints/*")
-            assert page.get_by_role("heading", name="Endpoint customer-hook").is_visible()
-            [(endpoint, tenant)] = query(db, "SELECT id, tenant_id FROM webhooks.endpoints"
-                                             " WHERE name = 'customer-hook'")
-            assert tenant == globex
-
-            page.get_by_role("button", name="Send a test event").click()
-            page.wait_for_url(f"{base}/deliveries/*")
-            page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
-            assert "webhook.test" in page.locator("dl.facts").inner_text()
-
-            page.get_by_role("link", name="customer-hook").click()
-            screenshot(page, tmp_path, "console-endpoint.png")
-            page.get_by_role("button", name="Reveal the signing secret").click()
-            secret = page.locator("code.secret").first.inner_text()
-            [sent] = receiver.to("/customer")
-            signing.verify(secret, sent.headers, sent.body)  # raises unless the signature is this secret's
-
-            page.get_by_role("link", name="Dead letters").click()
-            assert page.locator(f"#dead-letter-{acme_dead}").count() == 0
-            page.locator(f"#dead-letter-{dead}").get_by_role("link", name=f"#{dead}").click()
-            page.get_by_role("button", name="Replay this delivery").click()
-            page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
-
-            # another tenant's endpoint and dead letter: not listed, and not reachable by URL
-            page.get_by_role("link", name="Endpoints", exact=True).click()
-            assert "acme-orders" not in page.content()
-            assert problems == [], problems  # nothing the CSP blocked, no script error
-            for path in (f"/endpoints/{theirs}", f"/deliveries/{acme_dead}"):
-                answer = page.goto(base + path)
-                assert answer is not None and answer.status == 404, path
-                assert "acme" not in page.content()
-        finally:
-            browser.close()
 
     assert statuses(db, [dead, acme_dead]) == {dead: "delivered", acme_dead: "dead_letter"}
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE webhook_id = %s",
