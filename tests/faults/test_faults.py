@@ -45,6 +45,12 @@ def delivering(db, worker_name=None):
     return query(db, sql + " AND locked_by = %s", (worker_name,))[0][0]
 
 
+def sessions_of(db, worker_name):
+    """How many PostgreSQL sessions a worker of that name still has (its pool, listener, liveness)."""
+    names = [f"webhook-worker {worker_name}{suffix}" for suffix in ("", " listener", " liveness")]
+    return query(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)", (names,))[0][0]
+
+
 def duplicates(receiver, path):
     seen = Counter(r.delivery_id for r in receiver.to(path))
     return sum(n - 1 for n in seen.values()), seen
@@ -92,6 +98,10 @@ def test_workers_killed_at_random_lose_nothing(db, receiver, spawn):
             continue  # only kill while it has requests open
         victim.signal(signal.SIGKILL)
         victim.process.wait(10)
+        # A COMMIT the worker had already sent still lands after it died (its server session runs
+        # the command before it notices the client is gone): a finish caught so would read as held
+        # here and then end 'delivered' under its name. Read only once its sessions are gone.
+        eventually(lambda name=victim.name: sessions_of(db, name) == 0, message=f"{victim.name} gone")
         # Every row it held, in flight or with an unwritten outcome, is still 'delivering' under it.
         held_at_kills |= {(d, victim.name) for (d,) in query(
             db, "SELECT delivery_id FROM webhooks.alert_delivery_queue"
