@@ -25,6 +25,8 @@ RECENT_ROWS = 20
 FAILED_OUTCOMES = ("retry", "dead_letter", "lease_expired")
 # A payload shown whole up to this size; a larger one is cut, saying so.
 PAYLOAD_SHOWN_CHARS = 64 * 1024
+# The event-type list names this many of the subscriptions matching each type; its page names them all.
+SHOWN_SUBSCRIPTIONS = 5
 
 
 async def overview(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
@@ -243,3 +245,24 @@ async def operations(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]
         conn, "SELECT id, status, processed, max_rows, rate, filter, requested_by, cancelled_by, error,"
               " created_at, finished_at FROM webhooks.api_operations ORDER BY id DESC LIMIT %s", (PAGE_ROWS,))
 
+
+
+async def event_type_subscriptions(conn: psycopg.AsyncConnection[Any],
+                                   event_type: str) -> list[dict[str, Any]]:
+    """The endpoint subscriptions that match a type (sql/functions/event_types.sql), by endpoint name."""
+    return await fetch_all(
+        conn, "SELECT webhook_id, endpoint_name, pattern FROM webhooks.event_type_subscriptions(%s) LIMIT %s",
+        (event_type, PAGE_ROWS))
+
+
+async def event_type_subscriptions_by_type(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, Any]]:
+    """For each type some subscription matches: how many do, and the first SHOWN_SUBSCRIPTIONS."""
+    rows = await fetch_all(
+        conn,
+        "SELECT event_type, count(*) AS total,"
+        "       jsonb_agg(jsonb_build_object('webhook_id', webhook_id, 'endpoint_name', endpoint_name,"
+        "                                    'pattern', pattern) ORDER BY n) FILTER (WHERE n <= %s) AS shown"
+        " FROM (SELECT s.*, row_number() OVER (PARTITION BY s.event_type ORDER BY s.endpoint_name, s.pattern)"
+        "       AS n FROM webhooks.event_type_subscriptions() s) s"
+        " GROUP BY event_type", (SHOWN_SUBSCRIPTIONS,))
+    return {row["event_type"]: row for row in rows}
