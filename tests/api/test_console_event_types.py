@@ -1,7 +1,7 @@
 """The console's event-type catalogue: the list with the subscriptions matching each type and those
 matching none, a page per type, and an unscoped admin adding, editing and deprecating types through
 worker/event_types.py, refused with the API's and the CLI's words; readers and tenant
-administrators read it and change nothing."""
+administrators read it and change nothing; the endpoint page names its unmatched subscriptions."""
 
 from __future__ import annotations
 
@@ -240,6 +240,26 @@ def test_each_type_lists_the_subscriptions_matching_it_and_the_list_those_matchi
                        r'<td><span class="status[^"]*">([^<]*)</span>', table)
     assert shown == [(str(u["webhook_id"]), u["endpoint_name"], u["pattern"], u["problem"]) for u in listed]
     assert [s[2:] for s in shown] == [("invoce.paid", "unknown"), ("invoice.voided", "deprecated")]
+
+
+def test_the_endpoint_page_names_the_subscriptions_that_match_no_current_type(console, db):
+    query(db, "SELECT webhooks.upsert_event_type('invoice.paid', 'An invoice was paid')")
+    query(db, "SELECT webhooks.upsert_event_type('invoice.voided', 'Voided', NULL, true)")
+    billing = add_endpoint(db, "http://127.0.0.1:9/billing", name="billing",
+                           event_types=("invoice.paid", "invoce.*", "invoice.voided", "webhook.*", "*"))
+    fine = add_endpoint(db, "http://127.0.0.1:9/fine", name="fine", event_types=("invoice.*",))
+    person = logged_in(console, db, "reader")
+    page = person.get(f"/console/endpoints/{billing}").body.decode()
+    found = re.search(r'<dd id="unmatched-subscriptions">(.*?)</dd>', page, re.S)
+    assert found, page
+    said = re.findall(r'<span class="status [^"]*">([^<]*)</span> <span class="muted">\(([^)]*)\)',
+                      found.group(1))
+    assert said == [("invoce.*", "no catalogued type matches it"),
+                    ("invoice.voided", "only deprecated types match it")]
+    # the same as `endpoints show` finds
+    shown = json.loads(cli("endpoints", "show", "billing", "--json", env={"DATABASE_URL": db}).stdout)
+    assert [u["pattern"] for u in shown["unmatched_subscriptions"]] == [s[0] for s in said]
+    assert "unmatched-subscriptions" not in person.get(f"/console/endpoints/{fine}").body.decode()
 
 
 def test_a_description_or_name_holding_html_is_shown_as_text(console, db):

@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from worker import endpoints as endpoint_service
+from worker import event_types
 from worker.api.database import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.api.queries import start_replay as api_start_replay
@@ -63,8 +64,9 @@ async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
 
 
 async def endpoint_page(conn: psycopg.AsyncConnection[Any], endpoint_id: int) -> dict[str, Any] | None:
-    """An endpoint's page: its settings in the service's one shape, health and circuit, its latest
-    deliveries and attempts, its changes; None when the caller does not see it."""
+    """An endpoint's page: its settings in the service's one shape, its subscriptions that match no
+    current event type, health and circuit, its latest deliveries and attempts, its changes; None when
+    the caller does not see it."""
     endpoint = await fetch_one(conn, f"SELECT {endpoint_service.COLUMNS} FROM webhooks.endpoint_summary"
                                      " WHERE id = %s", (endpoint_id,))
     if endpoint is None:
@@ -82,7 +84,11 @@ async def endpoint_page(conn: psycopg.AsyncConnection[Any], endpoint_id: int) ->
     events = await fetch_all(
         conn, "SELECT at, change, reason, decided_by FROM webhooks.endpoint_events WHERE webhook_id = %s"
               " ORDER BY at DESC LIMIT %s", (endpoint_id, RECENT_ROWS))
-    return {"endpoint": endpoint, "deliveries": deliveries, "attempts": attempts, "events": events}
+    # its subscriptions no current catalogued type matches, as `endpoints show` finds them
+    unmatched = event_types.unmatched_of_endpoint(await event_types.unmatched_subscriptions_async(conn),
+                                                  endpoint_id)
+    return {"endpoint": endpoint, "deliveries": deliveries, "attempts": attempts, "events": events,
+            "unmatched": unmatched}
 
 
 async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
