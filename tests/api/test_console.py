@@ -564,3 +564,8 @@ def test_replaying_every_match_starts_a_bulk_operation_with_the_pages_filter(con
     assert rows == {**{d: "pending" for d in mine}, theirs: "dead_letter"}
     page = person.get("/console/operations").body.decode()
     assert f"<td>{operation}</td>" in page and "category=http_5xx" in page
+    # the filter names the endpoint, linked to its page, not its id; one the page cannot name, by its id
+    assert f'endpoint=<a href="/console/endpoints/{failing}">failing</a>' in page
+    assert "webhook_id=" not in page
+    query(db, "SELECT webhooks.api_start_replay('{\"webhook_id\": 999999}', NULL, NULL, 'api:ops')")
+    assert "endpoint=#999999" in person.get("/console/operations").body.decode()

@@ -246,10 +246,16 @@ def payload_text(payload: Any) -> tuple[str, bool]:
 
 async def operations(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     """The bulk replays started over the API, newest first (row-level security keeps a scoped
-    caller to its tenant's)."""
+    caller to its tenant's), each with the name of the endpoint its filter names, when the caller
+    sees it."""
     return await fetch_all(
-        conn, "SELECT id, status, processed, max_rows, rate, filter, requested_by, cancelled_by, error,"
-              " created_at, finished_at FROM webhooks.api_operations ORDER BY id DESC LIMIT %s", (PAGE_ROWS,))
+        conn, "SELECT o.id, o.status, o.processed, o.max_rows, o.rate, o.filter, o.requested_by,"
+              " o.cancelled_by, o.error, o.created_at, o.finished_at, e.name AS endpoint_name"
+              " FROM webhooks.api_operations o"
+              " LEFT JOIN webhooks.endpoint_summary e ON e.id = CASE"
+              "     WHEN jsonb_typeof(o.filter -> 'webhook_id') = 'number'"
+              "     THEN (o.filter ->> 'webhook_id')::bigint END"
+              " ORDER BY o.id DESC LIMIT %s", (PAGE_ROWS,))
 
 
 
