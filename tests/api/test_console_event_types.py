@@ -179,6 +179,9 @@ def test_the_form_refuses_what_the_api_and_the_cli_refuse_in_their_words_and_kee
                         {"csrf": admin.csrf(), "deprecated": "true"})
     reserved = console.post("/v1/event-types/webhook.test/deprecate", token).json["detail"]
     assert answer.status == 422 and esc(str(reserved)) in answer.body.decode()
+    answer = admin.post("/console/event-types/webhook.test", {"csrf": admin.csrf(), "description": "mine"})
+    said = api_detail(console, token, "webhook.test", {})
+    assert answer.status == 422 and f'<p class="error" role="alert">{esc(said)}</p>' in answer.body.decode()
     # nothing was written by any of them
     assert query(db, "SELECT name, description, schema, deprecated FROM webhooks.event_types"
                      " ORDER BY name") == before

@@ -134,6 +134,9 @@ async def edit_event_type(request: web.Request) -> web.Response:
         schema = _schema(typed)
         changed = await as_caller(request.app[STATE], caller, change)
     except event_types.EventTypeError as exc:
+        field, _, problem = str(exc).partition(": ")
+        if field == "name":  # the path's name (a worker's own type): the page has no form to show it on
+            raise forms.FieldError(field, problem) from None
         return await event_type_page(request, typed, str(exc), 422)
     if not changed:
         return error_page(request, 404, "Not found", f"event type {name!r}: not in the catalogue")
