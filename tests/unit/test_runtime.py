@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 
 import pytest
@@ -57,10 +58,8 @@ def test_the_open_files_soft_limit_is_raised_to_the_hard_limit(
 async def _carries_on_after_one_cancel(ended: asyncio.Event) -> None:
     """What a loop does when a cancel is swallowed on its way (as asyncio.wait_for may on Python 3.11):
     it carries on to its next pause."""
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await asyncio.sleep(3600)
-    except asyncio.CancelledError:
-        pass
     try:
         await asyncio.sleep(3600)
     finally:
