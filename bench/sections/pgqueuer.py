@@ -31,7 +31,7 @@ from bench.common import (
     reset_statements,
     statement_counts,
 )
-from bench.drain import drain, peak_rss_kb, summarise_profile, wal_bytes_since, wal_lsn
+from bench.drain import drain, peak_rss_kb, steady_cpu, summarise_profile, wal_bytes_since, wal_lsn
 from bench.localworker import ROOT, proc_cpu, query
 from bench.section import MEDIAN_RUNS, Context, Figures, Section, Target, get, log, target, three
 from worker import signing
@@ -100,13 +100,18 @@ def run(ctx: Context) -> dict[str, Any]:
     for side in SIDES:
         out[side] = side_medians(runs[side])
     for side in (OURS, OURS_UVLOOP):
-        out[f"{side}_over_pgqueuer"] = median_of([
-            a["deliveries_per_cpu_second"] / b["deliveries_per_cpu_second"]
-            for a, b in zip(runs[side], runs[PGQUEUER], strict=True)])
+        for prefix in ("", "steady_"):
+            pairs = list(zip(runs[side], runs[PGQUEUER], strict=True))
+            key = f"{prefix}deliveries_per_cpu_second"
+            out[f"{prefix}{side}_over_pgqueuer"] = median_of([a[key] / b[key] for a, b in pairs]) if all(
+                a[key] and b[key] for a, b in pairs) else None
     if ctx.args.pgqueuer_profile:
         log("pgqueuer: one more run of each side under py-spy")
         out["profile"] = {OURS: ours_drain(ctx, rows, None, profile=True).get("profile"),
                           PGQUEUER: pgqueuer_drain(ctx, rows, batch, max_tasks, profile=True).get("profile")}
+        for profile in out["profile"].values():
+            if profile and "file" in profile:
+                profile["parts_pct"] = profile_parts(Path(profile["file"]))
     out["load_average_after"] = machine_load()
     return out
 
@@ -121,6 +126,9 @@ def side_figures(r: dict[str, Any]) -> dict[str, Any]:
     """What the comparison reads from one drain of either side."""
     cpu = r["cpu_ms_per_delivery"]
     total = cpu["workers"] + cpu["postgres"]
+    # None when the drain ended before the first sample saw a receipt (a --quick drain may)
+    steady = r["cpu_ms_per_delivery_after_first_receipt"] or {"workers": None, "postgres": None}
+    steady_total = (steady["workers"] + steady["postgres"]) if steady["workers"] is not None else None
     return {
         "complete": r["complete"],
         "received": r["received"],
@@ -130,6 +138,10 @@ def side_figures(r: dict[str, Any]) -> dict[str, Any]:
         "pg_cpu_ms_per_delivery": cpu["postgres"],
         "cpu_ms_per_delivery": round(total, 4),
         "deliveries_per_cpu_second": round(1000 / total, 1) if total else 0.0,
+        # the same without start-up: from the first sample that saw a receipt
+        "steady_worker_cpu_ms_per_delivery": steady["workers"],
+        "steady_pg_cpu_ms_per_delivery": steady["postgres"],
+        "steady_deliveries_per_cpu_second": round(1000 / steady_total, 1) if steady_total else None,
         "round_trips_per_delivery": r["round_trips_per_delivery"],
         "wal_bytes_per_delivery": r["wal_bytes_per_delivery"],
         "cpu_seconds": r["cpu_seconds"],
@@ -140,10 +152,17 @@ def side_figures(r: dict[str, Any]) -> dict[str, Any]:
 
 def side_medians(done: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ("per_second", "wall_seconds", "worker_cpu_ms_per_delivery", "pg_cpu_ms_per_delivery",
-            "cpu_ms_per_delivery", "deliveries_per_cpu_second", "round_trips_per_delivery",
+            "cpu_ms_per_delivery", "deliveries_per_cpu_second", "steady_worker_cpu_ms_per_delivery",
+            "steady_pg_cpu_ms_per_delivery", "steady_deliveries_per_cpu_second", "round_trips_per_delivery",
             "wal_bytes_per_delivery")
-    return {"runs": done, "complete": all(r["complete"] for r in done),
-            **{key: median_of([r[key] or 0.0 for r in done]) for key in keys}}
+    medians = {key: median_of([r[key] for r in done]) if all(r[key] is not None for r in done) else None
+               for key in keys}
+    return {"runs": done, "complete": all(r["complete"] for r in done), **medians}
+
+
+def shown(m: dict[str, Any] | None, fmt: str) -> str:
+    """A median with its values, or n/a where a run had no value."""
+    return "n/a" if m is None else three(m, fmt=fmt)
 
 
 # --- the PGQueuer side ---------------------------------------------------------------------------
@@ -194,6 +213,7 @@ def pgqueuer_drain(
     profiler = _start_profiler(ctx, process.pid) if profile else None
     deadline = time.monotonic() + ctx.args.drain_timeout
     cpu_seen, rss_seen = 0.0, 0
+    first_receipt: tuple[int, float, float] | None = None
     try:
         while True:
             time.sleep(0.25)
@@ -201,7 +221,10 @@ def pgqueuer_drain(
             rss_seen = max(rss_seen, peak_rss_kb(process.pid))
             if process.poll() is not None:
                 raise RuntimeError(f"the PGQueuer worker exited with {process.returncode}; see {log_path}")
-            if ctx.sink.stats()["count"] >= rows or time.monotonic() > deadline:
+            count = ctx.sink.stats()["count"]
+            if first_receipt is None and count > 0:
+                first_receipt = (count, cpu_seen, ctx.cluster.cpu() - pg0)
+            if count >= rows or time.monotonic() > deadline:
                 break
         # as bench.drain: the last outcomes written (PGQueuer flushes its log buffer every 0.1 s)
         time.sleep(1.0)
@@ -240,6 +263,7 @@ def pgqueuer_drain(
             "postgres": round(pg_cpu * 1000 / max(1, n), 4),
             "sink": round(sink_cpu * 1000 / max(1, n), 4),
         },
+        "cpu_ms_per_delivery_after_first_receipt": steady_cpu(first_receipt, n, worker_cpu, pg_cpu),
         "round_trips": calls,
         "round_trips_per_delivery": round(calls / max(1, n), 4),
         "statements": statements[:8],
@@ -322,6 +346,38 @@ def _finish_profiler(process: subprocess.Popen[bytes], path: Path) -> dict[str, 
     return summarise_profile(path) if path.exists() else {"error": "py-spy wrote nothing"}
 
 
+# Where a process's samples go: py-spy stacks through each of these frames (start-up imports apart).
+PROFILE_PARTS = (
+    ("start-up (imports)", "importlib._bootstrap"),
+    ("our POST (Sender.send)", "Sender.send (worker/delivery.py"),
+    ("our claims (Queue.acquire)", "Queue.acquire (worker/queue.py"),
+    ("our finishes (Finisher.run)", "Finisher.run (worker/finisher.py"),
+    ("the PGQueuer job's POST (deliver)", "deliver (bench/pgqueuer_consumer.py"),
+    ("PGQueuer's dequeues (fetch_jobs)", "QueueManager.fetch_jobs (pgqueuer/"),
+    ("PGQueuer's completion log (flush_items)", "JobStatusLogBuffer.flush_items (pgqueuer/"),
+    ("PGQueuer's heartbeats", "Heartbeat.send_heartbeat (pgqueuer/"),
+    ("signing", "signature_header (worker/signing.py"),
+    ("aiohttp", "aiohttp/"),
+    ("psycopg", "psycopg/"),
+    ("asyncpg", "asyncpg/"),
+)
+
+
+def profile_parts(path: Path) -> dict[str, float]:
+    """Inclusive share of the samples (%) whose stack passes through each part of PROFILE_PARTS."""
+    counts = dict.fromkeys((name for name, _ in PROFILE_PARTS), 0)
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(count_text)
+        for name, marker in PROFILE_PARTS:
+            if marker in stack:
+                counts[name] += int(count_text)
+    return {name: round(100 * n / max(1, total), 1) for name, n in counts.items() if n}
+
+
 # --- the report ----------------------------------------------------------------------------------
 
 
@@ -333,22 +389,32 @@ def figures(s: dict[str, Any]) -> Figures:
             continue
         lines.append((
             f"pgqueuer: {LABELS[side]}, {s['rows']:,} rows",
-            f"{three(m['deliveries_per_cpu_second'], fmt='{:,.0f}')} deliveries per CPU-second; CPU ms per"
-            f" delivery: worker {three(m['worker_cpu_ms_per_delivery'], fmt='{:.3f}')}, PostgreSQL"
-            f" {three(m['pg_cpu_ms_per_delivery'], fmt='{:.3f}')}, sum"
-            f" {three(m['cpu_ms_per_delivery'], fmt='{:.3f}')};"
-            f" {three(m['per_second'], fmt='{:,.0f}')} deliveries/s; wall (start to last receipt)"
-            f" {three(m['wall_seconds'], fmt='{:.1f}')} s; round trips per delivery"
-            f" {m['round_trips_per_delivery']['median']}; WAL bytes per delivery"
-            f" {m['wal_bytes_per_delivery']['median']:,.0f}; complete={m['complete']}",
+            f"{shown(m['deliveries_per_cpu_second'], fmt='{:,.0f}')} deliveries per CPU-second; CPU ms per"
+            f" delivery: worker {shown(m['worker_cpu_ms_per_delivery'], fmt='{:.3f}')}, PostgreSQL"
+            f" {shown(m['pg_cpu_ms_per_delivery'], fmt='{:.3f}')}, sum"
+            f" {shown(m['cpu_ms_per_delivery'], fmt='{:.3f}')};"
+            f" {shown(m['per_second'], fmt='{:,.0f}')} deliveries/s; wall (start to last receipt)"
+            f" {shown(m['wall_seconds'], fmt='{:.1f}')} s; round trips per delivery"
+            f" {shown(m['round_trips_per_delivery'], '{:.4f}')}; WAL bytes per delivery"
+            f" {shown(m['wal_bytes_per_delivery'], '{:,.0f}')}; complete={m['complete']}",
+        ))
+        if m["steady_deliveries_per_cpu_second"] is None:
+            continue
+        lines.append((
+            f"pgqueuer: {LABELS[side]}, from the first receipt",
+            f"{shown(m['steady_deliveries_per_cpu_second'], fmt='{:,.0f}')} deliveries per CPU-second; CPU ms"
+            f" per delivery: worker {shown(m['steady_worker_cpu_ms_per_delivery'], fmt='{:.3f}')}, PostgreSQL"
+            f" {shown(m['steady_pg_cpu_ms_per_delivery'], fmt='{:.3f}')}",
         ))
     if "load_average_by_round" in s:
         lines.append(("pgqueuer: load average before, after each round",
                       f"{s['load_average_before']}, {s['load_average_by_round']}"))
     for side, profile in (s.get("profile") or {}).items():
-        if profile and "inclusive_pct" in profile:
-            top = ", ".join(f"{name} {pct}%" for name, pct in profile["inclusive_pct"][:8])
-            lines.append((f"pgqueuer: py-spy, {LABELS[side]} (inclusive)", top))
+        if profile and "parts_pct" in profile:
+            parts = ", ".join(f"{name} {pct}%" for name, pct in profile["parts_pct"].items())
+            top = ", ".join(f"{name} {pct}%" for name, pct in profile["self_pct"][:6])
+            lines.append((f"pgqueuer: py-spy, {LABELS[side]}",
+                          f"{profile['samples']} samples; through {parts}; most self time: {top}"))
     return lines
 
 
@@ -361,6 +427,11 @@ def targets(results: dict[str, Any], _args: argparse.Namespace) -> Iterator[Targ
     if uv is not None:
         yield target("the same, webhook-worker on uvloop ÷ PGQueuer (both on uvloop)",
                      three(uv, fmt="{:.2f}×"), "(no target)", None)
+    for side, label in ((OURS, ""), (OURS_UVLOOP, ", webhook-worker on uvloop")):
+        steady = get(results, "pgqueuer", f"steady_{side}_over_pgqueuer")
+        if steady is not None:
+            yield target(f"the same from the first receipt (start-up left out){label}",
+                         three(steady, fmt="{:.2f}×"), "(no target)", None)
 
 
 SECTION = Section("pgqueuer", run, options=options, figures=figures, targets=targets,
