@@ -175,9 +175,8 @@ def pgqueuer_drain(
     (`pgq install`, then `pgq autovac`, its recommended table settings), `rows` jobs enqueued with its
     Queries.enqueue (the payload bytes ours sends), ANALYZE as after our preload; then one
     bench.pgqueuer_consumer process (PGQueuer's supervisor, as `pgq run` runs it) until the sink
-    has every row. CPU of that process,
-    PostgreSQL and the sink over the drain; complete when the sink got each row once and the queue
-    table is empty."""
+    has every row. CPU of that process, PostgreSQL and the sink over the drain; complete when the
+    sink counted one request per job and the queue table is empty."""
     dsn = ctx.cluster.dsn(DATABASE)
     with psycopg.connect(ctx.cluster.url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
