@@ -201,7 +201,7 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
     worker.stop()
 
 
-def test_an_admin_adds_a_catalogued_event_type_and_deprecates_it_in_the_browser(db, console):
+def test_an_admin_adds_a_catalogued_event_type_and_deprecates_it_in_the_browser(db, console, tmp_path):
     assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
     billing = add_endpoint(db, "http://127.0.0.1:9/billing", name="billing", event_types=("invoce.paid",))
     token = make_token(db, "admin", name="catalogue-keeper")
@@ -229,12 +229,15 @@ def test_an_admin_adds_a_catalogued_event_type_and_deprecates_it_in_the_browser(
         page.wait_for_url(base + "/event-types/invoice.paid?notice=event_type_added")
         assert page.get_by_role("heading", name="Event type invoice.paid").is_visible()
         assert '"invoice_id"' in page.locator("pre#schema").inner_text()
+        screenshot(page, tmp_path, "console-event-type.png")
 
         page.get_by_role("button", name="Deprecate").click()
         page.wait_for_url("**notice=event_type_deprecated")
         assert "deprecated" in page.locator("#state").inner_text()
         page.goto(f"{base}/endpoints/{billing}")
         assert "invoce.paid" in page.locator("#unmatched-subscriptions").inner_text()
+        page.goto(base + "/event-types")
+        screenshot(page, tmp_path, "console-event-types.png")
         # nothing the CSP blocked, no script error: chromium reports only the refused form's 422
         assert problems == ["Failed to load resource: the server responded with a status of 422"
                             " (Unprocessable Entity)"], problems
