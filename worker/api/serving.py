@@ -207,7 +207,8 @@ class GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM,
+        # an empty host is every interface, as asyncio's create_server takes it
+        infos = await loop.getaddrinfo(self._host or None, self._port, type=socket.SOCK_STREAM,
                                        flags=socket.AI_PASSIVE)
         server = Accepting(self._runner, self._guard)
         self._server = server
