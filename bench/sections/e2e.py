@@ -91,11 +91,11 @@ def figures(e: dict[str, Any]) -> Figures:
     if "bare_ceiling" in e:
         lines.append(
             (
-                "3. bare ceiling in the e2e rounds; worker CPU vs bare client CPU",
-                f"{e['bare_ceiling']['per_second']['values']} req/s; worker "
-                f"{e['workers_1_cpu_ms_per_delivery']} ms/delivery, "
-                f"bare {e['bare_cpu_ms_per_request']} ms/req"
-                + (f"; on uvloop {e['uvloop_cpu_ms_per_delivery']} ms/delivery"
+                "3. bare ceiling in the e2e rounds; worker CPU (whole drain) vs bare client CPU",
+                f"{three(e['bare_ceiling']['per_second'], 1, '{:,.0f}')} req/s; worker "
+                f"{three(e['workers_1_cpu_ms_per_delivery'], 1, '{:.3f}')} ms/delivery, "
+                f"bare {three(e['bare_cpu_ms_per_request'], 1, '{:.3f}')} ms/req"
+                + (f"; on uvloop {three(e['uvloop_cpu_ms_per_delivery'], 1, '{:.3f}')} ms/delivery"
                    if "uvloop_cpu_ms_per_delivery" in e else "")
                 + f"; load average before {e['load_average_before']}, after {e['load_average_after']}",
             )
