@@ -123,3 +123,29 @@ def test_only_a_non_2xx_status_becomes_the_error_and_a_dead_letter_keeps_its_rea
     assert [error(s) for s in (199, 200, 299, 300)] == ["HTTP 199", None, None, "HTTP 300"]
     gone = outcomes.from_attempt(claimed(), Sent(AttemptResult(status=404), 1, ""))
     assert (gone.outcome, gone.reason, gone.error) == (Outcome.DEAD_LETTER, "HTTP 404", "HTTP 404")
+
+
+def test_a_digest_s_outcome_goes_to_each_member_under_its_own_lease_and_attempt_and_one_reports_it():
+    members = [claimed(delivery_id=11, attempt=1), claimed(delivery_id=12, attempt=3),
+               claimed(delivery_id=13, attempt=2)]
+    answered = outcomes.from_attempt(members[0], Sent(AttemptResult(status=503), 40, "busy"))
+    given = outcomes.for_members(answered, members)
+    assert [(f.delivery_id, f.lease_token, f.attempt) for f in given] == [
+        (m.delivery_id, m.lease_token, m.attempt) for m in members]
+    # the request counts once in the endpoint's health and circuit: the first member speaks for it
+    assert [f.reports_request for f in given] == [True, False, False]
+    # what the receiver answered, and one delay for the group, are every member's
+    assert {(f.outcome, f.http_status, f.latency_ms, f.response_excerpt, f.retry_after_s, f.error)
+            for f in given} == {(Outcome.RETRY, 503, 40, "busy", answered.retry_after_s, "HTTP 503")}
+
+
+def test_the_worker_s_own_failure_of_a_digest_retries_each_member_on_its_schedule_and_one_reports_it():
+    members = [claimed(delivery_id=21, attempt=1), claimed(delivery_id=22, attempt=2)]
+    failed = outcomes.internal_failures(members, "renderer exploded")
+    assert [(f.delivery_id, f.lease_token, f.attempt) for f in failed] == [
+        (m.delivery_id, m.lease_token, m.attempt) for m in members]
+    assert [f.reports_request for f in failed] == [True, False]
+    assert [f.retry_after_s for f in failed] == [10.0, 20.0]  # each member's own place in the schedule
+    assert all(f.outcome is Outcome.RETRY and f.failure_category == Category.INTERNAL.value
+               and f.error == "renderer exploded" for f in failed)
+    assert outcomes.internal_failures([], "nothing to carry") == []
