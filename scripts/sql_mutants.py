@@ -47,6 +47,8 @@ SQL = "tests/integration/test_sql.py"
 PROMISES = "tests/integration/test_promises.py"
 TENANTS = "tests/integration/test_tenants.py"
 COALESCING = "tests/integration/test_coalescing.py"
+LIMITS = "tests/integration/test_claim_limits.py"
+RETENTION = "tests/integration/test_retention.py"
 
 MUTANTS: list[Mutant] = [
     # --- claim.sql: which rows and endpoints a claim may take ---
@@ -62,7 +64,7 @@ MUTANTS: list[Mutant] = [
     Mutant("claim.sql", "               t.max_in_flight - t.flying,\n", "               t.max_in_flight,\n",
            k(SQL, "cap or crowd"), "quota: rows in flight do not count against max_in_flight"),
     Mutant("claim.sql", "ELSE floor(t.tokens_now)::integer END", "ELSE round(t.tokens_now)::integer END",
-           k(COALESCING, "rate or token"), "quota: a fractional rate token rounds up to a request"),
+           (*k(COALESCING, "rate or token"), LIMITS), "quota: a fractional rate token rounds up to a request"),
     Mutant("claim.sql", "CASE t.circuit_state WHEN 'open' THEN t.probes",
            "CASE t.circuit_state WHEN 'open' THEN p_batch_size",
            k(PROMISES, "probe or circuit"), "quota: an open circuit whose sleep is over sends a batch, not probes"),
@@ -82,8 +84,8 @@ MUTANTS: list[Mutant] = [
     Mutant("claim.sql", "                               t.max_in_flight - f.flying,\n",
            "                               t.max_in_flight,\n",
            k(TENANTS, "in_flight"), "tenant quota: rows in flight do not count against the tenant cap"),
-    Mutant("claim.sql", "OR e.tenant_id IN (SELECT t.id FROM webhooks.tenants t WHERE t.name = ANY (p_tenants)))",
-           "OR e.tenant_id IN (SELECT t.id FROM webhooks.tenants t WHERE NOT t.name = ANY (p_tenants)))",
+    Mutant("claim.sql", "            WHERE (p_tenants IS NULL OR t.name = ANY (p_tenants))\n",
+           "            WHERE (p_tenants IS NULL OR NOT t.name = ANY (p_tenants))\n",
            k(TENANTS, "pool"), "pools: a pool claims the other tenants' rows"),
     Mutant("claim.sql", "          AND q.lease_token = l.lease_token\n", "",
            k(SQL, "release"), "release: any lease of the row is released, not only the worker's own"),
@@ -146,11 +148,11 @@ MUTANTS: list[Mutant] = [
     # --- retention.sql ---
     Mutant("retention.sql", "        WHERE q.status = 'delivered' AND q.delivered_at < now() - cfg.delivered_retention\n",
            "        WHERE q.status IN ('delivered', 'dead_letter') AND q.delivered_at < now() - cfg.delivered_retention\n",
-           ("tests/acceptance/test_operator_cli.py", "-k", "retention"), "purge: dead letters go with delivered rows"),
+           ("tests/acceptance/test_operator_cli.py", RETENTION, "-k", "retention"), "purge: dead letters go with delivered rows"),
     Mutant("retention.sql",
            "          AND to_date(right(c.relname, 8), 'YYYYMMDD') + 1 <= (now() - cfg.log_retention)::date\n",
            "          AND to_date(right(c.relname, 8), 'YYYYMMDD') <= (now() - cfg.log_retention)::date\n",
-           ("tests/acceptance/test_operator_cli.py", "-k", "retention"),
+           ("tests/acceptance/test_operator_cli.py", RETENTION, "-k", "retention"),
            "purge: the partition of the day still inside retention is dropped"),
 ]
 
