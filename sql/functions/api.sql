@@ -122,6 +122,8 @@ DECLARE
     v_full record;
     v_targets bigint[];
     v_inserted bigint[];
+    v_id bigint;
+    v_found record;
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
@@ -160,7 +162,7 @@ BEGIN
            AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
     IF v_webhook_id IS NULL AND cardinality(v_targets) = 0 THEN
         -- no enabled endpoint subscribes: the message is kept for the disabled ones, as dead letters
-        v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);
+        v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);  -- in id order
         SELECT coalesce(array_agg(k.id), '{}') INTO v_inserted
         FROM webhooks.keep_for_disabled(v_targets, v_key, p_event_type, p_payload, NULL, p_priority,
                                         p_ordering_key, p_traceparent, p_expires_at) AS k(id);
@@ -183,22 +185,30 @@ BEGIN
     -- The same key for another message (another event type or payload) is refused, as an
     -- idempotency key reused with other parameters is elsewhere: answered with the old deliveries,
     -- the new message would be lost without a word. Nothing this call inserted is kept.
-    IF EXISTS (SELECT 1 FROM unnest(v_targets) AS t(id)
-               JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
-               LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
-               WHERE NOT q.delivery_id = ANY (v_inserted)
-                 AND (q.event_type IS DISTINCT FROM p_event_type
-                      OR coalesce(m.payload, q.payload) IS DISTINCT FROM p_payload)) THEN
-        RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
-                        v_key
-            USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
-    END IF;
-    RETURN QUERY
-    SELECT q.delivery_id, e.id, e.name, q.delivery_id = ANY (v_inserted), v_key
-    FROM unnest(v_targets) AS t(id)
-    JOIN webhooks.endpoints e ON e.id = t.id
-    JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
-    ORDER BY e.id;
+    -- Target by target (v_targets is in endpoint id order), each row found by both columns of the
+    -- (webhook_id, idempotency_key) index: a plan this session caches while the queue is small must
+    -- not scan the queue once it has grown (a join on unnest() did, until the next ANALYZE).
+    FOREACH v_id IN ARRAY v_targets LOOP
+        SELECT q.delivery_id, e.name, q.event_type, q.message_id INTO v_found
+        FROM webhooks.alert_delivery_queue q JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        WHERE q.webhook_id = v_id AND q.idempotency_key = v_key;
+        CONTINUE WHEN NOT FOUND;
+        created := v_found.delivery_id = ANY (v_inserted);
+        IF NOT created AND (v_found.event_type IS DISTINCT FROM p_event_type
+                            OR (SELECT coalesce(m.payload, q.payload)
+                                FROM webhooks.alert_delivery_queue q
+                                LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
+                                WHERE q.delivery_id = v_found.delivery_id) IS DISTINCT FROM p_payload) THEN
+            RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
+                            v_key
+                USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
+        END IF;
+        delivery_id := v_found.delivery_id;
+        webhook_id := v_id;
+        endpoint_name := v_found.name;
+        idempotency_key := v_key;
+        RETURN NEXT;
+    END LOOP;
 END;
 $$;
 
