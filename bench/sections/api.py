@@ -97,15 +97,26 @@ class ApiProcess:
             self.process.wait(10)
 
 
-class TurnCounter:
+# PostgreSQL's protocol: a client's first messages carry no type byte (an SSL or GSS encryption
+# request, then the startup message, protocol 3.0); every later one does.
+_STARTUP_CODE = 196608
+# The messages with which a client asks for the answers to what it sent so far, and waits for them:
+# Sync (the end of an extended-protocol exchange, or of a pipeline's batch) and Flush (a pipeline's
+# results so far); a simple-protocol Query is a statement and its wait at once.
+_ASKS = frozenset(b"SH")
+_QUERY = ord("Q")
+
+
+class RoundTripCounter:
     """A TCP relay on 127.0.0.1 in front of PostgreSQL that counts round trips: each time a client
-    sends after PostgreSQL last answered it (or first), one. Pipelined statements sent together are
-    one; a statement that waits for the previous one's answer is another. Used only in an untimed
-    pass: it adds its own hop."""
+    asks for the answers to what it sent (Sync or Flush, after statements; a Sync and a Flush in a
+    row are one wait) and each simple-protocol Query. Statements pipelined between two waits are one
+    round trip; a statement sent and waited for alone is one. Used only in an untimed pass: it adds
+    its own hop."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
-        self.turns = 0
+        self.round_trips = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -113,16 +124,40 @@ class TurnCounter:
             asyncio.start_server(self._relay, "127.0.0.1", 0), self._loop).result(10)
         self.port: int = self._server.sockets[0].getsockname()[1]
 
+    def _count(self, buffer: bytearray, state: dict[str, bool]) -> None:
+        """Consume the whole messages in `buffer`, counting the waits. `state`: whether the startup is
+        over (typed), whether statements were sent since the last wait (sent)."""
+        while True:
+            if not state["typed"]:
+                if len(buffer) < 8:
+                    return
+                length = int.from_bytes(buffer[:4], "big")
+                if len(buffer) < length:
+                    return
+                state["typed"] = int.from_bytes(buffer[4:8], "big") == _STARTUP_CODE
+            else:
+                if len(buffer) < 5:
+                    return
+                length = 1 + int.from_bytes(buffer[1:5], "big")
+                if len(buffer) < length:
+                    return
+                kind = buffer[0]
+                if kind == _QUERY or (kind in _ASKS and state["sent"]):
+                    self.round_trips += 1
+                state["sent"] = kind not in _ASKS and kind != _QUERY
+            del buffer[:length]
+
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(*self.target)
-        state = {"client_turn": False}
+        pending = bytearray()
+        state = {"typed": False, "sent": False}
 
         async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, from_client: bool) -> None:
             try:
                 while data := await r.read(65536):
-                    if from_client and not state["client_turn"]:
-                        self.turns += 1
-                    state["client_turn"] = from_client
+                    if from_client:
+                        pending.extend(data)
+                        self._count(pending, state)
                     w.write(data)
                     await w.drain()
             except (ConnectionError, OSError):
@@ -227,27 +262,27 @@ def _sql_side(ctx: Context, dsn: str, endpoint_id: int, label: str) -> dict[str,
 
 
 def _round_trips(ctx: Context, dsn: str, token: str, batch_size: int) -> dict[str, Any]:
-    """Round trips between the API and PostgreSQL per message, counted by a relay (TurnCounter) in
+    """Round trips between the API and PostgreSQL per message, counted by a relay (RoundTripCounter) in
     front of the cluster, over a second API process that connects through it; after a warm-up, so
     that connecting is not counted."""
     params = conninfo_to_dict(dsn)
-    relay = TurnCounter(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
+    relay = RoundTripCounter(str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)))
     api = ApiProcess(make_conninfo(dsn, host="127.0.0.1", port=str(relay.port)), ctx.workdir,
                      f"api-rt-{batch_size}")
     try:
         n = ctx.args.api_rt_publishes
         asyncio.run(_publishers(api.port, token, 4, batch_size, 40 * (batch_size or 1), 60,
                                 f"rtw{batch_size}"))
-        turns0 = relay.turns
+        trips0 = relay.round_trips
         out = asyncio.run(_publishers(api.port, token, 4, batch_size, n * (batch_size or 1), 120,
                                       f"rt{batch_size}"))
-        turns = relay.turns - turns0
+        trips = relay.round_trips - trips0
     finally:
         api.stop()
         relay.stop()
-    return {"messages": out["messages"], "requests": out["requests"], "round_trips": turns,
-            "per_message": round(turns / max(1, out["messages"]), 3),
-            "per_request": round(turns / max(1, out["requests"]), 3)}
+    return {"messages": out["messages"], "requests": out["requests"], "round_trips": trips,
+            "per_message": round(trips / max(1, out["messages"]), 3),
+            "per_request": round(trips / max(1, out["requests"]), 3)}
 
 
 def run(ctx: Context) -> dict[str, Any]:
