@@ -17,13 +17,21 @@
 -- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
 -- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
 -- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
--- let them pass).
+-- let them pass). api_publish_batch() publishes many, each in a subtransaction of its own. The API
+-- publishes in two statements, each a round trip and neither in an explicit transaction:
+-- api_publish_check() reads the token's caller and the catalogue's entries of the event types
+-- (the API checks payloads against their schemas), then api_publish_as() or
+-- api_publish_batch_as() check the token again, take its group role and tenant for their own
+-- statement (api_authorize()) and publish as that role. A token revoked between the two is refused
+-- by the second.
 --
--- Every function is SECURITY DEFINER with a fixed search_path. api_publish() is granted to
--- webhooks_producer, webhooks_admin and webhooks_tenant_admin (admin tokens publish too);
--- api_token_role() to webhooks_authenticator, which the API's login rests as; the operations and
--- endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations as
--- webhooks_admin), and starting and cancelling a bulk replay and deleting an endpoint to
+-- Every function is SECURITY DEFINER with a fixed search_path, but for api_authorize() and the
+-- *_as functions that call it (PostgreSQL allows no role change inside a SECURITY DEFINER
+-- function). api_publish() and api_publish_batch() are granted to webhooks_producer,
+-- webhooks_admin and webhooks_tenant_admin (admin tokens publish too); api_token_role(), the token
+-- checks and the *_as functions to webhooks_authenticator, which the API's login rests as; the
+-- operations and endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations
+-- as webhooks_admin), and starting and cancelling a bulk replay and deleting an endpoint to
 -- webhooks_tenant_admin too. Creating, revoking and listing tokens is the owner's (the CLI) and
 -- webhooks_admin's (an unscoped admin token, /v1/tokens): an admin may do anything a token may, so
 -- minting one gives it nothing new; a tenant administrator never holds them.
@@ -85,6 +93,53 @@ AS $$
     SELECT t.name, t.role, t.tenant_id FROM webhooks.api_tokens t
     WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
       AND (t.expires_at IS NULL OR t.expires_at > now());
+$$;
+
+-- The caller a token stands for, as api_token_role() answers it (no row: unknown, revoked or
+-- expired), and, when its role is one of p_roles, that role's group (webhooks_<role>) and its tenant
+-- taken for the rest of the transaction, as SET LOCAL ROLE and webhooks.tenant would. A token whose
+-- role is not in p_roles (or none) leaves the transaction resting as webhooks_authenticator, which
+-- may publish nothing. Not SECURITY DEFINER: PostgreSQL refuses a role change inside one, and a SET
+-- clause would undo it at return; so it changes only what the session's login may change itself
+-- (the groups it is a member of), and names every object by its schema. The *_as functions call it
+-- (through api_authorized()), so that a publish checks its token in its own statement.
+CREATE FUNCTION webhooks.api_authorize(p_token_hash bytea, p_roles text[])
+RETURNS TABLE (name text, role text, tenant_id bigint)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_token record;
+BEGIN
+    SELECT t.name, t.role, t.tenant_id INTO v_token FROM webhooks.api_token_role(p_token_hash) t;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_token.role = ANY (p_roles) THEN
+        PERFORM pg_catalog.set_config('role', 'webhooks_' || v_token.role, true);
+        IF v_token.tenant_id IS NOT NULL THEN
+            PERFORM pg_catalog.set_config('webhooks.tenant', v_token.tenant_id::text, true);
+        END IF;
+    END IF;
+    RETURN QUERY SELECT v_token.name, v_token.role, v_token.tenant_id;
+END;
+$$;
+
+-- What a publish reads before it publishes, in one statement: the caller its token stands for (no
+-- row: unknown, revoked or expired) and the catalogue's entries of its event types (a JSON array of
+-- {name, description, schema, deprecated}; a type not catalogued is absent). A token that is not
+-- usable reads nothing of the catalogue.
+CREATE FUNCTION webhooks.api_publish_check(p_token_hash bytea, p_event_types text[])
+RETURNS TABLE (name text, role text, tenant_id bigint, event_types jsonb)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT t.name, t.role, t.tenant_id,
+           (SELECT coalesce(jsonb_agg(jsonb_build_object('name', e.name, 'description', e.description,
+                                                         'schema', e.schema, 'deprecated', e.deprecated)),
+                            '[]')
+            FROM webhooks.event_types e WHERE e.name = ANY (p_event_types))
+    FROM webhooks.api_token_role(p_token_hash) t;
 $$;
 
 -- publishing ----------------------------------------------------------------------------------------
@@ -209,6 +264,110 @@ BEGIN
         idempotency_key := v_key;
         RETURN NEXT;
     END LOOP;
+END;
+$$;
+
+-- Many events at once (POST /v1/messages/batch), each as api_publish() takes it: p_messages is a
+-- JSON array of objects with its arguments as keys (event_type, payload, endpoint,
+-- idempotency_key, ordering_key, priority, expires_at; absent: the default). Each message runs in a
+-- subtransaction of its own: one the database refuses (no such endpoint, a payload too large, a
+-- reserved type, a key used for another message) keeps nothing and is answered with one row of its
+-- SQLSTATE, constraint and message; the others go on. A tenant at its quota refuses the whole
+-- batch (SQLSTATE 53400, raised), as would any other error. One row per delivery, `ordinal` the
+-- message's place in p_messages (from 1); a message that reached no endpoint has no row.
+CREATE FUNCTION webhooks.api_publish_batch(p_messages jsonb, p_traceparent text DEFAULT NULL)
+RETURNS TABLE (ordinal integer, delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+               idempotency_key text, refused_sqlstate text, refused_constraint text, refused_message text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_message jsonb;
+    v_ordinal integer := 0;
+    v_state text;
+    v_constraint text;
+    v_text text;
+BEGIN
+    FOR v_message IN SELECT m.value FROM jsonb_array_elements(p_messages) AS m LOOP
+        v_ordinal := v_ordinal + 1;
+        BEGIN
+            -- api_publish() answers all its rows or raises before the first: a refused message
+            -- adds no row here, and its subtransaction keeps nothing
+            RETURN QUERY
+            SELECT v_ordinal, p.delivery_id, p.webhook_id, p.endpoint_name, p.created, p.idempotency_key,
+                   NULL::text, NULL::text, NULL::text
+            FROM webhooks.api_publish(v_message->>'event_type', v_message->'payload', v_message->>'endpoint',
+                                      v_message->>'idempotency_key', v_message->>'ordering_key',
+                                      coalesce((v_message->>'priority')::integer, 0),
+                                      (v_message->>'expires_at')::timestamptz, p_traceparent) AS p;
+        EXCEPTION WHEN no_data_found OR program_limit_exceeded OR insufficient_privilege
+                       OR unique_violation THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_constraint = CONSTRAINT_NAME,
+                                    v_text = MESSAGE_TEXT;
+            IF v_state = '23505' AND v_constraint IS DISTINCT FROM 'idempotency_key_reused' THEN
+                RAISE;  -- not a key reused for another message: no refusal of this message alone
+            END IF;
+            RETURN QUERY SELECT v_ordinal, NULL::bigint, NULL::bigint, NULL::text, NULL::boolean, NULL::text,
+                                v_state, nullif(v_constraint, ''), v_text;
+        END;
+    END LOOP;
+END;
+$$;
+
+-- api_publish() and api_publish_batch() under a token (the API's publish, one statement each): the
+-- token's role and tenant taken for the statement (api_authorize()), refused with SQLSTATE 28000
+-- when the token is not usable or its role is not in p_roles (it was revoked since the API read it,
+-- say). Not SECURITY DEFINER, for api_authorize()'s sake: what they publish, they publish as the
+-- token's group role, through the functions granted to it.
+CREATE FUNCTION webhooks.api_publish_as(
+    p_token_hash      bytea,
+    p_roles           text[],
+    p_event_type      text,
+    p_payload         jsonb,
+    p_endpoint        text        DEFAULT NULL,
+    p_idempotency_key text        DEFAULT NULL,
+    p_ordering_key    text        DEFAULT NULL,
+    p_priority        integer     DEFAULT 0,
+    p_expires_at      timestamptz DEFAULT NULL,
+    p_traceparent     text        DEFAULT NULL
+) RETURNS TABLE (delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+                idempotency_key text)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM webhooks.api_authorized(p_token_hash, p_roles);
+    RETURN QUERY SELECT p.delivery_id, p.webhook_id, p.endpoint_name, p.created, p.idempotency_key
+                 FROM webhooks.api_publish(p_event_type, p_payload, p_endpoint, p_idempotency_key,
+                                           p_ordering_key, p_priority, p_expires_at, p_traceparent) AS p;
+END;
+$$;
+
+CREATE FUNCTION webhooks.api_publish_batch_as(p_token_hash bytea, p_roles text[], p_messages jsonb,
+                                              p_traceparent text DEFAULT NULL)
+RETURNS TABLE (ordinal integer, delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+               idempotency_key text, refused_sqlstate text, refused_constraint text, refused_message text)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM webhooks.api_authorized(p_token_hash, p_roles);
+    RETURN QUERY SELECT b.ordinal, b.delivery_id, b.webhook_id, b.endpoint_name, b.created, b.idempotency_key,
+                        b.refused_sqlstate, b.refused_constraint, b.refused_message
+                 FROM webhooks.api_publish_batch(p_messages, p_traceparent) AS b;
+END;
+$$;
+
+-- api_authorize(), refusing (SQLSTATE 28000) a token that is not usable or whose role is not in p_roles.
+CREATE FUNCTION webhooks.api_authorized(p_token_hash bytea, p_roles text[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.api_authorize(p_token_hash, p_roles) a
+                   WHERE a.role = ANY (p_roles)) THEN
+        RAISE EXCEPTION 'the token is not valid (unknown, revoked or expired) or may not do this'
+            USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
 END;
 $$;
 
@@ -360,9 +519,17 @@ $$;
 -- grants --------------------------------------------------------------------------------------------
 
 GRANT EXECUTE ON FUNCTION
-    webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
+    webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text),
+    webhooks.api_publish_batch(jsonb, text)
 TO webhooks_producer, webhooks_admin, webhooks_tenant_admin;
-GRANT EXECUTE ON FUNCTION webhooks.api_token_role(bytea) TO webhooks_authenticator;
+GRANT EXECUTE ON FUNCTION
+    webhooks.api_token_role(bytea),
+    webhooks.api_authorize(bytea, text[]),
+    webhooks.api_authorized(bytea, text[]),
+    webhooks.api_publish_check(bytea, text[]),
+    webhooks.api_publish_as(bytea, text[], text, jsonb, text, text, text, integer, timestamptz, text),
+    webhooks.api_publish_batch_as(bytea, text[], jsonb, text)
+TO webhooks_authenticator;
 GRANT EXECUTE ON FUNCTION
     webhooks.api_delete_endpoint(bigint),
     webhooks.api_start_replay(jsonb, double precision, integer, text),

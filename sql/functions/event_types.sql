@@ -9,9 +9,9 @@
 --   SELECT webhooks.send_test_event('billing');         -- a webhook.test to that endpoint alone
 --
 -- The catalogue is one for the deployment: every reader, admin, tenant administrator and producer
--- reads it (the API validates a publish against its type's schema, worker/event_types.py, under the
--- producer's role); only webhooks_admin changes it, through upsert_event_type() and
--- deprecate_event_type() (SECURITY DEFINER, fixed search_path). The worker's own 'webhook.*' types
+-- reads it (the API validates a publish against its type's schema, worker/event_types.py, read with
+-- the publish's token: api_publish_check(), functions/api.sql); only webhooks_admin changes it,
+-- through upsert_event_type() and deprecate_event_type() (SECURITY DEFINER, fixed search_path). The worker's own 'webhook.*' types
 -- are catalogued by the migration and cannot be changed here, as no producer may publish them.
 
 -- The catalogue, by name; without deprecated types unless asked.

@@ -6,21 +6,24 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
+import psycopg
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from worker.api import forwarded, tokens
+from worker.api import forwarded, queries, tokens
 from worker.api.database import Database
 from worker.api.limits import FailedAuthLimiter, Verdict
-from worker.api.problems import too_many_failed_authentications, unauthorized
+from worker.api.problems import forbidden, too_many_failed_authentications, unauthorized
 from worker.api.tokens import Caller
 from worker.config import Config
 from worker.encryption import Keyring
+from worker.event_types import EventType
 from worker.shapes import json_default
 
 # A tenant administrator (tenant_admin) reads, publishes and administers what admin does for
@@ -76,7 +79,9 @@ class ApiState:
                                reason: str = "invalid") -> Verdict[T]:
         """The limiter's verdict on a credential (worker.api.limits: a valid one always passes),
         failures counted in the metrics by `reason`, or as rate_limited past the limit."""
-        verdict = await self.limiter.check(address, key, lookup)
+        return self._counted(await self.limiter.check(address, key, lookup), reason)
+
+    def _counted(self, verdict: Verdict[T], reason: str = "invalid") -> Verdict[T]:
         if verdict.found is None:
             limited = verdict.retry_after is not None
             self.metrics.failed_authentications.labels("rate_limited" if limited else reason).inc()
@@ -92,12 +97,18 @@ class ApiState:
                 return await tokens.verify(conn, token)
 
         key = tokens.token_hash(token) if tokens.well_formed(token) else None
-        verdict = await self.check_credential(address, key, lookup)
-        if verdict.found is not None:
-            return verdict.found
-        if verdict.retry_after is not None:
-            raise too_many_failed_authentications(verdict.retry_after)
-        raise unauthorized("the token is not valid (unknown, revoked or expired)")
+        return _caller_or_refusal(await self.check_credential(address, key, lookup))
+
+    def credential_of(self, request: web.Request, roles: tuple[str, ...]) -> Credential | None:
+        """The request's bearer token when it is well formed (anything else is authenticate()'s to
+        refuse), to be checked with what the request reads first (publishing())."""
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not tokens.well_formed(token):
+            return None
+        address = client_address(request)
+        return Credential(tokens.token_hash(token), address, self.limiter.retry_after(address) is not None,
+                          roles)
 
     async def authenticate(self, request: web.Request) -> Caller:
         """The caller of an API request, from its `Authorization: Bearer` header."""
@@ -110,9 +121,63 @@ class ApiState:
             raise unauthorized("an `Authorization: Bearer <token>` header is required")
         return await self.verify_token(token.strip(), address)
 
+    @asynccontextmanager
+    async def publishing(self, request: web.Request, names: Sequence[str]) -> AsyncIterator[Publishing]:
+        """A connection to publish on (queries.publish_as(), publish_batch_as(): the token checked
+        again in their own statement), after one round trip that reads the caller its token stands
+        for and the catalogue's entries of the event types `names` (api_publish_check()). A token not
+        checked yet (the middleware leaves it to this) is answered here 401, 403 or 429 as
+        authenticate() would."""
+        credential = request[CREDENTIAL]
+        async with self.db.connection() as conn:
+            found, known = await queries.publish_check(conn, credential.token_hash, names)
+            if not credential.settled:
+                credential.settled = True
+                verdict = self._counted(self.limiter.verdict(credential.address, credential.token_hash,
+                                                             found, credential.locked))
+                found = _caller_or_refusal(verdict)
+                if found.role not in credential.roles:
+                    raise forbidden(found.role, credential.roles)
+            elif found is None or found.role not in credential.roles:
+                raise unauthorized("the token is not valid (unknown, revoked or expired)")  # since its check
+            request[CALLER] = found
+            yield Publishing(conn, credential, known)
+
+
+def _caller_or_refusal(verdict: Verdict[Caller]) -> Caller:
+    if verdict.found is not None:
+        return verdict.found
+    if verdict.retry_after is not None:
+        raise too_many_failed_authentications(verdict.retry_after)
+    raise unauthorized("the token is not valid (unknown, revoked or expired)")
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """What ApiState.publishing() read: the connection to publish on, the token, and the catalogue's
+    entries of the event types asked for (a type not catalogued is absent)."""
+
+    conn: psycopg.AsyncConnection[Any]
+    credential: Credential
+    known: dict[str, EventType]
+
+
+@dataclass
+class Credential:
+    """A request's bearer token, checked with what its route reads first (ApiState.publishing()):
+    its hash, the client's address, whether that address was locked out when the request came,
+    the roles its route allows, and whether it has been checked (either way) yet."""
+
+    token_hash: bytes
+    address: str
+    locked: bool
+    roles: tuple[str, ...]
+    settled: bool = False
+
 
 STATE = web.AppKey("webhook_api_state", ApiState)
 CALLER = web.RequestKey("webhook_api_caller", Caller)
+CREDENTIAL = web.RequestKey("webhook_api_credential", Credential)
 # the OpenAPI document, served at /v1/openapi.json
 DOCUMENT = web.AppKey("webhook_api_document", dict[str, Any])
 
