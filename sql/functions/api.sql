@@ -84,15 +84,20 @@ $$;
 
 -- The name, role and tenant (NULL: every tenant) of a usable token by its hash; no row for an
 -- unknown, revoked or expired one.
+-- PL/pgSQL, as the functions that read a token on every publish are, for its plan kept by the
+-- session: a SQL function that cannot be inlined (SECURITY DEFINER) is planned again on every call.
 CREATE FUNCTION webhooks.api_token_role(p_token_hash bytea)
 RETURNS TABLE (name text, role text, tenant_id bigint)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT t.name, t.role, t.tenant_id FROM webhooks.api_tokens t
     WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
       AND (t.expires_at IS NULL OR t.expires_at > now());
+END;
 $$;
 
 -- The caller a token stands for, as api_token_role() answers it (no row: unknown, revoked or
@@ -102,7 +107,7 @@ $$;
 -- may publish nothing. Not SECURITY DEFINER: PostgreSQL refuses a role change inside one, and a SET
 -- clause would undo it at return; so it changes only what the session's login may change itself
 -- (the groups it is a member of), and names every object by its schema. The *_as functions call it
--- (through api_authorized()), so that a publish checks its token in its own statement.
+-- (through api_publish_begin()), so that a publish checks its token in its own statement.
 CREATE FUNCTION webhooks.api_authorize(p_token_hash bytea, p_roles text[])
 RETURNS TABLE (name text, role text, tenant_id bigint)
 LANGUAGE plpgsql
@@ -124,22 +129,28 @@ BEGIN
 END;
 $$;
 
--- What a publish reads before it publishes, in one statement: the caller its token stands for (no
--- row: unknown, revoked or expired) and the catalogue's entries of its event types (a JSON array of
--- {name, description, schema, deprecated}; a type not catalogued is absent). A token that is not
--- usable reads nothing of the catalogue.
+-- What a publish reads before it publishes, in one statement: the caller its token stands for
+-- (name NULL: unknown, revoked or expired), the catalogue's version and its entries of the event
+-- types (a JSON array of {name, description, schema, deprecated}; a type not catalogued is absent),
+-- read together. A token that is not usable reads nothing of the catalogue.
 CREATE FUNCTION webhooks.api_publish_check(p_token_hash bytea, p_event_types text[])
-RETURNS TABLE (name text, role text, tenant_id bigint, event_types jsonb)
-LANGUAGE sql STABLE
+RETURNS TABLE (name text, role text, tenant_id bigint, catalogue_version bigint, event_types jsonb)
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
-    SELECT t.name, t.role, t.tenant_id,
-           (SELECT coalesce(jsonb_agg(jsonb_build_object('name', e.name, 'description', e.description,
-                                                         'schema', e.schema, 'deprecated', e.deprecated)),
-                            '[]')
-            FROM webhooks.event_types e WHERE e.name = ANY (p_event_types))
-    FROM webhooks.api_token_role(p_token_hash) t;
+BEGIN
+    RETURN QUERY
+    SELECT t.name, t.role, t.tenant_id, v.version,
+           CASE WHEN t.name IS NOT NULL THEN
+               (SELECT coalesce(jsonb_agg(jsonb_build_object('name', e.name, 'description', e.description,
+                                                             'schema', e.schema, 'deprecated', e.deprecated)),
+                                '[]')
+                FROM webhooks.event_types e WHERE e.name = ANY (p_event_types))
+           END
+    FROM webhooks.event_types_version v
+    LEFT JOIN webhooks.api_token_role(p_token_hash) t ON true;
+END;
 $$;
 
 -- publishing ----------------------------------------------------------------------------------------
@@ -193,28 +204,28 @@ BEGIN
                         'operational events', p_event_type
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    -- The queued-rows quota of the tenants it would queue for: over the API a producer waits
-    -- (429), where through SQL it is never refused.
-    SELECT t.name, t.max_queued INTO v_full
-    FROM webhooks.tenants t
-    WHERE t.max_queued IS NOT NULL
-      AND t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e
-                   WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
-                      OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
-                          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)))
-      AND (SELECT count(*) FROM (SELECT 1 FROM webhooks.alert_delivery_queue q
-                                 WHERE q.tenant_id = t.id AND q.status IN ('pending', 'retrying', 'delivering')
-                                 LIMIT t.max_queued) n) >= t.max_queued
-    ORDER BY t.id LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
-            USING ERRCODE = 'configuration_limit_exceeded';
-    END IF;
     SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_targets
     FROM webhooks.endpoints e
     WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
        OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
            AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
+    -- The queued-rows quota of the tenants it would queue for: over the API a producer waits
+    -- (429), where through SQL it is never refused. Most deployments set none: then nothing to count.
+    IF EXISTS (SELECT 1 FROM webhooks.tenants t WHERE t.max_queued IS NOT NULL) THEN
+        SELECT t.name, t.max_queued INTO v_full
+        FROM webhooks.tenants t
+        WHERE t.max_queued IS NOT NULL
+          AND t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e WHERE e.id = ANY (v_targets))
+          AND (SELECT count(*) FROM (SELECT 1 FROM webhooks.alert_delivery_queue q
+                                     WHERE q.tenant_id = t.id
+                                       AND q.status IN ('pending', 'retrying', 'delivering')
+                                     LIMIT t.max_queued) n) >= t.max_queued
+        ORDER BY t.id LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
+                USING ERRCODE = 'configuration_limit_exceeded';
+        END IF;
+    END IF;
     IF v_webhook_id IS NULL AND cardinality(v_targets) = 0 THEN
         -- no enabled endpoint subscribes: the message is kept for the disabled ones, as dead letters
         v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);  -- in id order
@@ -290,6 +301,9 @@ DECLARE
     v_constraint text;
     v_text text;
 BEGIN
+    -- a tenant administrator's session without its tenant is refused here, not as each message's
+    -- refusal (api_publish() keeps to the caller's tenant through it)
+    PERFORM webhooks.caller_tenant();
     FOR v_message IN SELECT m.value FROM jsonb_array_elements(p_messages) AS m LOOP
         v_ordinal := v_ordinal + 1;
         BEGIN
@@ -316,50 +330,53 @@ BEGIN
 END;
 $$;
 
--- api_publish() and api_publish_batch() under a token (the API's publish, one statement each): the
--- token's role and tenant taken for the statement (api_authorize()), refused with SQLSTATE 28000
--- when the token is not usable or its role is not in p_roles (it was revoked since the API read it,
--- say). Not SECURITY DEFINER, for api_authorize()'s sake: what they publish, they publish as the
--- token's group role, through the functions granted to it.
+-- api_publish() and api_publish_batch() under a token (the API's publish, one statement each),
+-- after api_publish_begin(). Not SECURITY DEFINER, for api_authorize()'s sake: what they publish,
+-- they publish as the token's group role, through the functions granted to it.
 CREATE FUNCTION webhooks.api_publish_as(
-    p_token_hash      bytea,
-    p_roles           text[],
-    p_event_type      text,
-    p_payload         jsonb,
-    p_endpoint        text        DEFAULT NULL,
-    p_idempotency_key text        DEFAULT NULL,
-    p_ordering_key    text        DEFAULT NULL,
-    p_priority        integer     DEFAULT 0,
-    p_expires_at      timestamptz DEFAULT NULL,
-    p_traceparent     text        DEFAULT NULL
+    p_token_hash        bytea,
+    p_roles             text[],
+    p_catalogue_version bigint,
+    p_event_type        text,
+    p_payload           jsonb,
+    p_endpoint          text        DEFAULT NULL,
+    p_idempotency_key   text        DEFAULT NULL,
+    p_ordering_key      text        DEFAULT NULL,
+    p_priority          integer     DEFAULT 0,
+    p_expires_at        timestamptz DEFAULT NULL,
+    p_traceparent       text        DEFAULT NULL
 ) RETURNS TABLE (delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
                 idempotency_key text)
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM webhooks.api_authorized(p_token_hash, p_roles);
+    PERFORM webhooks.api_publish_begin(p_token_hash, p_roles, p_catalogue_version);
     RETURN QUERY SELECT p.delivery_id, p.webhook_id, p.endpoint_name, p.created, p.idempotency_key
                  FROM webhooks.api_publish(p_event_type, p_payload, p_endpoint, p_idempotency_key,
                                            p_ordering_key, p_priority, p_expires_at, p_traceparent) AS p;
 END;
 $$;
 
-CREATE FUNCTION webhooks.api_publish_batch_as(p_token_hash bytea, p_roles text[], p_messages jsonb,
-                                              p_traceparent text DEFAULT NULL)
+CREATE FUNCTION webhooks.api_publish_batch_as(p_token_hash bytea, p_roles text[], p_catalogue_version bigint,
+                                              p_messages jsonb, p_traceparent text DEFAULT NULL)
 RETURNS TABLE (ordinal integer, delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
                idempotency_key text, refused_sqlstate text, refused_constraint text, refused_message text)
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM webhooks.api_authorized(p_token_hash, p_roles);
+    PERFORM webhooks.api_publish_begin(p_token_hash, p_roles, p_catalogue_version);
     RETURN QUERY SELECT b.ordinal, b.delivery_id, b.webhook_id, b.endpoint_name, b.created, b.idempotency_key,
                         b.refused_sqlstate, b.refused_constraint, b.refused_message
                  FROM webhooks.api_publish_batch(p_messages, p_traceparent) AS b;
 END;
 $$;
 
--- api_authorize(), refusing (SQLSTATE 28000) a token that is not usable or whose role is not in p_roles.
-CREATE FUNCTION webhooks.api_authorized(p_token_hash bytea, p_roles text[]) RETURNS void
+-- What a publish under a token does first, in its own statement: take the token's role and tenant
+-- (api_authorize()), refusing one that is not usable or whose role is not in p_roles (SQLSTATE
+-- 28000); then refuse the publish when the catalogue's version is no longer p_catalogue_version,
+-- the one its payloads were checked at (SQLSTATE WHC01: the API reads the catalogue again).
+CREATE FUNCTION webhooks.api_publish_begin(p_token_hash bytea, p_roles text[], p_catalogue_version bigint)
+RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -367,6 +384,10 @@ BEGIN
                    WHERE a.role = ANY (p_roles)) THEN
         RAISE EXCEPTION 'the token is not valid (unknown, revoked or expired) or may not do this'
             USING ERRCODE = 'invalid_authorization_specification';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM webhooks.event_types_version v WHERE v.version = p_catalogue_version) THEN
+        RAISE EXCEPTION 'the event-type catalogue changed since version %', p_catalogue_version
+            USING ERRCODE = 'WHC01';
     END IF;
 END;
 $$;
@@ -525,11 +546,14 @@ TO webhooks_producer, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION
     webhooks.api_token_role(bytea),
     webhooks.api_authorize(bytea, text[]),
-    webhooks.api_authorized(bytea, text[]),
+    webhooks.api_publish_begin(bytea, text[], bigint),
     webhooks.api_publish_check(bytea, text[]),
-    webhooks.api_publish_as(bytea, text[], text, jsonb, text, text, text, integer, timestamptz, text),
-    webhooks.api_publish_batch_as(bytea, text[], jsonb, text)
+    webhooks.api_publish_as(bytea, text[], bigint, text, jsonb, text, text, text, integer, timestamptz, text),
+    webhooks.api_publish_batch_as(bytea, text[], bigint, jsonb, text)
 TO webhooks_authenticator;
+-- the catalogue's version, which a publish reads as the token's group role (api_publish_begin())
+GRANT SELECT ON webhooks.event_types_version
+TO webhooks_producer, webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION
     webhooks.api_delete_endpoint(bigint),
     webhooks.api_start_replay(jsonb, double precision, integer, text),

@@ -111,6 +111,20 @@ AS $$
     ORDER BY e.id, p.pattern;
 $$;
 
+-- Every change to the catalogue moves its version (migrations/018_api_publish_round_trips.sql), in
+-- the changing transaction: an API process keeps the entries it read at a version, and each publish
+-- that used them is refused once the version has moved (api_publish_begin(), functions/api.sql).
+CREATE OR REPLACE FUNCTION webhooks.event_types_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE webhooks.event_types_version SET version = version + 1;
+    RETURN NULL;
+END;
+$$;
+CREATE OR REPLACE TRIGGER event_types_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON webhooks.event_types
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.event_types_changed();
+
 GRANT SELECT ON webhooks.event_types TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION webhooks.event_type_list(boolean), webhooks.event_type(text)
     TO webhooks_producer, webhooks_reader, webhooks_admin, webhooks_tenant_admin;

@@ -1,13 +1,19 @@
--- 018_api_publish_round_trips: the API publishes in two statements, the second checking the token
--- in the publish's own statement (functions/api.sql: api_publish_check(), api_publish_as(),
--- api_publish_batch_as(), api_authorize()).
+-- 018_api_publish_round_trips: the catalogue of event types gets a version, so that an API process
+-- may keep the entries it read and still see a change from the next publish on.
 --
--- Those are functions, defined by their file; this migration gives them a schema version, so that
--- an API that calls them (worker/api/app.py: API_SCHEMA_VERSION) does not call itself ready on a
--- database migrated by an older release, which does not have them. Of the tables, only what the
--- token table says of itself changes.
+-- Every change to webhooks.event_types moves the version, in the changing transaction (the trigger
+-- event_types_changed, functions/event_types.sql), so the version and the rows are seen together.
+-- An API process reads the version with the entries (api_publish_check()) and names it in each
+-- publish that used them (api_publish_as(), api_publish_batch_as(): refused when it moved, and the
+-- API reads the catalogue again). Those functions, which also check the token in the publish's own
+-- statement, need this table; API_SCHEMA_VERSION names this migration.
 
-COMMENT ON TABLE webhooks.api_tokens IS
-    'HTTP API tokens: name, role and the SHA-256 of the token (never the token itself). Read on every'
-    ' request, and by a publish in its own statement: nothing caches a token, so a revocation or an'
-    ' expiry holds from the next request.';
+CREATE TABLE webhooks.event_types_version (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    version  bigint  NOT NULL DEFAULT 1
+);
+
+COMMENT ON TABLE webhooks.event_types_version IS
+    'The event-type catalogue''s version: moved by every change to webhooks.event_types.';
+
+INSERT INTO webhooks.event_types_version DEFAULT VALUES;

@@ -126,11 +126,11 @@ def test_the_api_s_login_rests_as_a_role_that_only_checks_tokens_and_sessions(db
         ("schema", "webhooks", "USAGE"),
         ("function", "webhooks.api_token_role(bytea)", "EXECUTE"),
         ("function", "webhooks.api_authorize(bytea,text[])", "EXECUTE"),
-        ("function", "webhooks.api_authorized(bytea,text[])", "EXECUTE"),
+        ("function", "webhooks.api_publish_begin(bytea,text[],bigint)", "EXECUTE"),
         ("function", "webhooks.api_publish_check(bytea,text[])", "EXECUTE"),
-        ("function", "webhooks.api_publish_as(bytea,text[],text,jsonb,text,text,text,integer,"
+        ("function", "webhooks.api_publish_as(bytea,text[],bigint,text,jsonb,text,text,text,integer,"
                      "timestamp with time zone,text)", "EXECUTE"),
-        ("function", "webhooks.api_publish_batch_as(bytea,text[],jsonb,text)", "EXECUTE"),
+        ("function", "webhooks.api_publish_batch_as(bytea,text[],bigint,jsonb,text)", "EXECUTE"),
         ("function", "webhooks.console_start_session(bytea,bytea,interval)", "EXECUTE"),
         ("function", "webhooks.console_session(bytea)", "EXECUTE"),
         ("function", "webhooks.console_end_session(bytea)", "EXECUTE"),

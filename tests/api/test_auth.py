@@ -314,9 +314,9 @@ def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db
     assert granted == {
         *((name, role) for name in ("api_publish", "api_publish_batch")
           for role in ("webhooks_producer", "webhooks_admin", "webhooks_tenant_admin")),
-        *((name, "webhooks_authenticator") for name in ("api_token_role", "api_authorize", "api_authorized",
-                                                        "api_publish_check", "api_publish_as",
-                                                        "api_publish_batch_as")),
+        *((name, "webhooks_authenticator") for name in ("api_token_role", "api_authorize",
+                                                        "api_publish_begin", "api_publish_check",
+                                                        "api_publish_as", "api_publish_batch_as")),
         *((name, "webhooks_admin") for name in ("api_delete_endpoint", "api_start_replay", "api_replay_step",
                                                 "api_cancel_operation",
                                                 "api_fail_operation", "api_running_operations",

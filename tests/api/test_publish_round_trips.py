@@ -1,5 +1,6 @@
-"""A publish checks its token in its own transaction: two round trips to PostgreSQL, and what the
-token, the catalogue and the limiter answer is what they answered before, from the next request on."""
+"""A publish checks its token in its own statement: one round trip to PostgreSQL once its event type's
+catalogue entry is read, and what the token, the catalogue and the limiter answer is what they
+answered before, from the next request on."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tests.api.server import ApiServer, api_config, make_token
 from tests.support import add_endpoint, query
 from worker import event_types
 from worker.api import tokens
+from worker.api.context import Catalogue
 
 MESSAGE = {"event_type": "order.created", "payload": {"order": 1}}
 
@@ -26,22 +28,26 @@ def counted(db):
     relay.stop()
 
 
-def test_a_publish_and_a_batch_take_two_round_trips_each_token_check_included(counted, db, receiver):
+def test_a_publish_and_a_batch_take_one_round_trip_token_check_included(counted, db, receiver):
     server, relay = counted
     add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
     producer = make_token(db, "producer")
     assert server.post("/v1/messages", producer, MESSAGE).status == 202  # the pool's connection made
     trips: list[int] = []
+    paid = {**MESSAGE, "event_type": "order.paid"}
     for path, body in (("/v1/messages", {**MESSAGE, "idempotency_key": "one"}),
                        ("/v1/messages/batch", {"messages": [{**MESSAGE, "idempotency_key": f"b-{i}"}
-                                                            for i in range(3)]})):
+                                                            for i in range(3)]}),
+                       ("/v1/messages", paid),  # a type not read yet
+                       ("/v1/messages/batch", {"messages": [MESSAGE, paid]})):
         before = relay.round_trips
         answer = server.post(path, producer, body)
         assert answer.status == 202, answer.body
         trips.append(relay.round_trips - before)
-    # BEGIN, the token's check and the type's catalogue entry; then the publish and COMMIT
-    assert trips == [2, 2]
-    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(5,)]
+    # the publish's statement alone, which checks the token and the catalogue's version; before it,
+    # for a type this process has not read, one that reads its catalogue entry
+    assert trips == [1, 1, 2, 1]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(8,)]
 
 
 def test_a_token_revoked_is_refused_on_the_very_next_publish(api, db, receiver):
@@ -102,3 +108,29 @@ def test_failed_publishes_count_against_the_address_and_a_good_token_still_publi
     finally:
         server.stop()
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(2,)]
+
+
+def test_a_catalogue_change_made_in_sql_is_seen_by_the_next_publish_too(api, role_tokens, db, receiver):
+    # the version moves with any statement on the table, not only through upsert_event_type()
+    add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
+    producer = role_tokens["producer"]
+    with psycopg.connect(db, autocommit=True) as conn:
+        event_types.upsert(conn, "order.created", schema={"type": "object", "required": ["customer"]})
+    assert api.post("/v1/messages", producer, MESSAGE).status == 422
+    query(db, "DELETE FROM webhooks.event_types WHERE name = 'order.created'")
+    assert api.post("/v1/messages", producer, MESSAGE).status == 202
+
+
+def test_the_catalogue_kept_is_one_version_bounded_and_never_older():
+    kept = Catalogue(max_kept=3)
+    assert kept.entries(["a"]) is None
+    entry = event_types.EventType("a", "", {"type": "object"}, False)
+    kept.keep(5, ["a", "b"], {"a": entry})
+    assert kept.entries(["a", "b"]) == (5, {"a": entry})  # b: read, not catalogued
+    assert kept.entries(["a", "c"]) is None
+    kept.keep(4, ["c"], {})  # an older read: dropped
+    assert kept.entries(["c"]) is None and kept.entries(["a"]) == (5, {"a": entry})
+    kept.keep(6, ["c"], {})  # a newer one: what was kept at 5 is gone
+    assert kept.entries(["c"]) == (6, {}) and kept.entries(["a"]) is None
+    kept.keep(6, ["d", "e", "f"], {})  # past the bound: starts again
+    assert kept.entries(["d", "e", "f"]) == (6, {}) and kept.entries(["c"]) is None

@@ -120,6 +120,10 @@ class FailedAuthLimiter:
         self.failed(address)
         return Verdict(None, self.retry_after(address) if locked else None)
 
+    def passed(self, key: bytes) -> None:
+        """A credential checked some other way passed (it skips a locked-out address's queue)."""
+        self._remember_passed(key)
+
     def _passed_recently(self, key: bytes) -> bool:
         when = self._passed.get(key)
         return when is not None and when > self._clock() - self.window

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
@@ -28,6 +28,7 @@ from worker.api.context import (
     READ,
     STATE,
     ApiState,
+    Publishing,
     caller_of,
     json_response,
 )
@@ -120,11 +121,18 @@ def _payload_text(body: MessageBody) -> str:
     return payload
 
 
-def _check_type(request: web.Request, body: MessageBody, known: event_types.EventType | None) -> None:
+class _ReadAfresh(Exception):
+    """Entries of the catalogue kept from an earlier read refused a message: read them again before
+    refusing it (they may be stale)."""
+
+
+def _check_type(request: web.Request, body: MessageBody, pub: Publishing) -> None:
     """Refuse a message its type's catalogue entry (or api.require_known_event_types) refuses."""
-    refused = event_types.publish_problem(body.event_type, known, body.payload,
+    refused = event_types.publish_problem(body.event_type, pub.known.get(body.event_type), body.payload,
                                           _state(request).config.api.require_known_event_types)
     if refused is not None:
+        if pub.kept:
+            raise _ReadAfresh()
         raise invalid(refused.field, refused.message)
 
 
@@ -149,8 +157,11 @@ def _refusal(sqlstate: str | None, constraint: str | None, message: str | None) 
 
 def _refused(exc: psycopg.Error) -> Problem | None:
     """What a publish whose statement failed is answered, or None for an error that is no refusal."""
-    if exc.sqlstate == "28000":  # invalid_authorization_specification: revoked since its check
+    if exc.sqlstate == "28000":  # invalid_authorization_specification: the token is not usable
         return unauthorized("the token is not valid (unknown, revoked or expired)")
+    if exc.sqlstate == queries.CATALOGUE_CHANGED:  # again, as it was read afresh: changing now
+        return Problem(503, "catalogue-changing", "The event-type catalogue is changing", "try again",
+                       headers={"Retry-After": "1"})
     return _refusal(exc.sqlstate, exc.diag.constraint_name, exc.diag.message_primary)
 
 
@@ -166,24 +177,48 @@ def _published(body: MessageBody, rows: list[dict[str, Any]]) -> tuple[dict[str,
     return answer, 202 if created or not rows else 200, where if created else None
 
 
+async def _publish_with(request: web.Request, names: list[str],
+                        publish: Callable[[Publishing], Awaitable[list[dict[str, Any]]]]
+                        ) -> list[dict[str, Any]]:
+    """The rows `publish` answers on a connection from ApiState.publishing(), the database's
+    refusals answered as Problems. When the catalogue changed since this process read the entries
+    `publish` checked against, or when entries kept from an earlier read refuse a message, it runs
+    once more with them read afresh."""
+    state = _state(request)
+    for fresh in (False, True):
+        try:
+            async with state.publishing(request, names, fresh) as publishing:
+                return await publish(publishing)
+        except _ReadAfresh:
+            continue
+        except psycopg.Error as exc:
+            if exc.sqlstate == queries.CATALOGUE_CHANGED and not fresh:
+                continue
+            refusal = _refused(exc)
+            if refusal is None:
+                raise
+            raise refusal from None
+    raise AssertionError("the second round reads the catalogue afresh")
+
+
 async def publish(request: web.Request) -> web.Response:
-    """Two round trips to PostgreSQL, one statement each: the token's caller and the type's catalogue
-    entry (ApiState.publishing()); then api_publish_as(), the token checked again in its statement."""
+    """One round trip to PostgreSQL, one statement: api_publish_as(), which checks the token and the
+    catalogue's version; before it, a first one reads the type's catalogue entry and the token's
+    caller (api_publish_check()) when this process does not hold the entry at the catalogue's
+    version (ApiState.publishing())."""
     body = body_of(request, MessageBody)
     traceparent = _traceparent(request)
     payload = _payload_text(body)
     endpoint = None if body.endpoint is None else str(body.endpoint)
-    try:
-        async with _state(request).publishing(request, [body.event_type]) as pub:
-            _check_type(request, body, pub.known.get(body.event_type))
-            rows = await queries.publish_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
-                                            body.event_type, payload, endpoint, body.idempotency_key,
-                                            body.ordering_key, body.priority, body.expires_at, traceparent)
-    except psycopg.Error as exc:
-        refusal = _refused(exc)
-        if refusal is None:
-            raise
-        raise refusal from None
+
+    async def send(pub: Publishing) -> list[dict[str, Any]]:
+        _check_type(request, body, pub)
+        return await queries.publish_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
+                                        pub.catalogue_version, body.event_type, payload, endpoint,
+                                        body.idempotency_key, body.ordering_key, body.priority,
+                                        body.expires_at, traceparent)
+
+    rows = await _publish_with(request, [body.event_type], send)
     answer, status, where = _published(body, rows)
     return json_response(answer, status=status, location=where)
 
@@ -200,34 +235,34 @@ class BatchBody(Body):
 
 
 async def publish_batch(request: web.Request) -> web.Response:
-    """Two round trips to PostgreSQL whatever the batch's size, one statement each: the token's caller
-    and its types' catalogue entries; then api_publish_batch_as(), each message in a subtransaction
-    of its own."""
+    """Round trips as POST /v1/messages's, whatever the batch's size: api_publish_batch_as() publishes
+    every message in one statement, each in a subtransaction of its own."""
     body = body_of(request, BatchBody)
     traceparent = _traceparent(request)
-    results: list[dict[str, Any]] = [{} for _ in body.messages]
+    results: list[dict[str, Any]] = []
     sent: list[tuple[int, MessageBody]] = []  # the messages sent to the database: ordinal - 1, index
-    try:
-        async with _state(request).publishing(request, sorted({m.event_type for m in body.messages})) as pub:
-            items: list[dict[str, Any]] = []
-            for i, message in enumerate(body.messages):
-                try:
-                    payload = _payload_text(message)
-                    _check_type(request, message, pub.known.get(message.event_type))
-                except Problem as problem:
-                    results[i] = problem.document()
-                    continue
-                sent.append((i, message))
-                items.append(_batch_item(message, payload))
-            rows = [] if not items else await queries.publish_batch_as(
-                pub.conn, pub.credential.token_hash, pub.credential.roles, orjson.dumps(items).decode(),
-                traceparent)
-    except psycopg.Error as exc:
-        # a tenant's queue full (429): the rest would be refused too; none is kept
-        refusal = _refused(exc)
-        if refusal is None:
-            raise
-        raise refusal from None
+
+    async def send(pub: Publishing) -> list[dict[str, Any]]:
+        results[:] = [{} for _ in body.messages]
+        sent.clear()
+        items: list[dict[str, Any]] = []
+        for i, message in enumerate(body.messages):
+            try:
+                payload = _payload_text(message)
+                _check_type(request, message, pub)
+            except Problem as problem:
+                results[i] = problem.document()
+                continue
+            sent.append((i, message))
+            items.append(_batch_item(message, payload))
+        if not items:
+            return []
+        # a tenant's queue full (429) refuses the whole batch: the rest would be refused too
+        return await queries.publish_batch_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
+                                              pub.catalogue_version, orjson.dumps(items).decode(),
+                                              traceparent)
+
+    rows = await _publish_with(request, sorted({m.event_type for m in body.messages}), send)
     by_ordinal: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_ordinal.setdefault(row["ordinal"], []).append(row)
