@@ -90,6 +90,11 @@ def test_the_token_is_answered_before_the_body_and_a_reader_publishes_nothing(ap
     assert refused.status == 403 and "reader" in refused.json["detail"], refused.body
     assert api.post(path, role_tokens["producer"], {"no": "such field"}).status == 422
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
+    # with the type's catalogue entry kept, the token is checked by the publish's statement alone
+    assert api.post(path, role_tokens["producer"], good).status == 202
+    assert api.post(path, role_tokens["reader"], good).status == 403
+    assert api.post(path, unknown, good).status == 401
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(1,)]
 
 
 def test_failed_publishes_count_against_the_address_and_a_good_token_still_publishes_from_it(db, receiver):
