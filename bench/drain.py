@@ -82,6 +82,7 @@ def drain(
     cpu_seen = {p.name: 0.0 for p in procs}
     rss_seen = {p.name: 0 for p in procs}
     count = 0
+    first_receipt: tuple[int, float, float] | None = None
     try:
         while True:
             time.sleep(0.25)
@@ -91,6 +92,8 @@ def drain(
                 if p.process.poll() is not None:
                     raise RuntimeError(f"{p.name} exited with {p.process.returncode}; see {p.log_path}")
             count = ctx.sink.stats()["count"]
+            if first_receipt is None and count > 0:
+                first_receipt = (count, sum(cpu_seen.values()), ctx.cluster.cpu() - pg0)
             if count >= rows or time.monotonic() > deadline:
                 break
         # let the last outcomes be written (finish_max_delay_seconds is 0.05 s)
@@ -148,6 +151,7 @@ def drain(
                 "postgres": round(pg_cpu * 1000 / max(1, n), 4),
                 "sink": round(sink_cpu * 1000 / max(1, n), 4),
             },
+            "cpu_ms_per_delivery_after_first_receipt": steady_cpu(first_receipt, n, worker_cpu, pg_cpu),
             "round_trips": calls,
             "round_trips_per_delivery": round(calls / max(1, n), 4),
             "acquire_calls": by_name["acquire"],
@@ -171,6 +175,19 @@ def drain(
     if not ctx.args.keep_databases:
         ctx.cluster.drop_database(name)
     return out
+
+
+def steady_cpu(
+    first_receipt: tuple[int, float, float] | None, n: int, worker_cpu: float, pg_cpu: float
+) -> dict[str, float] | None:
+    """CPU ms per delivery from the first sample that saw a receipt (receipts, worker and PostgreSQL
+    CPU then) to the end of the drain: without the processes' start-up (imports, connections, the
+    first claim), which a short drain otherwise spreads over its rows."""
+    if first_receipt is None or n <= first_receipt[0]:
+        return None
+    count, workers, postgres = first_receipt
+    return {"workers": round((worker_cpu - workers) * 1000 / (n - count), 4),
+            "postgres": round((pg_cpu - postgres) * 1000 / (n - count), 4)}
 
 
 def _start_profiler(

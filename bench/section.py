@@ -20,8 +20,8 @@ MEDIAN_RUNS = 3
 
 class Context:
     """What a section runs with: the parsed arguments, the cluster, the sink, the results directory,
-    the worker settings, and the figures of the sections already run (the slow section reads the
-    fast-receiver rate)."""
+    the worker settings, and the figures of the sections already run (for a section that builds on
+    another's; none does today: the slow section measures its own fast-receiver rate)."""
 
     def __init__(
         self, args: argparse.Namespace, cluster: Cluster, sink: Sink, workdir: Path, settings: WorkerSettings,

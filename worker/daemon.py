@@ -29,6 +29,7 @@ from worker.model import Claimed
 from worker.observability import Metrics, ProbeServer, get_logger
 from worker.queue import DeliverySettings, Queue
 from worker.retrying import DATABASE_ERRORS, Backoff, brief
+from worker.runtime import cancel_and_wait
 
 T = TypeVar("T")
 SCHEMA_MISSING = (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)
@@ -185,9 +186,7 @@ class Worker:
             try:
                 await self._claim_loop()
             finally:
-                for task in side_tasks:
-                    task.cancel()
-                await asyncio.gather(*side_tasks, return_exceptions=True)
+                await cancel_and_wait(side_tasks)
             await self._drain(finisher)
         finally:
             await self.sender.close()
@@ -195,8 +194,7 @@ class Worker:
             # Last: whatever is still ours in the database stays ours until every outcome is written.
             # Stopped before its connection closes, or it would register the worker again.
             if liveness is not None:
-                liveness.cancel()
-                await asyncio.gather(liveness, return_exceptions=True)
+                await cancel_and_wait([liveness])
             await self.liveness.close()
             await self._probes.stop()
             self.log.info("worker stopped")
@@ -337,8 +335,7 @@ class Worker:
             stopping.cancel()
         if task.done():
             return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
         return None
 
     async def _wait_for(self, event: asyncio.Event, limit_seconds: float | None = None) -> None:
@@ -374,10 +371,8 @@ class Worker:
         # No task runs between this snapshot and the cancellations below (no await between them).
         members = [(row, flight.started) for flight in self._in_flight for row in flight.members]
         interrupted_at = time.monotonic()
-        for task in leftover:
-            task.cancel()
         if leftover:
-            await asyncio.gather(*leftover, return_exceptions=True)
+            await cancel_and_wait(leftover)
             sent = [(row, started) for row, started in members if started is not None]
             for row, started in sent:
                 latency_ms = int((interrupted_at - started) * 1000)

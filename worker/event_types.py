@@ -103,6 +103,15 @@ def schema_problem(schema: Any) -> str | None:
     return None
 
 
+def schema_from_text(text: str) -> Any:
+    """A JSON Schema written as text (the CLI's --schema, the console's form): the JSON it holds, or
+    EventTypeError naming the field when it is not JSON. upsert() checks that it is a JSON Schema."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise EventTypeError(f"schema: not JSON ({exc})") from None
+
+
 @lru_cache(maxsize=_VALIDATORS_KEPT)
 def _validator(schema_text: str) -> Draft202012Validator:
     return Draft202012Validator(json.loads(schema_text))
@@ -160,10 +169,20 @@ async def get_async(conn: psycopg.AsyncConnection[Any], name: str) -> EventType 
     return None if row is None else from_row(row)
 
 
+_LISTING = f"SELECT {_COLUMNS} FROM webhooks.event_type_list(%s)"
+
+
 def listing(conn: psycopg.Connection, include_deprecated: bool = True) -> list[EventType]:
-    rows = conn.cursor(row_factory=dict_row).execute(
-        f"SELECT {_COLUMNS} FROM webhooks.event_type_list(%s)", (include_deprecated,)).fetchall()
+    rows = conn.cursor(row_factory=dict_row).execute(_LISTING, (include_deprecated,)).fetchall()
     return [from_row(row) for row in rows]
+
+
+async def listing_async(conn: psycopg.AsyncConnection[Any],
+                        include_deprecated: bool = True) -> list[EventType]:
+    """listing() for the console's connections."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_LISTING, (include_deprecated,))
+    return [from_row(row) for row in await cur.fetchall()]
 
 
 def upsert(conn: psycopg.Connection, name: str, description: str = "", schema: Any | None = None,
@@ -194,9 +213,24 @@ def deprecate(conn: psycopg.Connection, name: str, deprecated: bool = True) -> b
     return bool(row and row[0])
 
 
+_UNMATCHED = "SELECT webhook_id, endpoint_name, pattern, problem FROM webhooks.unmatched_subscriptions()"
+
+
 def unmatched_subscriptions(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Each endpoint's subscription pattern that no catalogued type matches ('unknown') or only
     deprecated ones do ('deprecated'), for the caller's tenant if it is kept to one."""
-    return conn.cursor(row_factory=dict_row).execute(
-        "SELECT webhook_id, endpoint_name, pattern, problem"
-        " FROM webhooks.unmatched_subscriptions()").fetchall()
+    return conn.cursor(row_factory=dict_row).execute(_UNMATCHED).fetchall()
+
+
+async def unmatched_subscriptions_async(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+    """unmatched_subscriptions() for the console's connections."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_UNMATCHED)
+    return await cur.fetchall()
+
+
+def unmatched_of_endpoint(rows: list[dict[str, Any]], endpoint_id: int) -> list[dict[str, Any]]:
+    """One endpoint's rows of unmatched_subscriptions(): its patterns and their problem (what
+    `endpoints show` and the console's endpoint page show)."""
+    return [{"pattern": row["pattern"], "problem": row["problem"]} for row in rows
+            if row["webhook_id"] == endpoint_id]

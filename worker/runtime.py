@@ -1,11 +1,12 @@
-"""How the worker process runs: its event loop (worker.event_loop) and its open-files limit."""
+"""How a process runs: its event loop (worker.event_loop), ending its tasks, its open-files limit."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 # What `auto` means where uvloop is installed: adopted only if it gains >= 10% in the median of
 # alternating end-to-end drains, which it did not (docs/performance.md).
@@ -40,6 +41,29 @@ def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
         return uvloop.new_event_loop
     return None
+
+
+# How long to wait for cancelled tasks before cancelling again those still running.
+CANCEL_AGAIN_SECONDS = 0.5
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]],
+                          again_seconds: float = CANCEL_AGAIN_SECONDS) -> None:
+    """Cancel the tasks and wait until every one has ended, cancelling again those that run on.
+
+    One cancel is not always enough: Python 3.11's asyncio.wait_for returns the inner result when it
+    completes just as the cancel arrives, and psycopg_pool waits for a connection through it, so a
+    loop cancelled there carries on. A worker stopped during start-up (its pool still connecting)
+    waited forever so for its housekeeping loop. What the tasks raised is collected, not raised."""
+    tasks = list(tasks)
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=again_seconds)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: asyncio would otherwise log it as never retrieved
 
 
 def raised_open_files_limit(soft: int, hard: int, kernel_max: int) -> int | None:

@@ -6,6 +6,7 @@
 --                                     '{"type": "object", "required": ["invoice_id"]}');
 --   SELECT webhooks.deprecate_event_type('invoice.paid');
 --   SELECT * FROM webhooks.unmatched_subscriptions();   -- patterns no catalogued type matches
+--   SELECT * FROM webhooks.event_type_subscriptions('invoice.paid');  -- the patterns that match it
 --   SELECT webhooks.send_test_event('billing');         -- a webhook.test to that endpoint alone
 --
 -- The catalogue is one for the deployment: every reader, admin, tenant administrator and producer
@@ -111,6 +112,27 @@ AS $$
     ORDER BY e.id, p.pattern;
 $$;
 
+-- Which endpoint subscriptions match each catalogued type (p_event_type: that type's only): the
+-- pattern of each endpoint that matches it, by the rule unmatched_subscriptions() uses, except that
+-- '*' does not match the worker's own 'webhook.*' types, as fan_out() sends those only to endpoints
+-- that name them. A session kept to a tenant sees its own endpoints' (caller_tenant()).
+CREATE OR REPLACE FUNCTION webhooks.event_type_subscriptions(p_event_type text DEFAULT NULL)
+RETURNS TABLE (event_type text, webhook_id bigint, endpoint_name text, pattern text)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT t.name, e.id, e.name, p.pattern
+    FROM webhooks.event_types t
+    CROSS JOIN webhooks.endpoints e
+    CROSS JOIN LATERAL unnest(e.event_types) AS p(pattern)
+    WHERE (p_event_type IS NULL OR t.name = p_event_type)
+      AND webhooks.subscribes(ARRAY[p.pattern], t.name)
+      AND NOT (p.pattern = '*' AND starts_with(t.name, 'webhook.'))
+      AND ((SELECT webhooks.caller_tenant()) IS NULL OR e.tenant_id = (SELECT webhooks.caller_tenant()))
+    ORDER BY t.name, e.name, p.pattern;
+$$;
+
 -- Every change to the catalogue moves its version (migrations/018_api_publish_round_trips.sql), in
 -- the changing transaction: an API process keeps the entries it read at a version, and each publish
 -- that used them is refused once the version has moved (api_publish_begin(), functions/api.sql).
@@ -128,7 +150,7 @@ CREATE OR REPLACE TRIGGER event_types_changed
 GRANT SELECT ON webhooks.event_types TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION webhooks.event_type_list(boolean), webhooks.event_type(text)
     TO webhooks_producer, webhooks_reader, webhooks_admin, webhooks_tenant_admin;
-GRANT EXECUTE ON FUNCTION webhooks.unmatched_subscriptions()
+GRANT EXECUTE ON FUNCTION webhooks.unmatched_subscriptions(), webhooks.event_type_subscriptions(text)
     TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION webhooks.upsert_event_type(text, text, jsonb, boolean),
                           webhooks.deprecate_event_type(text, boolean)

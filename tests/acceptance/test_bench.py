@@ -50,8 +50,8 @@ def test_quick_run_reports_every_section(tmp_path):
     assert {t["result"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
     # timed ratios are medians of three alternating runs, printed with the three values;
     # the HTTP ceiling is a bare aiohttp session's, the Sender printed beside it
-    for ratio in (data["e2e"]["workers_1_over_bare"], data["http"]["sender_over_bare"],
-                  data["db"]["features_cost_ratio"]):
+    for ratio in (data["e2e"]["workers_1_over_bare"], data["e2e"]["workers_1_cpu_over_bare"]["whole_drain"],
+                  data["http"]["sender_over_bare"], data["db"]["features_cost_ratio"]):
         assert len(ratio["values"]) == 3 and sorted(ratio["values"])[1] == ratio["median"]
     assert len(data["e2e"]["workers_1_runs"]) == len(data["e2e"]["bare_ceiling"]["runs"]) == 3
     assert all(run["complete"] for run in data["e2e"]["workers_1_runs"])
@@ -65,10 +65,14 @@ def test_quick_run_reports_every_section(tmp_path):
     # the latency floor beside the worker, five alternating rounds each, every row received
     assert len(data["latency"]["p50_over_floor"]["values"]) == 5
     assert all(r["received"] == r["inserted"] for r in data["latency"]["rounds"]["floor"])
-    # slow receivers: each drain complete, with its bound and the worker's memory
+    # slow receivers: three rounds, each drain complete, each with its bound (the same endpoints
+    # answering at once) and the worker's memory; the naive design beside them in each round
     for conc in (1000, 5000):
         slow = data["slow"][f"concurrency_{conc}"]
-        assert slow["complete"] and slow["bound_per_second"] > 0 and all(slow["worker_peak_rss_mb"].values())
+        assert slow["complete"] and slow["worker_peak_rss_mb"] > 0 and len(slow["runs"]) == 3
+        assert all(r["fast"]["complete"] and r["bound_per_second"] > 0 for r in slow["runs"])
+        assert len(slow["share_of_bound"]["values"]) == 3
+    assert len(data["slow"]["naive"]["runs"]) == len(data["slow"]["over_naive"]["values"]) == 3
     assert all(data["endpoint"][f"max_in_flight_{cap}"]["complete"] for cap in (10, 100, 1000))
     assert len(data["targets"]) >= 10
     # publishing over HTTP beside the direct insert: three alternating rounds each, every answer 202,

@@ -50,7 +50,7 @@ def logged_in(console: ConsoleServer, db: str, role: str, name: str | None = Non
 
 def test_pages_need_a_session(console):
     for path in ("/console/", "/console/dead-letters", "/console/endpoints", "/console/operations",
-                 "/console/deliveries/1"):
+                 "/console/deliveries/1", "/console/event-types", "/console/event-types/webhook.test"):
         answer = Browserless(console).get(path)
         assert answer.status == 303 and answer.headers["location"] == "/console/login", path
     assert Browserless(console).post("/console/dead-letters/replay", {"delivery_id": "1"}).status == 303
@@ -160,6 +160,7 @@ def test_every_form_field_has_a_label(console, db):
     person = logged_in(console, db, "admin")
     for path in ("/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
                  "/console/deliveries/1", "/console/deliveries", "/console/endpoints/1",
+                 "/console/event-types", "/console/event-types/webhook.test",
                  "/console/portal/" + "x" * 43):
         html = person.get(path).body.decode()
         labelled = set(re.findall(r'<label for="([^"]+)"', html))
@@ -184,7 +185,7 @@ def test_every_page_carries_a_strict_csp_and_no_inline_script_or_style(console, 
     pages = ["/console/login", "/console/", "/console/dead-letters", "/console/endpoints",
              "/console/operations", f"/console/deliveries/{delivery_id}", "/console/deliveries/999999",
              "/console/nowhere", "/console/deliveries?status=dead_letter", "/console/endpoints/1",
-             "/console/portal/" + "x" * 43]
+             "/console/event-types", "/console/event-types/webhook.test", "/console/portal/" + "x" * 43]
     for path in pages:
         answer = person.get(path)
         assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
@@ -563,3 +564,8 @@ def test_replaying_every_match_starts_a_bulk_operation_with_the_pages_filter(con
     assert rows == {**{d: "pending" for d in mine}, theirs: "dead_letter"}
     page = person.get("/console/operations").body.decode()
     assert f"<td>{operation}</td>" in page and "category=http_5xx" in page
+    # the filter names the endpoint, linked to its page, not its id; one the page cannot name, by its id
+    assert f'endpoint=<a href="/console/endpoints/{failing}">failing</a>' in page
+    assert "webhook_id=" not in page
+    query(db, "SELECT webhooks.api_start_replay('{\"webhook_id\": 999999}', NULL, NULL, 'api:ops')")
+    assert "endpoint=#999999" in person.get("/console/operations").body.decode()

@@ -199,3 +199,48 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue WHERE webhook_id = %s",
                  (endpoint,)) == [(1,)]
     worker.stop()
+
+
+def test_an_admin_adds_a_catalogued_event_type_and_deprecates_it_in_the_browser(db, console, tmp_path):
+    assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
+    billing = add_endpoint(db, "http://127.0.0.1:9/billing", name="billing", event_types=("invoce.paid",))
+    token = make_token(db, "admin", name="catalogue-keeper")
+    base = f"http://127.0.0.1:{console.port}/console"
+
+    with browser_page() as (page, problems):
+        page.goto(base + "/login")
+        page.get_by_label("API token").fill(token)
+        page.keyboard.press("Enter")
+        page.wait_for_url(base + "/")
+        page.get_by_role("link", name="Event types").click()
+        page.wait_for_url(base + "/event-types")
+        unmatched = page.locator("#unmatched").inner_text()
+        assert "billing" in unmatched and "invoce.paid" in unmatched and "unknown" in unmatched
+
+        form = page.get_by_role("form", name="Add an event type")
+        form.get_by_label("Name").fill("invoice.paid")
+        form.get_by_label("Description").fill("An invoice was paid")
+        form.get_by_label("JSON Schema").fill('{"type": 5}')  # not a JSON Schema: refused, kept
+        form.get_by_role("button", name="Add").click()
+        assert "schema:" in page.get_by_role("alert").inner_text()
+        assert page.get_by_label("JSON Schema").input_value() == '{"type": 5}'
+        page.get_by_label("JSON Schema").fill('{"type": "object", "required": ["invoice_id"]}')
+        page.get_by_role("button", name="Add").click()
+        page.wait_for_url(base + "/event-types/invoice.paid?notice=event_type_added")
+        assert page.get_by_role("heading", name="Event type invoice.paid").is_visible()
+        assert '"invoice_id"' in page.locator("pre#schema").inner_text()
+        screenshot(page, tmp_path, "console-event-type.png")
+
+        page.get_by_role("button", name="Deprecate").click()
+        page.wait_for_url("**notice=event_type_deprecated")
+        assert "deprecated" in page.locator("#state").inner_text()
+        page.goto(f"{base}/endpoints/{billing}")
+        assert "invoce.paid" in page.locator("#unmatched-subscriptions").inner_text()
+        page.goto(base + "/event-types")
+        screenshot(page, tmp_path, "console-event-types.png")
+        # nothing the CSP blocked, no script error: chromium reports only the refused form's 422
+        assert problems == ["Failed to load resource: the server responded with a status of 422"
+                            " (Unprocessable Entity)"], problems
+
+    assert query(db, "SELECT description, deprecated FROM webhooks.event_types WHERE name = 'invoice.paid'"
+                 ) == [("An invoice was paid", True)]

@@ -166,6 +166,7 @@ def test_connections_beyond_a_cap_are_refused_at_once_and_other_addresses_are_se
         assert answer.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in answer, answer
         # another address is still served
         assert get(server.port, "/v1/token", reader, source="127.0.0.2") == 200
+        eventually(lambda: guard.open == 5, message="the request's connection closed")
 
         # the total cap: 5 + 3 = 8 connections open, so a third address is refused too
         second = [RawClient(server.port, source="127.0.0.2") for _ in range(3)]

@@ -1,7 +1,9 @@
-"""The worker process's event loop choice and open-files limit (issue 22)."""
+"""The worker process's event loop choice, how its tasks are ended, and its open-files limit."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import resource
 
 import pytest
@@ -51,3 +53,39 @@ def test_the_open_files_soft_limit_is_raised_to_the_hard_limit(
     soft: int, hard: int, expected: int | None
 ) -> None:
     assert runtime.raised_open_files_limit(soft, hard, kernel_max=1048576) == expected
+
+
+async def _carries_on_after_one_cancel(ended: asyncio.Event) -> None:
+    """What a loop does when a cancel is swallowed on its way (as asyncio.wait_for may on Python 3.11):
+    it carries on to its next pause."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(3600)
+    try:
+        await asyncio.sleep(3600)
+    finally:
+        ended.set()
+
+
+def test_cancel_and_wait_ends_a_task_that_swallowed_the_first_cancel() -> None:
+    async def scenario() -> bool:
+        ended = asyncio.Event()
+        task = asyncio.create_task(_carries_on_after_one_cancel(ended))
+        await asyncio.sleep(0)  # it is in its first pause
+        # (a hang guard only: a second cancel comes after 0.01 s, well within it)
+        await asyncio.wait_for(runtime.cancel_and_wait([task], again_seconds=0.01), timeout=60)
+        return task.cancelled() and ended.is_set()
+
+    assert asyncio.run(scenario())
+
+
+def test_cancel_and_wait_collects_what_the_tasks_raised() -> None:
+    async def fails() -> None:
+        raise RuntimeError("broken")
+
+    async def scenario() -> list[bool]:
+        tasks = [asyncio.create_task(fails()), asyncio.create_task(asyncio.sleep(3600))]
+        await asyncio.sleep(0)
+        await runtime.cancel_and_wait(tasks)
+        return [task.cancelled() for task in tasks]
+
+    assert asyncio.run(scenario()) == [False, True]

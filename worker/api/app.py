@@ -26,6 +26,7 @@ from worker.api.replay_runner import run_operations
 from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
+from worker.runtime import cancel_and_wait
 
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
 # operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
@@ -257,10 +258,8 @@ async def _start_background(app: web.Application) -> None:
 async def _stop_background(app: web.Application) -> None:
     app[STATE].stopping.set()
     app[STATE].operations_wakeup.set()
-    for task in app[BACKGROUND]:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    background: list[asyncio.Task[None]] = app[BACKGROUND]
+    await cancel_and_wait(background)
     await app[STATE].db.close()
 
 

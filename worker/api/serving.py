@@ -4,8 +4,11 @@ and per client address, and the separate port for /metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import resource
+import socket
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -30,10 +33,14 @@ TOO_SLOW = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length
 # what the open-file limit leaves is no cap: accept() fails first ("out of system resource"), stops
 # accepting for a second, and valid clients time out.
 RESERVED_FILES = 32
-# Connections waiting to be accepted, per listener. asyncio accepts up to this many at once, each
-# taking a file before the guard can refuse it, so these count among the reserved files too.
+# Connections waiting to be accepted, per listener (the kernel's queue: they hold no file of ours).
 BACKLOG = 128
 METRICS_BACKLOG = 8  # one scraper at a time
+# Connections accepted per turn of the event loop, so that a flood does not starve requests. A
+# refused one is answered and closed as it is accepted: it never holds a file past that moment.
+ACCEPT_PER_TURN = 64
+# After accept() found no file left (which the caps should prevent): accept again after this long.
+ACCEPT_RETRY_SECONDS = 1.0
 # After an answer sent before the whole body was read (a 401, a 408, a 413), aiohttp reads and drops
 # the rest for this long at most, so the client can read the answer before the connection closes.
 MAX_LINGER_SECONDS = 5.0
@@ -97,26 +104,19 @@ class GuardedConnection(asyncio.Protocol):
     aiohttp's handler exactly as aiohttp builds it; everything is passed on.
     """
 
-    def __init__(self, inner: RequestHandler, guard: ConnectionGuard) -> None:
+    def __init__(self, inner: RequestHandler, guard: ConnectionGuard, address: str) -> None:
+        """For a connection the guard has admitted (counted) from this address."""
         self._inner = inner
         self._guard = guard
         self._transport: asyncio.Transport | None = None
-        self._address = ""
-        self._admitted = False
+        self._address = address
+        self._admitted = True
         self._head_clock: asyncio.TimerHandle | None = None
         self._in_request = False
         self._answered = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        peer = transport.get_extra_info("peername")
-        self._address = str(peer[0]) if peer else "unknown"
-        if not self._guard.admit(self._address):
-            # closed before aiohttp sees it, so it costs a file for a moment and nothing else
-            self._transport.write(BUSY)
-            self._transport.close()
-            return
-        self._admitted = True
         self._start_head_clock()
         self._inner.connection_made(transport)
 
@@ -144,9 +144,14 @@ class GuardedConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_clock()
         if self._admitted:
+            self.release()
+            self._inner.connection_lost(exc)
+
+    def release(self) -> None:
+        """Uncount the connection (once)."""
+        if self._admitted:
             self._admitted = False
             self._guard.release(self._address)
-            self._inner.connection_lost(exc)
 
     def request_started(self) -> None:
         self._in_request = True
@@ -178,7 +183,14 @@ class GuardedConnection(asyncio.Protocol):
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP listener (as web.TCPSite) whose connections pass through the guard."""
+    """A TCP listener (as web.TCPSite) whose connections pass through the guard as they are accepted.
+
+    It accepts by itself rather than through asyncio's create_server: asyncio accepts a backlog's
+    worth of sockets at once and hands each to its protocol a turn or two later, so a flood's refused
+    connections held files across several bursts and accept() ran out of them ("out of system
+    resource": a second without accepting, valid clients timing out). Here a refused connection is
+    answered 503 and closed the moment it is accepted; only admitted ones, which the caps bound, hold
+    a file."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard,
                  backlog: int) -> None:
@@ -194,15 +206,104 @@ class GuardedSite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
+        loop = asyncio.get_running_loop()
+        # an empty host is every interface, as asyncio's create_server takes it
+        infos = await loop.getaddrinfo(self._host or None, self._port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        server = Accepting(self._runner, self._guard)
+        self._server = server
+        try:
+            for family, kind, proto, _, address in dict.fromkeys(infos):
+                sock = socket.socket(family, kind, proto)
+                server.sockets_held.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # IPv4 has its own
+                sock.bind(address)
+                sock.listen(self._backlog)
+                sock.setblocking(False)
+        except OSError:
+            server.close()
+            raise
+        await server.start_serving()
+        self.port = int(server.sockets_held[0].getsockname()[1])
+
+
+class Accepting(asyncio.AbstractServer):
+    """The listening sockets of one GuardedSite and their accepting (what aiohttp's runner closes)."""
+
+    def __init__(self, runner: web.BaseRunner, guard: ConnectionGuard) -> None:
+        self._runner = runner
+        self._guard = guard
+        self._loop = asyncio.get_running_loop()
+        self.sockets_held: list[socket.socket] = []
+        self._serving = False
+        self._opening: set[asyncio.Task[None]] = set()
+
+    async def start_serving(self) -> None:
+        self._serving = True
+        for sock in self.sockets_held:
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _accept(self, sock: socket.socket) -> None:
+        for _ in range(ACCEPT_PER_TURN):
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                get_logger().error("socket.accept() out of system resource; accepting again shortly",
+                                   error=os.strerror(exc.errno), retry_in=ACCEPT_RETRY_SECONDS)
+                self._loop.remove_reader(sock.fileno())
+                self._loop.call_later(ACCEPT_RETRY_SECONDS, self._resume, sock)
+                return
+            address = str(peer[0]) if peer else "unknown"
+            if not self._guard.admit(address):
+                with contextlib.suppress(OSError):
+                    conn.send(BUSY)  # a few bytes into an empty send buffer: it does not block
+                conn.close()
+                continue
+            conn.setblocking(False)
+            opening = self._loop.create_task(self._open(conn, address))
+            self._opening.add(opening)
+            opening.add_done_callback(self._opening.discard)
+
+    def _resume(self, sock: socket.socket) -> None:
+        if self._serving:
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    async def _open(self, conn: socket.socket, address: str) -> None:
         server = self._runner.server
         assert server is not None  # BaseSite refuses a runner that was not set up
-        guard = self._guard
-        listening = await asyncio.get_running_loop().create_server(
-            lambda: GuardedConnection(server(), guard), self._host, self._port, backlog=self._backlog,
-            reuse_address=True)
-        self._server = listening
-        if listening.sockets:
-            self.port = int(listening.sockets[0].getsockname()[1])
+        protocol = GuardedConnection(server(), self._guard, address)
+        try:
+            await self._loop.connect_accepted_socket(lambda: protocol, conn)
+        except Exception:  # noqa: BLE001 - the peer left before its transport was made: uncount it
+            protocol.release()
+            conn.close()
+
+    def close(self) -> None:
+        if self._serving:
+            for sock in self.sockets_held:
+                self._loop.remove_reader(sock.fileno())
+        self._serving = False
+        while self.sockets_held:
+            self.sockets_held.pop().close()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    async def wait_closed(self) -> None:
+        return None
+
+    async def serve_forever(self) -> None:
+        await self.start_serving()
+        await asyncio.Event().wait()  # until cancelled
 
 
 def _connection(request: web.Request) -> GuardedConnection | None:
@@ -280,7 +381,7 @@ class Listeners:
 
     async def start(self) -> None:
         config = self._config
-        reserved = self._reserved_files + BACKLOG + METRICS_BACKLOG
+        reserved = self._reserved_files + 1  # the connection being refused as it is accepted
         self._guard.max_connections = fit_to_open_files(config.max_connections, reserved)
         ports = []
         for app, port, key, backlog in self._apps:

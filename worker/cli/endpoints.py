@@ -295,9 +295,8 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
         details = service.read(conn, endpoint_id) or {}
         details.update(operator_sql.endpoint_activity(conn, endpoint_id))
         # subscriptions no current catalogued type matches: a typo, or a type no longer published
-        details["unmatched_subscriptions"] = [
-            {"pattern": row["pattern"], "problem": row["problem"]}
-            for row in event_types.unmatched_subscriptions(conn) if row["webhook_id"] == endpoint_id]
+        details["unmatched_subscriptions"] = event_types.unmatched_of_endpoint(
+            event_types.unmatched_subscriptions(conn), endpoint_id)
     if args.json:
         emit(args, details)
         return 0

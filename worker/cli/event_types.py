@@ -33,6 +33,8 @@ def cmd_event_types_list(args: argparse.Namespace) -> int:
 
 def _schema(args: argparse.Namespace) -> Any:
     """--schema JSON or --schema-file FILE; None when neither is given."""
+    from worker import event_types
+
     if args.schema is not None:
         text, option = args.schema, "--schema"
     elif args.schema_file is not None:
@@ -44,9 +46,9 @@ def _schema(args: argparse.Namespace) -> Any:
     else:
         return None
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{option}: not JSON ({exc})") from None
+        return event_types.schema_from_text(text)
+    except event_types.EventTypeError as exc:
+        raise UsageError(f"{option}: {str(exc).partition(': ')[2]}") from None
 
 
 def cmd_event_types_set(args: argparse.Namespace) -> int:

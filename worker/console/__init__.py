@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from worker.api.context import STATE, ApiState
-from worker.console import endpoint_pages
+from worker.console import endpoint_pages, event_type_pages
 from worker.console.pages import TEMPLATES, add_routes, console_middleware, templates
 
 
@@ -15,5 +15,6 @@ def create_console_app(state: ApiState) -> web.Application:
     app[STATE] = state
     app[TEMPLATES] = templates()
     endpoint_pages.add_routes(app)  # first: /endpoints/new before /endpoints/{endpoint_id}
+    event_type_pages.add_routes(app)
     add_routes(app)
     return app

@@ -129,3 +129,24 @@ def endpoint_action(text: str) -> str:
     if text not in ENDPOINT_ACTIONS:
         raise FieldError("action", f"must be one of {', '.join(ENDPOINT_ACTIONS)}")
     return text
+
+
+def event_type_form(form: Mapping[str, Any]) -> dict[str, Any]:
+    """The event-type form as typed, to be written or shown again with its error: the name without
+    surrounding spaces, the description and schema as typed (worker/event_types.py checks each)."""
+
+    def text(field: str) -> str:
+        value = form.get(field)
+        # a browser sends a textarea's line breaks as CRLF: stored as the CLI's and the API's are
+        return value.replace("\r\n", "\n") if isinstance(value, str) else ""
+
+    return {"name": text("name").strip(), "description": text("description"), "schema": text("schema"),
+            "deprecated": text("deprecated") == "true"}
+
+
+def deprecated(form: Mapping[str, Any]) -> bool:
+    """The deprecate button's value: true deprecates, false makes the type current again."""
+    value = form.get("deprecated")
+    if value not in ("true", "false"):
+        raise FieldError("deprecated", "must be true or false")
+    return bool(value == "true")

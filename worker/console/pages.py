@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import jinja2
 import psycopg
@@ -18,6 +18,7 @@ from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
 from worker.console import forms, queries, sessions
+from worker.event_types import MAX_DESCRIPTION_CHARS
 from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
@@ -62,6 +63,10 @@ NOTICES = {
     "operation_started": "Operation {id} started: it replays each dead letter the filter matched, once.",
     "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
     "operation_finished": "Operation {id} had already ended: nothing to cancel.",
+    "event_type_added": "Event type added to the catalogue.",
+    "event_type_edited": "Event type changed.",
+    "event_type_deprecated": "Event type deprecated: still accepted and delivered to its subscribers.",
+    "event_type_current": "Event type current again.",
 }
 
 
@@ -71,13 +76,20 @@ def templates() -> jinja2.Environment:
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     environment.filters["when"] = _when
     environment.filters["age"] = _age
+    environment.filters["segment"] = _segment
     environment.globals["max_reason"] = forms.MAX_REASON_LENGTH
+    environment.globals["max_description"] = MAX_DESCRIPTION_CHARS  # the catalogue's, as upsert() checks
     environment.globals["categories"] = CATEGORIES  # the one list (worker.policy), as the API checks it
     return environment
 
 
 def _when(value: Any) -> str:
     return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _segment(value: Any) -> str:
+    """A value as one segment of a page's path (an event type's name may hold '/', '?' or '#')."""
+    return quote(str(value), safe="")
 
 
 def _age(seconds: float | None) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 
 from worker import endpoints as endpoint_service
+from worker import event_types
 from worker.api.database import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
 from worker.api.queries import start_replay as api_start_replay
@@ -25,6 +26,8 @@ RECENT_ROWS = 20
 FAILED_OUTCOMES = ("retry", "dead_letter", "lease_expired")
 # A payload shown whole up to this size; a larger one is cut, saying so.
 PAYLOAD_SHOWN_CHARS = 64 * 1024
+# The event-type list names this many of the subscriptions matching each type; its page names them all.
+SHOWN_SUBSCRIPTIONS = 5
 
 
 async def overview(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any]:
@@ -61,8 +64,9 @@ async def endpoints(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
 
 
 async def endpoint_page(conn: psycopg.AsyncConnection[Any], endpoint_id: int) -> dict[str, Any] | None:
-    """An endpoint's page: its settings in the service's one shape, health and circuit, its latest
-    deliveries and attempts, its changes; None when the caller does not see it."""
+    """An endpoint's page: its settings in the service's one shape, its subscriptions that match no
+    current event type, health and circuit, its latest deliveries and attempts, its changes; None when
+    the caller does not see it."""
     endpoint = await fetch_one(conn, f"SELECT {endpoint_service.COLUMNS} FROM webhooks.endpoint_summary"
                                      " WHERE id = %s", (endpoint_id,))
     if endpoint is None:
@@ -80,7 +84,11 @@ async def endpoint_page(conn: psycopg.AsyncConnection[Any], endpoint_id: int) ->
     events = await fetch_all(
         conn, "SELECT at, change, reason, decided_by FROM webhooks.endpoint_events WHERE webhook_id = %s"
               " ORDER BY at DESC LIMIT %s", (endpoint_id, RECENT_ROWS))
-    return {"endpoint": endpoint, "deliveries": deliveries, "attempts": attempts, "events": events}
+    # its subscriptions no current catalogued type matches, as `endpoints show` finds them
+    unmatched = event_types.unmatched_of_endpoint(await event_types.unmatched_subscriptions_async(conn),
+                                                  endpoint_id)
+    return {"endpoint": endpoint, "deliveries": deliveries, "attempts": attempts, "events": events,
+            "unmatched": unmatched}
 
 
 async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
@@ -238,8 +246,35 @@ def payload_text(payload: Any) -> tuple[str, bool]:
 
 async def operations(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
     """The bulk replays started over the API, newest first (row-level security keeps a scoped
-    caller to its tenant's)."""
+    caller to its tenant's), each with the name of the endpoint its filter names, when the caller
+    sees it."""
     return await fetch_all(
-        conn, "SELECT id, status, processed, max_rows, rate, filter, requested_by, cancelled_by, error,"
-              " created_at, finished_at FROM webhooks.api_operations ORDER BY id DESC LIMIT %s", (PAGE_ROWS,))
+        conn, "SELECT o.id, o.status, o.processed, o.max_rows, o.rate, o.filter, o.requested_by,"
+              " o.cancelled_by, o.error, o.created_at, o.finished_at, e.name AS endpoint_name"
+              " FROM webhooks.api_operations o"
+              " LEFT JOIN webhooks.endpoint_summary e ON e.id = CASE"
+              "     WHEN jsonb_typeof(o.filter -> 'webhook_id') = 'number'"
+              "     THEN (o.filter ->> 'webhook_id')::bigint END"
+              " ORDER BY o.id DESC LIMIT %s", (PAGE_ROWS,))
 
+
+
+async def event_type_subscriptions(conn: psycopg.AsyncConnection[Any],
+                                   event_type: str) -> list[dict[str, Any]]:
+    """The endpoint subscriptions that match a type (sql/functions/event_types.sql), by endpoint name."""
+    return await fetch_all(
+        conn, "SELECT webhook_id, endpoint_name, pattern FROM webhooks.event_type_subscriptions(%s) LIMIT %s",
+        (event_type, PAGE_ROWS))
+
+
+async def event_type_subscriptions_by_type(conn: psycopg.AsyncConnection[Any]) -> dict[str, dict[str, Any]]:
+    """For each type some subscription matches: how many do, and the first SHOWN_SUBSCRIPTIONS."""
+    rows = await fetch_all(
+        conn,
+        "SELECT event_type, count(*) AS total,"
+        "       jsonb_agg(jsonb_build_object('webhook_id', webhook_id, 'endpoint_name', endpoint_name,"
+        "                                    'pattern', pattern) ORDER BY n) FILTER (WHERE n <= %s) AS shown"
+        " FROM (SELECT s.*, row_number() OVER (PARTITION BY s.event_type ORDER BY s.endpoint_name, s.pattern)"
+        "       AS n FROM webhooks.event_type_subscriptions() s) s"
+        " GROUP BY event_type", (SHOWN_SUBSCRIPTIONS,))
+    return {row["event_type"]: row for row in rows}
