@@ -151,22 +151,22 @@ def publish_problem(event_type: str, known: EventType | None, payload: Any,
 # --- The catalogue's rows (sql/functions/event_types.sql) -------------------------------------------
 
 
-def _from_row(row: dict[str, Any]) -> EventType:
+def from_row(row: dict[str, Any]) -> EventType:
     return EventType(str(row["name"]), str(row["description"]), row["schema"], bool(row["deprecated"]))
 
 
 def get(conn: psycopg.Connection, name: str) -> EventType | None:
     row = conn.cursor(row_factory=dict_row).execute(
         f"SELECT {_COLUMNS} FROM webhooks.event_type(%s)", (name,)).fetchone()
-    return None if row is None else _from_row(row)
+    return None if row is None else from_row(row)
 
 
 async def get_async(conn: psycopg.AsyncConnection[Any], name: str) -> EventType | None:
-    """get() for the API's connections: a publish looks its type up under the caller's role."""
+    """get() for the API's connections."""
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(f"SELECT {_COLUMNS} FROM webhooks.event_type(%s)", (name,))
     row = await cur.fetchone()
-    return None if row is None else _from_row(row)
+    return None if row is None else from_row(row)
 
 
 _LISTING = f"SELECT {_COLUMNS} FROM webhooks.event_type_list(%s)"
@@ -174,7 +174,7 @@ _LISTING = f"SELECT {_COLUMNS} FROM webhooks.event_type_list(%s)"
 
 def listing(conn: psycopg.Connection, include_deprecated: bool = True) -> list[EventType]:
     rows = conn.cursor(row_factory=dict_row).execute(_LISTING, (include_deprecated,)).fetchall()
-    return [_from_row(row) for row in rows]
+    return [from_row(row) for row in rows]
 
 
 async def listing_async(conn: psycopg.AsyncConnection[Any],
@@ -182,7 +182,7 @@ async def listing_async(conn: psycopg.AsyncConnection[Any],
     """listing() for the console's connections."""
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(_LISTING, (include_deprecated,))
-    return [_from_row(row) for row in await cur.fetchall()]
+    return [from_row(row) for row in await cur.fetchall()]
 
 
 def upsert(conn: psycopg.Connection, name: str, description: str = "", schema: Any | None = None,

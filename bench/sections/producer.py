@@ -25,7 +25,7 @@ def options(group: argparse._ArgumentGroup) -> None:
                        help="endpoints subscribed for the fan-out trigger (3)")
 
 
-def _insert_rate(
+def insert_rate(
     dsn: str, sql: str, params: Callable[[int], tuple[Any, ...]], count: int, seconds: float
 ) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -61,20 +61,20 @@ def run(ctx: Context) -> dict[str, Any]:
     pad = "x" * 900
     out: dict[str, Any] = {"one_insert_per_transaction": True, "fanout_endpoints": len(ids)}
     log("producer: queue insert, NOTIFY on")
-    out["queue_notify_on"] = _insert_rate(dsn, queue_insert, lambda i: (ids[0], payload_json(i)), n, secs)
+    out["queue_notify_on"] = insert_rate(dsn, queue_insert, lambda i: (ids[0], payload_json(i)), n, secs)
     query(dsn, "UPDATE webhooks.delivery_config SET notify_enabled = false")
     log("producer: queue insert, NOTIFY off")
-    out["queue_notify_off"] = _insert_rate(dsn, queue_insert, lambda i: (ids[0], payload_json(i)), n, secs)
+    out["queue_notify_off"] = insert_rate(dsn, queue_insert, lambda i: (ids[0], payload_json(i)), n, secs)
     query(dsn, "UPDATE webhooks.delivery_config SET notify_enabled = true")
     log("producer: application table, no trigger")
-    out["app_table_no_trigger"] = _insert_rate(dsn, app_insert, lambda i: (f"alert {i}", pad), n, secs)
+    out["app_table_no_trigger"] = insert_rate(dsn, app_insert, lambda i: (f"alert {i}", pad), n, secs)
     query(
         dsn,
         "CREATE TRIGGER bench_alerts_webhooks AFTER INSERT ON public.bench_alerts FOR EACH ROW"
         " EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id')",
     )
     log("producer: application table with the fan-out trigger")
-    out["app_table_fanout_trigger"] = _insert_rate(dsn, app_insert, lambda i: (f"alert {i}", pad), n, secs)
+    out["app_table_fanout_trigger"] = insert_rate(dsn, app_insert, lambda i: (f"alert {i}", pad), n, secs)
     out["app_table_fanout_trigger"]["queue_rows_per_insert"] = len(ids)
     ctx.cluster.drop_database("bench_producer")
     return out

@@ -17,13 +17,21 @@
 -- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
 -- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
 -- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
--- let them pass).
+-- let them pass). api_publish_batch() publishes many, each in a subtransaction of its own. The API
+-- publishes in two statements, each a round trip and neither in an explicit transaction:
+-- api_publish_check() reads the token's caller and the catalogue's entries of the event types
+-- (the API checks payloads against their schemas), then api_publish_as() or
+-- api_publish_batch_as() check the token again, take its group role and tenant for their own
+-- statement (api_authorize()) and publish as that role. A token revoked between the two is refused
+-- by the second.
 --
--- Every function is SECURITY DEFINER with a fixed search_path. api_publish() is granted to
--- webhooks_producer, webhooks_admin and webhooks_tenant_admin (admin tokens publish too);
--- api_token_role() to webhooks_authenticator, which the API's login rests as; the operations and
--- endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations as
--- webhooks_admin), and starting and cancelling a bulk replay and deleting an endpoint to
+-- Every function is SECURITY DEFINER with a fixed search_path, but for api_authorize() and the
+-- *_as functions that call it (PostgreSQL allows no role change inside a SECURITY DEFINER
+-- function). api_publish() and api_publish_batch() are granted to webhooks_producer,
+-- webhooks_admin and webhooks_tenant_admin (admin tokens publish too); api_token_role(), the token
+-- checks and the *_as functions to webhooks_authenticator, which the API's login rests as; the
+-- operations and endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations
+-- as webhooks_admin), and starting and cancelling a bulk replay and deleting an endpoint to
 -- webhooks_tenant_admin too. Creating, revoking and listing tokens is the owner's (the CLI) and
 -- webhooks_admin's (an unscoped admin token, /v1/tokens): an admin may do anything a token may, so
 -- minting one gives it nothing new; a tenant administrator never holds them.
@@ -76,15 +84,73 @@ $$;
 
 -- The name, role and tenant (NULL: every tenant) of a usable token by its hash; no row for an
 -- unknown, revoked or expired one.
+-- PL/pgSQL, as the functions that read a token on every publish are, for its plan kept by the
+-- session: a SQL function that cannot be inlined (SECURITY DEFINER) is planned again on every call.
 CREATE FUNCTION webhooks.api_token_role(p_token_hash bytea)
 RETURNS TABLE (name text, role text, tenant_id bigint)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT t.name, t.role, t.tenant_id FROM webhooks.api_tokens t
     WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
       AND (t.expires_at IS NULL OR t.expires_at > now());
+END;
+$$;
+
+-- The caller a token stands for, as api_token_role() answers it (no row: unknown, revoked or
+-- expired), and, when its role is one of p_roles, that role's group (webhooks_<role>) and its tenant
+-- taken for the rest of the transaction, as SET LOCAL ROLE and webhooks.tenant would. A token whose
+-- role is not in p_roles (or none) leaves the transaction resting as webhooks_authenticator, which
+-- may publish nothing. Not SECURITY DEFINER: PostgreSQL refuses a role change inside one, and a SET
+-- clause would undo it at return; so it changes only what the session's login may change itself
+-- (the groups it is a member of), and names every object by its schema. The *_as functions call it
+-- (through api_publish_begin()), so that a publish checks its token in its own statement.
+CREATE FUNCTION webhooks.api_authorize(p_token_hash bytea, p_roles text[])
+RETURNS TABLE (name text, role text, tenant_id bigint)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_token record;
+BEGIN
+    SELECT t.name, t.role, t.tenant_id INTO v_token FROM webhooks.api_token_role(p_token_hash) t;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_token.role = ANY (p_roles) THEN
+        PERFORM pg_catalog.set_config('role', 'webhooks_' || v_token.role, true);
+        IF v_token.tenant_id IS NOT NULL THEN
+            PERFORM pg_catalog.set_config('webhooks.tenant', v_token.tenant_id::text, true);
+        END IF;
+    END IF;
+    RETURN QUERY SELECT v_token.name, v_token.role, v_token.tenant_id;
+END;
+$$;
+
+-- What a publish reads before it publishes, in one statement: the caller its token stands for
+-- (name NULL: unknown, revoked or expired), the catalogue's version and its entries of the event
+-- types (a JSON array of {name, description, schema, deprecated}; a type not catalogued is absent),
+-- read together. A token that is not usable reads nothing of the catalogue.
+CREATE FUNCTION webhooks.api_publish_check(p_token_hash bytea, p_event_types text[])
+RETURNS TABLE (name text, role text, tenant_id bigint, catalogue_version bigint, event_types jsonb)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT t.name, t.role, t.tenant_id, v.version,
+           CASE WHEN t.name IS NOT NULL THEN
+               (SELECT coalesce(jsonb_agg(jsonb_build_object('name', e.name, 'description', e.description,
+                                                             'schema', e.schema, 'deprecated', e.deprecated)),
+                                '[]')
+                FROM webhooks.event_types e WHERE e.name = ANY (p_event_types))
+           END
+    FROM webhooks.event_types_version v
+    LEFT JOIN webhooks.api_token_role(p_token_hash) t ON true;
+END;
 $$;
 
 -- publishing ----------------------------------------------------------------------------------------
@@ -122,6 +188,8 @@ DECLARE
     v_full record;
     v_targets bigint[];
     v_inserted bigint[];
+    v_id bigint;
+    v_found record;
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
@@ -136,31 +204,31 @@ BEGIN
                         'operational events', p_event_type
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    -- The queued-rows quota of the tenants it would queue for: over the API a producer waits
-    -- (429), where through SQL it is never refused.
-    SELECT t.name, t.max_queued INTO v_full
-    FROM webhooks.tenants t
-    WHERE t.max_queued IS NOT NULL
-      AND t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e
-                   WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
-                      OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
-                          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)))
-      AND (SELECT count(*) FROM (SELECT 1 FROM webhooks.alert_delivery_queue q
-                                 WHERE q.tenant_id = t.id AND q.status IN ('pending', 'retrying', 'delivering')
-                                 LIMIT t.max_queued) n) >= t.max_queued
-    ORDER BY t.id LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
-            USING ERRCODE = 'configuration_limit_exceeded';
-    END IF;
     SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_targets
     FROM webhooks.endpoints e
     WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
        OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
            AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
+    -- The queued-rows quota of the tenants it would queue for: over the API a producer waits
+    -- (429), where through SQL it is never refused. Most deployments set none: then nothing to count.
+    IF EXISTS (SELECT 1 FROM webhooks.tenants t WHERE t.max_queued IS NOT NULL) THEN
+        SELECT t.name, t.max_queued INTO v_full
+        FROM webhooks.tenants t
+        WHERE t.max_queued IS NOT NULL
+          AND t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e WHERE e.id = ANY (v_targets))
+          AND (SELECT count(*) FROM (SELECT 1 FROM webhooks.alert_delivery_queue q
+                                     WHERE q.tenant_id = t.id
+                                       AND q.status IN ('pending', 'retrying', 'delivering')
+                                     LIMIT t.max_queued) n) >= t.max_queued
+        ORDER BY t.id LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
+                USING ERRCODE = 'configuration_limit_exceeded';
+        END IF;
+    END IF;
     IF v_webhook_id IS NULL AND cardinality(v_targets) = 0 THEN
         -- no enabled endpoint subscribes: the message is kept for the disabled ones, as dead letters
-        v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);
+        v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);  -- in id order
         SELECT coalesce(array_agg(k.id), '{}') INTO v_inserted
         FROM webhooks.keep_for_disabled(v_targets, v_key, p_event_type, p_payload, NULL, p_priority,
                                         p_ordering_key, p_traceparent, p_expires_at) AS k(id);
@@ -183,22 +251,144 @@ BEGIN
     -- The same key for another message (another event type or payload) is refused, as an
     -- idempotency key reused with other parameters is elsewhere: answered with the old deliveries,
     -- the new message would be lost without a word. Nothing this call inserted is kept.
-    IF EXISTS (SELECT 1 FROM unnest(v_targets) AS t(id)
-               JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
-               LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
-               WHERE NOT q.delivery_id = ANY (v_inserted)
-                 AND (q.event_type IS DISTINCT FROM p_event_type
-                      OR coalesce(m.payload, q.payload) IS DISTINCT FROM p_payload)) THEN
-        RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
-                        v_key
-            USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
+    -- Target by target (v_targets is in endpoint id order), each row found by both columns of the
+    -- (webhook_id, idempotency_key) index: a plan this session caches while the queue is small must
+    -- not scan the queue once it has grown (a join on unnest() did, until the next ANALYZE).
+    FOREACH v_id IN ARRAY v_targets LOOP
+        SELECT q.delivery_id, e.name, q.event_type, q.message_id INTO v_found
+        FROM webhooks.alert_delivery_queue q JOIN webhooks.endpoints e ON e.id = q.webhook_id
+        WHERE q.webhook_id = v_id AND q.idempotency_key = v_key;
+        CONTINUE WHEN NOT FOUND;
+        created := v_found.delivery_id = ANY (v_inserted);
+        IF NOT created AND (v_found.event_type IS DISTINCT FROM p_event_type
+                            OR (SELECT coalesce(m.payload, q.payload)
+                                FROM webhooks.alert_delivery_queue q
+                                LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
+                                WHERE q.delivery_id = v_found.delivery_id) IS DISTINCT FROM p_payload) THEN
+            RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
+                            v_key
+                USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
+        END IF;
+        delivery_id := v_found.delivery_id;
+        webhook_id := v_id;
+        endpoint_name := v_found.name;
+        idempotency_key := v_key;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Many events at once (POST /v1/messages/batch), each as api_publish() takes it: p_messages is a
+-- JSON array of objects with its arguments as keys (event_type, payload, endpoint,
+-- idempotency_key, ordering_key, priority, expires_at; absent: the default). Each message runs in a
+-- subtransaction of its own: one the database refuses (no such endpoint, a payload too large, a
+-- reserved type, a key used for another message) keeps nothing and is answered with one row of its
+-- SQLSTATE, constraint and message; the others go on. A tenant at its quota refuses the whole
+-- batch (SQLSTATE 53400, raised), as would any other error. One row per delivery, `ordinal` the
+-- message's place in p_messages (from 1); a message that reached no endpoint has no row.
+CREATE FUNCTION webhooks.api_publish_batch(p_messages jsonb, p_traceparent text DEFAULT NULL)
+RETURNS TABLE (ordinal integer, delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+               idempotency_key text, refused_sqlstate text, refused_constraint text, refused_message text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_message jsonb;
+    v_ordinal integer := 0;
+    v_state text;
+    v_constraint text;
+    v_text text;
+BEGIN
+    -- a tenant administrator's session without its tenant is refused here, not as each message's
+    -- refusal (api_publish() keeps to the caller's tenant through it)
+    PERFORM webhooks.caller_tenant();
+    FOR v_message IN SELECT m.value FROM jsonb_array_elements(p_messages) AS m LOOP
+        v_ordinal := v_ordinal + 1;
+        BEGIN
+            -- api_publish() answers all its rows or raises before the first: a refused message
+            -- adds no row here, and its subtransaction keeps nothing
+            RETURN QUERY
+            SELECT v_ordinal, p.delivery_id, p.webhook_id, p.endpoint_name, p.created, p.idempotency_key,
+                   NULL::text, NULL::text, NULL::text
+            FROM webhooks.api_publish(v_message->>'event_type', v_message->'payload', v_message->>'endpoint',
+                                      v_message->>'idempotency_key', v_message->>'ordering_key',
+                                      coalesce((v_message->>'priority')::integer, 0),
+                                      (v_message->>'expires_at')::timestamptz, p_traceparent) AS p;
+        EXCEPTION WHEN no_data_found OR program_limit_exceeded OR insufficient_privilege
+                       OR unique_violation THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_constraint = CONSTRAINT_NAME,
+                                    v_text = MESSAGE_TEXT;
+            IF v_state = '23505' AND v_constraint IS DISTINCT FROM 'idempotency_key_reused' THEN
+                RAISE;  -- not a key reused for another message: no refusal of this message alone
+            END IF;
+            RETURN QUERY SELECT v_ordinal, NULL::bigint, NULL::bigint, NULL::text, NULL::boolean, NULL::text,
+                                v_state, nullif(v_constraint, ''), v_text;
+        END;
+    END LOOP;
+END;
+$$;
+
+-- api_publish() and api_publish_batch() under a token (the API's publish, one statement each),
+-- after api_publish_begin(). Not SECURITY DEFINER, for api_authorize()'s sake: what they publish,
+-- they publish as the token's group role, through the functions granted to it.
+CREATE FUNCTION webhooks.api_publish_as(
+    p_token_hash        bytea,
+    p_roles             text[],
+    p_catalogue_version bigint,
+    p_event_type        text,
+    p_payload           jsonb,
+    p_endpoint          text        DEFAULT NULL,
+    p_idempotency_key   text        DEFAULT NULL,
+    p_ordering_key      text        DEFAULT NULL,
+    p_priority          integer     DEFAULT 0,
+    p_expires_at        timestamptz DEFAULT NULL,
+    p_traceparent       text        DEFAULT NULL
+) RETURNS TABLE (delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+                idempotency_key text)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM webhooks.api_publish_begin(p_token_hash, p_roles, p_catalogue_version);
+    RETURN QUERY SELECT p.delivery_id, p.webhook_id, p.endpoint_name, p.created, p.idempotency_key
+                 FROM webhooks.api_publish(p_event_type, p_payload, p_endpoint, p_idempotency_key,
+                                           p_ordering_key, p_priority, p_expires_at, p_traceparent) AS p;
+END;
+$$;
+
+CREATE FUNCTION webhooks.api_publish_batch_as(p_token_hash bytea, p_roles text[], p_catalogue_version bigint,
+                                              p_messages jsonb, p_traceparent text DEFAULT NULL)
+RETURNS TABLE (ordinal integer, delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
+               idempotency_key text, refused_sqlstate text, refused_constraint text, refused_message text)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM webhooks.api_publish_begin(p_token_hash, p_roles, p_catalogue_version);
+    RETURN QUERY SELECT b.ordinal, b.delivery_id, b.webhook_id, b.endpoint_name, b.created, b.idempotency_key,
+                        b.refused_sqlstate, b.refused_constraint, b.refused_message
+                 FROM webhooks.api_publish_batch(p_messages, p_traceparent) AS b;
+END;
+$$;
+
+-- What a publish under a token does first, in its own statement: take the token's role and tenant
+-- (api_authorize()), refusing one that is not usable or whose role is not in p_roles (SQLSTATE
+-- 28000); then refuse the publish when the catalogue's version is no longer p_catalogue_version,
+-- the one its payloads were checked at (SQLSTATE WHC01: the API reads the catalogue again).
+CREATE FUNCTION webhooks.api_publish_begin(p_token_hash bytea, p_roles text[], p_catalogue_version bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks.api_authorize(p_token_hash, p_roles) a
+                   WHERE a.role = ANY (p_roles)) THEN
+        RAISE EXCEPTION 'the token is not valid (unknown, revoked or expired) or may not do this'
+            USING ERRCODE = 'invalid_authorization_specification';
     END IF;
-    RETURN QUERY
-    SELECT q.delivery_id, e.id, e.name, q.delivery_id = ANY (v_inserted), v_key
-    FROM unnest(v_targets) AS t(id)
-    JOIN webhooks.endpoints e ON e.id = t.id
-    JOIN webhooks.alert_delivery_queue q ON q.webhook_id = t.id AND q.idempotency_key = v_key
-    ORDER BY e.id;
+    IF NOT EXISTS (SELECT 1 FROM webhooks.event_types_version v WHERE v.version = p_catalogue_version) THEN
+        RAISE EXCEPTION 'the event-type catalogue changed since version %', p_catalogue_version
+            USING ERRCODE = 'WHC01';
+    END IF;
 END;
 $$;
 
@@ -350,9 +540,20 @@ $$;
 -- grants --------------------------------------------------------------------------------------------
 
 GRANT EXECUTE ON FUNCTION
-    webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text)
+    webhooks.api_publish(text, jsonb, text, text, text, integer, timestamptz, text),
+    webhooks.api_publish_batch(jsonb, text)
 TO webhooks_producer, webhooks_admin, webhooks_tenant_admin;
-GRANT EXECUTE ON FUNCTION webhooks.api_token_role(bytea) TO webhooks_authenticator;
+GRANT EXECUTE ON FUNCTION
+    webhooks.api_token_role(bytea),
+    webhooks.api_authorize(bytea, text[]),
+    webhooks.api_publish_begin(bytea, text[], bigint),
+    webhooks.api_publish_check(bytea, text[]),
+    webhooks.api_publish_as(bytea, text[], bigint, text, jsonb, text, text, text, integer, timestamptz, text),
+    webhooks.api_publish_batch_as(bytea, text[], bigint, jsonb, text)
+TO webhooks_authenticator;
+-- the catalogue's version, which a publish reads as the token's group role (api_publish_begin())
+GRANT SELECT ON webhooks.event_types_version
+TO webhooks_producer, webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION
     webhooks.api_delete_endpoint(bigint),
     webhooks.api_start_replay(jsonb, double precision, integer, text),

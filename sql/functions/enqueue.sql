@@ -205,12 +205,16 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.enqueue(bigint, text, jsonb, text, text, integer, text, jsonb, text, integer, timestamp with time zone, text, timestamp with time zone) TO webhooks_producer;
 
+-- PL/pgSQL for its plan kept by the session: PostgreSQL does not inline this SQL (a sub-select),
+-- so as a SQL function it was planned again in every statement that called it (each publish).
 CREATE OR REPLACE FUNCTION webhooks.subscribes(p_event_types text[], p_event_type text) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT EXISTS (
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN EXISTS (
         SELECT 1 FROM unnest(p_event_types) AS t
         WHERE t = '*' OR t = p_event_type
            OR (t LIKE '%.*' AND starts_with(p_event_type, left(t, -1))));
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION webhooks.fan_out(

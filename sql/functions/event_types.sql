@@ -10,9 +10,9 @@
 --   SELECT webhooks.send_test_event('billing');         -- a webhook.test to that endpoint alone
 --
 -- The catalogue is one for the deployment: every reader, admin, tenant administrator and producer
--- reads it (the API validates a publish against its type's schema, worker/event_types.py, under the
--- producer's role); only webhooks_admin changes it, through upsert_event_type() and
--- deprecate_event_type() (SECURITY DEFINER, fixed search_path). The worker's own 'webhook.*' types
+-- reads it (the API validates a publish against its type's schema, worker/event_types.py, read with
+-- the publish's token: api_publish_check(), functions/api.sql); only webhooks_admin changes it,
+-- through upsert_event_type() and deprecate_event_type() (SECURITY DEFINER, fixed search_path). The worker's own 'webhook.*' types
 -- are catalogued by the migration and cannot be changed here, as no producer may publish them.
 
 -- The catalogue, by name; without deprecated types unless asked.
@@ -132,6 +132,20 @@ AS $$
       AND ((SELECT webhooks.caller_tenant()) IS NULL OR e.tenant_id = (SELECT webhooks.caller_tenant()))
     ORDER BY t.name, e.name, p.pattern;
 $$;
+
+-- Every change to the catalogue moves its version (migrations/018_api_publish_round_trips.sql), in
+-- the changing transaction: an API process keeps the entries it read at a version, and each publish
+-- that used them is refused once the version has moved (api_publish_begin(), functions/api.sql).
+CREATE OR REPLACE FUNCTION webhooks.event_types_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE webhooks.event_types_version SET version = version + 1;
+    RETURN NULL;
+END;
+$$;
+CREATE OR REPLACE TRIGGER event_types_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON webhooks.event_types
+    FOR EACH STATEMENT EXECUTE FUNCTION webhooks.event_types_changed();
 
 GRANT SELECT ON webhooks.event_types TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION webhooks.event_type_list(boolean), webhooks.event_type(text)

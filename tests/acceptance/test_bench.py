@@ -14,7 +14,7 @@ from bench.common import SERVER_PROCESS_KINDS
 from tests.support import ROOT
 
 SECTIONS = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
-            "features")
+            "features", "api")
 # A hang guard, not a speed: the quick run does timed work, which a loaded machine stretches.
 QUICK_RUN_HANG_SECONDS = 1200
 # The feature-price ladder's steps in order, each the one before plus one feature, then the product.
@@ -75,6 +75,13 @@ def test_quick_run_reports_every_section(tmp_path):
     assert len(data["slow"]["naive"]["runs"]) == len(data["slow"]["over_naive"]["values"]) == 3
     assert all(data["endpoint"][f"max_in_flight_{cap}"]["complete"] for cap in (10, 100, 1000))
     assert len(data["targets"]) >= 10
+    # publishing over HTTP beside the direct insert: three alternating rounds each, every answer 202,
+    # and the relay counted the API's round trips
+    for side in ("single", "batch"):
+        assert len(data["api"][side]["api_cpu_ms_per_message"]["values"]) == 3
+        assert data["api"][side]["failures"] == [{}, {}, {}]
+        assert data["api"]["round_trips"][side]["round_trips"] > 0
+    assert len(data["api"]["sql"]["postgres_cpu_ms_per_message"]["values"]) == 3
     assert_feature_prices(data["features"])
     for line in ("HTTP ceiling", "database ceiling", "end to end", "latency", "backlog", "producer",
                  "many endpoints", "naive baseline", "feature prices", "JSON:"):

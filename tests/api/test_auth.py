@@ -296,11 +296,12 @@ def test_a_role_runs_under_its_database_role(api, db):
 
 
 def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db):
-    # api_publish is the producers' and admins'; checking a token the authenticator's (the API's
-    # login between requests); operations and deleting endpoints the admins' (a tenant's admin
-    # starts and cancels its own and deletes its own endpoints; the runner's steps are the admins');
-    # creating, revoking and listing tokens the owner's and the unscoped admins' (/v1/tokens), never a
-    # tenant administrator's (sql/functions/api.sql)
+    # api_publish and api_publish_batch are the producers' and admins'; checking a token (and taking
+    # its role, to publish as it) the authenticator's (the API's login between requests); operations
+    # and deleting endpoints the admins' (a tenant's admin starts and cancels its own and deletes its
+    # own endpoints; the runner's steps are the admins'); creating, revoking and listing tokens the
+    # owner's and the unscoped admins' (/v1/tokens), never a tenant administrator's
+    # (sql/functions/api.sql)
     rows = query(
         db,
         "SELECT p.proname, r.rolname, has_function_privilege(r.rolname, p.oid, 'EXECUTE')"
@@ -311,14 +312,17 @@ def test_the_api_functions_are_closed_to_every_group_role_but_what_each_needs(db
     )
     granted = {(name, role) for name, role, allowed in rows if allowed}
     assert granted == {
-        ("api_publish", "webhooks_producer"), ("api_publish", "webhooks_admin"),
-        ("api_token_role", "webhooks_authenticator"),
+        *((name, role) for name in ("api_publish", "api_publish_batch")
+          for role in ("webhooks_producer", "webhooks_admin", "webhooks_tenant_admin")),
+        *((name, "webhooks_authenticator") for name in ("api_token_role", "api_authorize",
+                                                        "api_publish_begin", "api_publish_check",
+                                                        "api_publish_as", "api_publish_batch_as")),
         *((name, "webhooks_admin") for name in ("api_delete_endpoint", "api_start_replay", "api_replay_step",
                                                 "api_cancel_operation",
                                                 "api_fail_operation", "api_running_operations",
                                                 "api_create_token", "api_revoke_token", "api_token_list")),
         *((name, "webhooks_tenant_admin")
-          for name in ("api_publish", "api_delete_endpoint", "api_start_replay", "api_cancel_operation")),
+          for name in ("api_delete_endpoint", "api_start_replay", "api_cancel_operation")),
     }
     assert query(db, "SELECT has_table_privilege('webhooks_reader', 'webhooks.api_tokens', 'SELECT')") == [
         (False,)

@@ -174,6 +174,28 @@ def test_of_two_publishes_of_one_key_at_once_the_second_answers_with_the_first_s
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(2,)]
 
 
+def test_a_session_that_published_while_the_queue_was_small_does_not_scan_it_once_it_has_grown(db, receiver):
+    # A long-lived API connection caches its plans for api_publish() while the queue is small (after
+    # five calls, generic ones); the rows that answer a publish must still be found by their index
+    # when the queue has grown and nothing has analyzed it since (autovacuum off here, so it cannot).
+    add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
+    add_endpoint(db, receiver.url("/b"), name="b", event_types=("order.*",))
+    query(db, "ALTER TABLE webhooks.alert_delivery_queue SET (autovacuum_enabled = false)")
+    publish = "SELECT webhook_id, created FROM webhooks.api_publish('order.paid', '{}', NULL, %s)"
+    with psycopg.connect(db, autocommit=True) as conn:
+        for i in range(10):
+            conn.execute(publish, (f"small-{i}",))
+        query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+                  " SELECT e.id, 'order.paid', '{}' FROM webhooks.endpoints e, generate_series(1, 5000)")
+        with conn.transaction():
+            new = conn.execute(publish, ("grown-1",)).fetchall()
+            again = conn.execute(publish, ("grown-1",)).fetchall()
+            [(scans,)] = conn.execute("SELECT seq_scan FROM pg_stat_xact_user_tables"
+                                      " WHERE relid = 'webhooks.alert_delivery_queue'::regclass").fetchall()
+    assert [created for _, created in new] == [True, True] and [c for _, c in again] == [False, False]
+    assert scans == 0
+
+
 def test_an_idempotency_key_reused_for_another_message_is_refused_and_writes_nothing(api, role_tokens, db,
                                                                                     receiver):
     add_endpoint(db, receiver.url("/orders"), name="orders", event_types=("order.*",))

@@ -265,6 +265,7 @@ def test_the_tenant_admin_role_holds_what_it_needs_and_nothing_of_the_fleet(db):
         "replay(bigint)", "api_start_replay(jsonb,double precision,integer,text)",
         "api_cancel_operation(bigint,text)",
         "api_publish(text,jsonb,text,text,text,integer,timestamp with time zone,text)",
+        "api_publish_batch(jsonb,text)",
         "delivery(bigint)", "delivery_by_key(text,bigint)", "delivery_history(bigint)",
         "send_test_event(text)", "event_type_list(boolean)", "event_type(text)",
         "unmatched_subscriptions()", "event_type_subscriptions(text)")}

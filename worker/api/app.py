@@ -17,9 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker import schema
 from worker.api import openapi, routes, serving
-from worker.api.context import CALLER, DOCUMENT, STATE, ApiState
+from worker.api.context import CALLER, CREDENTIAL, DOCUMENT, STATE, ApiState, Credential
 from worker.api.database import READY_TIMEOUT_SECONDS, Database, login_problems
-from worker.api.declare import route_of
+from worker.api.declare import Route, route_of
 from worker.api.limits import FailedAuthLimiter
 from worker.api.problems import Problem, forbidden
 from worker.api.replay_runner import run_operations
@@ -34,8 +34,9 @@ from worker.runtime import cancel_and_wait
 # cancelled_by and next_step_at (010_operation_cancel.sql), deletes endpoints into
 # deleted_endpoints (012_endpoint_deletion.sql), reads endpoints' description
 # (013_endpoint_description.sql), and checks publishes against the event-type catalogue
-# (015_self_service.sql), and opens portal links (017_portal_links.sql); the worker needs less.
-API_SCHEMA_VERSION = 17
+# (015_self_service.sql), opens portal links (017_portal_links.sql), and publishes in two statements
+# that check its token (018_api_publish_round_trips.sql); the worker needs less.
+API_SCHEMA_VERSION = 18
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Paths under this prefix need a Bearer token; the probes and the console do not (the console has
 # its own login and sessions). /metrics is served on a port of its own (create_metrics_app).
@@ -78,12 +79,11 @@ async def _answer(request: web.Request, handler: Handler, route: str) -> web.Str
         declared = route_of(request.match_info.route.handler)
         if request.path.startswith(API_PREFIX) and request.match_info.http_exception is None \
                 and not (declared is not None and declared.public):
-            caller = await state.authenticate(request)
-            # the roles the route's declaration names; a /v1 handler without one is refused to everyone
-            allowed = () if declared is None else declared.roles
-            if caller.role not in allowed:
-                raise forbidden(caller.role, allowed or ("no role",))
-            request[CALLER] = caller
+            if declared is not None and declared.token_checked_by_handler:
+                credential = state.credential_of(request, declared.roles)
+                if credential is not None:
+                    return await _answer_checking_token_in_handler(request, handler, credential, declared)
+            await _authenticate(request, declared)
         return await handler(request)
     except Problem as problem:
         return problem.response(request.path)
@@ -114,6 +114,37 @@ async def _answer(request: web.Request, handler: Handler, route: str) -> web.Str
                            error=type(exc).__name__, message=message)
         return Problem(500, "internal", "Internal error", "the request failed; the API's log says why"
                        ).response(request.path)
+
+
+async def _authenticate(request: web.Request, declared: Route | None) -> None:
+    """The caller of a /v1 request, allowed by its route's roles, or a Problem (401, 403, 429)."""
+    caller = await request.app[STATE].authenticate(request)
+    # the roles the route's declaration names; a /v1 handler without one is refused to everyone
+    allowed = () if declared is None else declared.roles
+    if caller.role not in allowed:
+        raise forbidden(caller.role, allowed or ("no role",))
+    request[CALLER] = caller
+
+
+async def _answer_checking_token_in_handler(request: web.Request, handler: Handler, credential: Credential,
+                                          declared: Route) -> web.StreamResponse:
+    """A route whose token is checked with what it reads first (Route.token_checked_by_handler). What
+    the token is answered comes first, as on any route: a handler that refused its input, or
+    answered, before it checked the token has the token checked on its own first."""
+    request[CREDENTIAL] = credential
+    if request.app[STATE].limiter.needs_its_turn(credential.address, credential.token_hash):
+        # a locked-out address's guesses are looked up one at a time, on one connection
+        await _authenticate(request, declared)
+        credential.settled = True
+    try:
+        response = await handler(request)
+    except (Problem, web.HTTPException):
+        if not credential.settled:
+            await _authenticate(request, declared)
+        raise
+    if not credential.settled:
+        await _authenticate(request, declared)
+    return response
 
 
 def _kind(status: int) -> str:

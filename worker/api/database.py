@@ -16,6 +16,7 @@ from worker.api.tokens import Caller, Role
 # The group role each token role runs as, so the grants enforce what the API checks
 # (sql/functions/roles.sql). Admin rights are what webhooks_admin is granted: the API's login is
 # neither the schema owner nor able to create roles (sql/migrations/007_api_login.sql).
+# api_authorize() (sql/functions/api.sql) takes the same group for a token: webhooks_<role>.
 DATABASE_ROLES: dict[Role, str] = {
     "producer": "webhooks_producer",
     "reader": "webhooks_reader",

@@ -73,6 +73,10 @@ class Route:
     headers: tuple[Header, ...] = ()
     # no token needed (the document itself)
     public: bool = False
+    # the token is checked by the handler, in the round trip that reads what it needs first
+    # (ApiState.publishing()), rather than in one of its own before it; a handler that ends otherwise
+    # (a refusal of its input) has it checked before it answers, as any route does
+    token_checked_by_handler: bool = False
 
     @property
     def takes_body(self) -> bool:

@@ -102,12 +102,27 @@ class FailedAuthLimiter:
                     found = await lookup()
             else:
                 found = await lookup()
+        return self.verdict(address, key, found, locked)
+
+    def needs_its_turn(self, address: str, key: bytes) -> bool:
+        """Whether a lookup of this credential from this address waits its turn in check() (the
+        address is locked out and the credential did not pass recently): a caller that looks a
+        credential up some other way (with what its request reads first) does so only when not."""
+        return self.retry_after(address) is not None and not self._passed_recently(key)
+
+    def verdict(self, address: str, key: bytes | None, found: T | None, locked: bool) -> Verdict[T]:
+        """The verdict on a credential looked up from `address` (`locked`: whether the address was
+        locked out before the lookup), counting a failure against it."""
         if found is not None:
             assert key is not None
             self._remember_passed(key)
             return Verdict(found)
         self.failed(address)
         return Verdict(None, self.retry_after(address) if locked else None)
+
+    def passed(self, key: bytes) -> None:
+        """A credential checked some other way passed (it skips a locked-out address's queue)."""
+        self._remember_passed(key)
 
     def _passed_recently(self, key: bytes) -> bool:
         when = self._passed.get(key)

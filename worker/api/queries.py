@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -10,8 +11,11 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from worker import endpoints as endpoint_service
+from worker import event_types as catalogue
+from worker.api import tokens
 from worker.api.database import fetch_all, fetch_one
 from worker.api.problems import not_found
+from worker.api.tokens import Caller
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
 Conn = psycopg.AsyncConnection[Any]
@@ -43,13 +47,52 @@ async def endpoint_named(conn: Conn, name_or_id: str) -> int:
     return found
 
 
-async def publish(conn: Conn, event_type: str, payload: str, endpoint: str | None,
-                  idempotency_key: str | None, ordering_key: str | None, priority: int,
-                  expires_at: datetime | None, traceparent: str | None) -> list[dict[str, Any]]:
+# The publish's statement refused it: the catalogue changed since the version it was checked at
+# (api_publish_begin(), sql/functions/api.sql).
+CATALOGUE_CHANGED = "WHC01"
+
+
+async def publish_check(conn: Conn, token_hash: bytes, names: Sequence[str]
+                        ) -> tuple[Caller | None, int, dict[str, catalogue.EventType]]:
+    """What a publish reads first, in one round trip: the caller its token stands for (None:
+    unknown, revoked or expired), the catalogue's version and its entries of the event types `names`
+    (api_publish_check()); a token not usable reads no entry."""
+    cur = await conn.execute(
+        "SELECT name, role, tenant_id, catalogue_version, event_types"
+        " FROM webhooks.api_publish_check(%s, %s)", (token_hash, list(names)))
+    row = await cur.fetchone()
+    assert row is not None
+    name, role, tenant_id, version, found = row
+    known = {str(entry["name"]): catalogue.from_row(entry) for entry in found or []}
+    if name is None:
+        return None, int(version), known
+    assert role in tokens.ROLES
+    return Caller(str(name), role, None if tenant_id is None else int(tenant_id)), int(version), known
+
+
+async def publish_as(conn: Conn, token_hash: bytes, roles: Sequence[str], catalogue_version: int,
+                     event_type: str, payload: str, endpoint: str | None, idempotency_key: str | None,
+                     ordering_key: str | None, priority: int, expires_at: datetime | None,
+                     traceparent: str | None) -> list[dict[str, Any]]:
+    """Publish one message in one statement, its token checked in it (SQLSTATE 28000 when it is not
+    usable), its type checked at `catalogue_version` (CATALOGUE_CHANGED when the catalogue has
+    changed since): the deliveries it queued, or the existing ones for a key used before."""
     return await fetch_all(
         conn, "SELECT delivery_id, webhook_id AS endpoint_id, endpoint_name, created, idempotency_key"
-              " FROM webhooks.api_publish(%s, %s::jsonb, %s, %s, %s, %s, %s, %s)",
-        (event_type, payload, endpoint, idempotency_key, ordering_key, priority, expires_at, traceparent))
+              " FROM webhooks.api_publish_as(%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s)",
+        (token_hash, list(roles), catalogue_version, event_type, payload, endpoint, idempotency_key,
+         ordering_key, priority, expires_at, traceparent))
+
+
+async def publish_batch_as(conn: Conn, token_hash: bytes, roles: Sequence[str], catalogue_version: int,
+                           messages: str, traceparent: str | None) -> list[dict[str, Any]]:
+    """Publish many messages (`messages`: api_publish_batch()'s JSON array) in one statement, as
+    publish_as(): a row per delivery, or per message refused, by the message's ordinal (from 1)."""
+    return await fetch_all(
+        conn, "SELECT ordinal, delivery_id, webhook_id AS endpoint_id, endpoint_name, created,"
+              " idempotency_key, refused_sqlstate, refused_constraint, refused_message"
+              " FROM webhooks.api_publish_batch_as(%s, %s, %s, %s::jsonb, %s)",
+        (token_hash, list(roles), catalogue_version, messages, traceparent))
 
 
 async def deliveries(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
@@ -28,6 +28,7 @@ from worker.api.context import (
     READ,
     STATE,
     ApiState,
+    Publishing,
     caller_of,
     json_response,
 )
@@ -49,7 +50,7 @@ from worker.api.inputs import (
     encode_dead_letter_cursor,
     one_field_given,
 )
-from worker.api.problems import Problem, conflict, invalid, not_found
+from worker.api.problems import Problem, conflict, invalid, not_found, unauthorized
 from worker.api.tokens import Caller
 from worker.observability import get_logger
 from worker.policy import CATEGORIES, RetrySchedule, category_problem
@@ -109,40 +110,63 @@ def _traceparent(request: web.Request) -> str | None:
     return traceparent
 
 
-async def _publish_one(request: web.Request, conn: psycopg.AsyncConnection[Any], body: MessageBody,
-                       traceparent: str | None) -> tuple[dict[str, Any], int, str | None]:
-    """Publish one message in the caller's transaction: its answer, status and location, or a Problem.
-    The single publish and every item of a batch go through here, so they check and refuse alike."""
-    endpoint = None if body.endpoint is None else str(body.endpoint)
+def _payload_text(body: MessageBody) -> str:
+    """The payload as the JSON text PostgreSQL is sent, or a Problem for one it cannot store."""
     try:
         payload = orjson.dumps(body.payload).decode()
     except TypeError:  # orjson's own limit: nested deeper than 254
         raise invalid("payload", "nested too deep (at most 254 levels)") from None
     if "\\u0000" in payload and NUL_ESCAPE.search(payload):
         raise invalid("payload", "holds \\u0000, which PostgreSQL's jsonb cannot store")
-    try:
-        known = await event_types.get_async(conn, body.event_type)
-        refused = event_types.publish_problem(body.event_type, known, body.payload,
-                                              _state(request).config.api.require_known_event_types)
-        if refused is not None:
-            raise invalid(refused.field, refused.message)
-        rows = await queries.publish(conn, body.event_type, payload, endpoint, body.idempotency_key,
-                                     body.ordering_key, body.priority, body.expires_at, traceparent)
-    except psycopg.errors.NoDataFound:
-        raise invalid("endpoint", "no endpoint with this name or id") from None
-    except psycopg.errors.ProgramLimitExceeded as exc:
-        raise Problem(413, "payload-too-large", "The payload is too large",
-                      f"payload: {exc.diag.message_primary}", field="payload") from None
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise invalid("event_type", str(exc.diag.message_primary)) from None
-    except psycopg.errors.UniqueViolation as exc:
-        if exc.diag.constraint_name != "idempotency_key_reused":
-            raise
-        raise conflict(str(exc.diag.message_primary), field="idempotency_key") from None
-    except psycopg.errors.ConfigurationLimitExceeded as exc:
+    return payload
+
+
+class _ReadAfresh(Exception):
+    """Entries of the catalogue kept from an earlier read refused a message: read them again before
+    refusing it (they may be stale)."""
+
+
+def _check_type(request: web.Request, body: MessageBody, pub: Publishing) -> None:
+    """Refuse a message its type's catalogue entry (or api.require_known_event_types) refuses."""
+    refused = event_types.publish_problem(body.event_type, pub.known.get(body.event_type), body.payload,
+                                          _state(request).config.api.require_known_event_types)
+    if refused is not None:
+        if pub.kept:
+            raise _ReadAfresh()
+        raise invalid(refused.field, refused.message)
+
+
+def _refusal(sqlstate: str | None, constraint: str | None, message: str | None) -> Problem | None:
+    """What a publish the database refused is answered (the single publish, and each message of a
+    batch alike), or None for an error that is no refusal of this message."""
+    if sqlstate == "P0002":  # no_data_found
+        return invalid("endpoint", "no endpoint with this name or id")
+    if sqlstate == "54000":  # program_limit_exceeded
+        return Problem(413, "payload-too-large", "The payload is too large", f"payload: {message}",
+                       field="payload")
+    if sqlstate == "42501":  # insufficient_privilege: a reserved event type
+        return invalid("event_type", str(message))
+    if sqlstate == "23505" and constraint == "idempotency_key_reused":  # unique_violation
+        return conflict(str(message), field="idempotency_key")
+    if sqlstate == "53400":  # configuration_limit_exceeded
         # the tenant's max_queued: the producer waits for the queue to drain, nothing is lost
-        raise Problem(429, "tenant-quota", "The tenant's queue is full", str(exc.diag.message_primary),
-                      headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)}) from None
+        return Problem(429, "tenant-quota", "The tenant's queue is full", str(message),
+                       headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)})
+    return None
+
+
+def _refused(exc: psycopg.Error) -> Problem | None:
+    """What a publish whose statement failed is answered, or None for an error that is no refusal."""
+    if exc.sqlstate == "28000":  # invalid_authorization_specification: the token is not usable
+        return unauthorized("the token is not valid (unknown, revoked or expired)")
+    if exc.sqlstate == queries.CATALOGUE_CHANGED:  # again, as it was read afresh: changing now
+        return Problem(503, "catalogue-changing", "The event-type catalogue is changing", "try again",
+                       headers={"Retry-After": "1"})
+    return _refusal(exc.sqlstate, exc.diag.constraint_name, exc.diag.message_primary)
+
+
+def _published(body: MessageBody, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], int, str | None]:
+    """A published message's answer, status and location, from the deliveries api_publish() answered."""
     created = any(row["created"] for row in rows)
     # the key given, or the event id generated for it (every delivery's webhook-id)
     event_id = rows[0]["idempotency_key"] if rows else body.idempotency_key
@@ -153,11 +177,49 @@ async def _publish_one(request: web.Request, conn: psycopg.AsyncConnection[Any],
     return answer, 202 if created or not rows else 200, where if created else None
 
 
+async def _publish_with(request: web.Request, names: list[str],
+                        publish: Callable[[Publishing], Awaitable[list[dict[str, Any]]]]
+                        ) -> list[dict[str, Any]]:
+    """The rows `publish` answers on a connection from ApiState.publishing(), the database's
+    refusals answered as Problems. When the catalogue changed since this process read the entries
+    `publish` checked against, or when entries kept from an earlier read refuse a message, it runs
+    once more with them read afresh."""
+    state = _state(request)
+    for fresh in (False, True):
+        try:
+            async with state.publishing(request, names, fresh) as publishing:
+                return await publish(publishing)
+        except _ReadAfresh:
+            continue
+        except psycopg.Error as exc:
+            if exc.sqlstate == queries.CATALOGUE_CHANGED and not fresh:
+                continue
+            refusal = _refused(exc)
+            if refusal is None:
+                raise
+            raise refusal from None
+    raise AssertionError("the second round reads the catalogue afresh")
+
+
 async def publish(request: web.Request) -> web.Response:
+    """One round trip to PostgreSQL, one statement: api_publish_as(), which checks the token and the
+    catalogue's version; before it, a first one reads the type's catalogue entry and the token's
+    caller (api_publish_check()) when this process does not hold the entry at the catalogue's
+    version (ApiState.publishing())."""
     body = body_of(request, MessageBody)
     traceparent = _traceparent(request)
-    async with _state(request).db.transaction(caller_of(request)) as conn:
-        answer, status, where = await _publish_one(request, conn, body, traceparent)
+    payload = _payload_text(body)
+    endpoint = None if body.endpoint is None else str(body.endpoint)
+
+    async def send(pub: Publishing) -> list[dict[str, Any]]:
+        _check_type(request, body, pub)
+        return await queries.publish_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
+                                        pub.catalogue_version, body.event_type, payload, endpoint,
+                                        body.idempotency_key, body.ordering_key, body.priority,
+                                        body.expires_at, traceparent)
+
+    rows = await _publish_with(request, [body.event_type], send)
+    answer, status, where = _published(body, rows)
     return json_response(answer, status=status, location=where)
 
 
@@ -173,22 +235,59 @@ class BatchBody(Body):
 
 
 async def publish_batch(request: web.Request) -> web.Response:
+    """Round trips as POST /v1/messages's, whatever the batch's size: api_publish_batch_as() publishes
+    every message in one statement, each in a subtransaction of its own."""
     body = body_of(request, BatchBody)
     traceparent = _traceparent(request)
     results: list[dict[str, Any]] = []
-    async with _state(request).db.transaction(caller_of(request)) as conn:
-        for message in body.messages:
+    sent: list[tuple[int, MessageBody]] = []  # the messages sent to the database: ordinal - 1, index
+
+    async def send(pub: Publishing) -> list[dict[str, Any]]:
+        results[:] = [{} for _ in body.messages]
+        sent.clear()
+        items: list[dict[str, Any]] = []
+        for i, message in enumerate(body.messages):
             try:
-                # a savepoint: an item the database refuses does not abort the others
-                async with conn.transaction():
-                    answer, _, _ = await _publish_one(request, conn, message, traceparent)
+                payload = _payload_text(message)
+                _check_type(request, message, pub)
             except Problem as problem:
-                if problem.status == 429:
-                    raise  # the tenant's queue is full: the rest would be refused too; none is kept
-                answer = problem.document()
-            results.append(answer)
+                results[i] = problem.document()
+                continue
+            sent.append((i, message))
+            items.append(_batch_item(message, payload))
+        if not items:
+            return []
+        # a tenant's queue full (429) refuses the whole batch: the rest would be refused too
+        return await queries.publish_batch_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
+                                              pub.catalogue_version, orjson.dumps(items).decode(),
+                                              traceparent)
+
+    rows = await _publish_with(request, sorted({m.event_type for m in body.messages}), send)
+    by_ordinal: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_ordinal.setdefault(row["ordinal"], []).append(row)
+    for ordinal, (i, message) in enumerate(sent, start=1):
+        found = by_ordinal.get(ordinal, [])
+        if found and found[0]["refused_sqlstate"] is not None:
+            refusal = _refusal(found[0]["refused_sqlstate"], found[0]["refused_constraint"],
+                               found[0]["refused_message"])
+            assert refusal is not None, found[0]["refused_sqlstate"]  # api_publish_batch() refuses only these
+            results[i] = refusal.document()
+        else:
+            results[i] = _published(message, found)[0]
     created = any(result.get("created") for result in results)
     return json_response({"results": results}, status=202 if created else 200)
+
+
+def _batch_item(message: MessageBody, payload: str) -> dict[str, Any]:
+    """One message as api_publish_batch() takes it; its payload the JSON text already checked."""
+    item: dict[str, Any] = {"event_type": message.event_type, "payload": orjson.Fragment(payload),
+                            "priority": message.priority}
+    for key in ("endpoint", "idempotency_key", "ordering_key", "expires_at"):
+        value = getattr(message, key)
+        if value is not None:
+            item[key] = value if key == "expires_at" else str(value)
+    return item
 
 
 def _valid_traceparent(value: str) -> bool:
@@ -747,13 +846,13 @@ ROUTES: list[Route] = [
           "existing ones, or 409 when it was used for another event type or payload. When only disabled "
           "endpoints subscribe, it is kept for them as dead letters (category disabled), replayable",
           PUBLISH, {200: A.Published, 202: A.Published}, body=MessageBody, headers=(TRACEPARENT_HEADER,),
-          refusals=(409,)),
+          refusals=(409,), token_checked_by_handler=True),
     Route("POST", "/v1/messages/batch", publish_batch,
           "Publish up to 1000 events in one transaction: each gets its own result, in request order "
           "(POST /v1/messages's answer, or a problem for that message alone); 202 when any was queued. "
           "A full tenant queue refuses the whole batch (429, nothing kept)",
           PUBLISH, {200: A.BatchPublished, 202: A.BatchPublished}, body=BatchBody,
-          headers=(TRACEPARENT_HEADER,)),
+          headers=(TRACEPARENT_HEADER,), token_checked_by_handler=True),
     *message_history.ROUTES,
     Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
           {200: A.DeliveryPage}, query=DeliveryQuery),
