@@ -273,7 +273,7 @@ BEGIN
         SELECT max_attempts, max_deferrals FROM webhooks.delivery_config LIMIT 1
     ), target AS (
         -- the rows as they were, with the decision each outcome leads to
-        SELECT o.*, q.webhook_id, q.digest_id, q.lease_token AS held_token,
+        SELECT o.*, q.webhook_id, e.tenant_id, q.digest_id, q.lease_token AS held_token,
                CASE
                    WHEN o.outcome = 'delivered' THEN 'delivered'
                    WHEN o.outcome = 'dead_letter' THEN 'dead_letter'
@@ -341,10 +341,11 @@ BEGIN
         ) l ON true
         WHERE t.held_token IS DISTINCT FROM t.lease_token
     ), logged AS (
+        -- with the endpoint's tenant, read above: fill_log_tenant would look it up again per row
         INSERT INTO webhooks.alert_delivery_log
-            (delivery_id, webhook_id, attempt, outcome, failure_category, http_status, latency_ms,
+            (delivery_id, webhook_id, tenant_id, attempt, outcome, failure_category, http_status, latency_ms,
              error, response_excerpt, worker_id, lease_token, stale, digest_id)
-        SELECT t.delivery_id, t.webhook_id, t.attempt,
+        SELECT t.delivery_id, t.webhook_id, t.tenant_id, t.attempt,
                CASE t.decision WHEN 'exhausted' THEN 'dead_letter' ELSE t.decision END,
                t.failure_category, t.http_status, t.latency_ms,
                CASE WHEN t.decision = 'exhausted'
