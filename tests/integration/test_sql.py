@@ -317,6 +317,17 @@ def test_lookups_by_id_by_key_and_history(db):
                  (claimed[0],)) == [(1, "delivered", 200)]
 
 
+def test_an_attempts_audit_row_enters_one_b_tree_the_one_a_deliverys_history_is_read_through(db):
+    # every B-tree without a predicate costs each attempt's row an entry (about 70 bytes of WAL);
+    # the history of a delivery is read through (delivery_id, logged_at), nothing reads log_id
+    indexes = query(db, "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+                        " JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam"
+                        " WHERE i.indrelid = 'webhooks.alert_delivery_log'::regclass"
+                        " AND a.amname = 'btree' AND i.indpred IS NULL")
+    assert [(name, definition.split(" USING ")[1]) for name, definition in indexes] == [
+        ("alert_delivery_log_delivery", "btree (delivery_id, logged_at)")]
+
+
 def test_an_events_deliveries_are_found_by_key_through_the_idempotency_index(db):
     first = add_endpoint(db, "http://127.0.0.1:9/a", name="first")
     second = add_endpoint(db, "http://127.0.0.1:9/b", name="second")
@@ -749,3 +760,96 @@ def test_a_claim_and_a_finish_planned_on_an_empty_queue_read_only_their_rows_onc
         conn.execute("SELECT pg_stat_force_next_flush()")
         read = _queue_tuples_read(conn) - before
     assert read < 2_000, f"one claim and one finish of 100 rows read {read} rows of a 10,000-row queue"
+
+
+# --- the short health update (a batch of deliveries on endpoints with nothing failing) ------------
+
+
+def _as_registered(db, endpoints):
+    pass
+
+
+def _window_under_way(db, endpoints):
+    _health(db, endpoints, "window_started_at = now() - interval '10 seconds', window_attempts = 7,"
+                           " previous_attempts = 3")
+
+
+def _window_past_its_width(db, endpoints):
+    _health(db, endpoints, "window_started_at = now() - interval '90 seconds', window_attempts = 7,"
+                           " previous_attempts = 3")
+
+
+def _window_past_twice_its_width(db, endpoints):
+    _health(db, endpoints, "window_started_at = now() - interval '1 day', window_attempts = 7")
+
+
+def _dead_letters_one_short_of_a_notice(db, endpoints):
+    _health(db, endpoints, "dead_letters_since_notice = 99")
+
+
+def _disabled_while_in_flight(db, endpoints):
+    query(db, "UPDATE webhooks.endpoints SET active = false WHERE id = ANY(%s) RETURNING 1", (endpoints,))
+
+
+# the full statement's cases: a failure in the window, a run of failures, a half-open circuit
+def _failures_in_the_window(db, endpoints):
+    _health(db, endpoints, "window_started_at = now() - interval '10 seconds', window_attempts = 30,"
+                           " window_failures = 17")
+
+
+def _failing_for_an_hour(db, endpoints):
+    _health(db, endpoints, "failing_since = now() - interval '1 hour', consecutive_failures = 4,"
+                           " health_status = 'degraded'")
+
+
+def _half_open(db, endpoints):
+    _health(db, endpoints, "circuit_state = 'half_open', probe_successes = 1")
+
+
+def _health(db, endpoints, assignments):
+    query(db, f"UPDATE webhooks.webhook_health_metrics SET {assignments} WHERE webhook_id = ANY(%s)"
+              " RETURNING 1", (endpoints,))
+
+
+_SHORT = [_as_registered, _window_under_way, _window_past_its_width, _window_past_twice_its_width,
+          _dead_letters_one_short_of_a_notice, _disabled_while_in_flight]
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["delivered", "one_failed"])
+@pytest.mark.parametrize("scenario", [*_SHORT, _failures_in_the_window, _failing_for_an_hour, _half_open])
+def test_the_short_health_update_writes_what_the_full_one_does(db, scenario, failed):
+    # Two endpoints in the same state, claimed together; in one transaction (one now()), the first
+    # one's outcomes go through finish() as it chooses, the second's the long way.
+    endpoints = [add_endpoint(db, "http://127.0.0.1:9/x", circuit_policy={"probes": 5}) for _ in range(2)]
+    rows = {endpoint: enqueue(db, endpoint, count=3) for endpoint in endpoints}
+    after_the_claim = scenario is _disabled_while_in_flight
+    if not after_the_claim:
+        scenario(db, endpoints)
+    claimed = {c[0]: c for c in acquire(db, "w", batch=10)}
+    assert len(claimed) == 6
+    if after_the_claim:
+        scenario(db, endpoints)
+    seen = {}
+    with psycopg.connect(db) as conn:
+        notices: list[str | None] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+        conn.execute("SET client_min_messages = debug1")
+        for endpoint, path in zip(endpoints, ("auto", "full"), strict=True):
+            conn.execute("SELECT set_config('webhooks.finish_path', %s, true)", (path,))
+            outcomes = [outcome(claimed[d], **OK) for d in rows[endpoint]]
+            if failed:
+                outcomes[1] = outcome(claimed[rows[endpoint][1]], outcome="retry", http_status=500,
+                                      failure_category="http_5xx", error="HTTP 500")
+            del notices[:]
+            conn.execute("SELECT * FROM webhooks.finish('w', %s)", (json.dumps(outcomes),)).fetchall()
+            short = any((n or "").startswith("finish: the short health update") for n in notices)
+            state = conn.execute("SELECT to_jsonb(h) - 'webhook_id' FROM webhooks.webhook_health_metrics h"
+                                 " WHERE webhook_id = %s", (endpoint,)).fetchone()[0]
+            events = conn.execute("SELECT count(*) FROM webhooks.endpoint_events WHERE webhook_id = %s",
+                                  (endpoint,)).fetchone()[0]
+            seen[path] = (short, state, events)
+        conn.rollback()
+    (short, *by_short), (long_way, *by_full) = seen["auto"], seen["full"]
+    assert by_short == by_full
+    assert not long_way
+    assert short is (scenario in _SHORT and not failed)

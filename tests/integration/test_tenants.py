@@ -61,6 +61,30 @@ def test_queue_and_audit_rows_carry_the_endpoints_tenant_not_the_producers_word(
                  (delivery,)) == [(acme,)]
 
 
+def test_finish_writes_its_audit_rows_tenant_itself_and_other_writers_get_it_from_the_trigger(db):
+    # finish() writes a row per attempt: it gives the tenant it read with the endpoint, so the
+    # trigger's look-up per row is not paid there; release() leaves it to the trigger
+    acme = tenant(db, "acme")
+    endpoint = endpoint_of(db, acme)
+    first, second = enqueue(db, endpoint, count=2)
+    leases = {d: (t, a) for d, _, t, a in acquire(db)}
+    trigger_calls = ("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+                     " WHERE schemaname = 'webhooks' AND funcname = 'fill_log_tenant'")
+    with psycopg.connect(db) as conn:  # one transaction: the function counters are its own
+        conn.execute("SET track_functions = 'pl'")
+        token, attempt = leases[first]
+        conn.execute("SELECT * FROM webhooks.finish('w', %s)", (json.dumps(
+            [{"delivery_id": first, "lease_token": token, "attempt": attempt, "outcome": "delivered",
+              "http_status": 200}]),))
+        by_finish = conn.execute(trigger_calls).fetchone()[0]
+        conn.execute("SELECT webhooks.release('w', %s)",
+                     (json.dumps([{"delivery_id": second, "lease_token": leases[second][0]}]),))
+        by_release = conn.execute(trigger_calls).fetchone()[0] - by_finish
+    assert (by_finish, by_release) == (0, 1)
+    assert query(db, "SELECT delivery_id, outcome, tenant_id FROM webhooks.alert_delivery_log"
+                     " ORDER BY delivery_id") == [(first, "delivered", acme), (second, "released", acme)]
+
+
 def test_a_tenant_with_many_endpoints_and_a_backlog_cannot_starve_a_tenant_with_one(db):
     big, small = tenant(db, "big"), tenant(db, "small")
     big_endpoints = [endpoint_of(db, big) for _ in range(30)]
