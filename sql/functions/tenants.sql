@@ -149,7 +149,7 @@ CREATE OR REPLACE TRIGGER check_tenant_endpoints
 
 -- Every audit row carries its endpoint's tenant, whichever function writes it. finish(), which
 -- writes a row per attempt, reads the endpoint anyway and writes its tenant itself; this trigger
--- fills the rows that leave it NULL (the column has no default, migrations/018_lean_audit_rows.sql),
+-- fills the rows that leave it NULL (the column has no default, migrations/019_lean_audit_rows.sql),
 -- so the hot path pays no trigger call per row (a tenth of finish()'s PostgreSQL CPU) and a writer
 -- that forgets the tenant still gets the endpoint's, never a default one.
 CREATE OR REPLACE FUNCTION webhooks.fill_log_tenant() RETURNS trigger

@@ -1,4 +1,4 @@
--- 018_lean_audit_rows: an audit row costs one index entry and no trigger call.
+-- 019_lean_audit_rows: an audit row costs one index entry and no trigger call.
 --
 -- finish() writes an audit row for every attempt, the one write of a delivery that cannot be made
 -- smaller. It paid for two index entries and a PL/pgSQL trigger call per row:
