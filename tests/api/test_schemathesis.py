@@ -22,6 +22,9 @@ FAILED_AUTH_PER_MINUTE = 100
 # source at once (hypothesis describing its strategies), which CPython 3.11's ast module does not
 # survive ("AST constructor recursion depth mismatch").
 EXAMPLES = {"admin": 5, "reader": 2, "producer": 2, "tenant_admin": 2}
+# A hang guard per role's run. The test's own guard is their sum: on a machine loaded several times
+# over, the four runs took longer than the suite's default 300 s between them and nothing hung.
+ROLE_RUN_SECONDS = 600
 # Valid to the document and still refused with 422, because the answer depends on the database's
 # state, which no schema can describe. Each entry: the operations, the extra status, and why.
 ALLOWED = [
@@ -88,6 +91,7 @@ def world(db, receiver):
     return endpoint
 
 
+@pytest.mark.timeout(len(EXAMPLES) * ROLE_RUN_SECONDS + 120)
 def test_schemathesis_finds_no_failure_for_any_role(db, world, tmp_path):
     # The limiter is on. Its limit is raised from 20 to FAILED_AUTH_PER_MINUTE: each run sends one
     # invalid-token probe per operation (27) within seconds, and its ignored_auth check wants 401/403
@@ -105,7 +109,7 @@ def test_schemathesis_finds_no_failure_for_any_role(db, world, tmp_path):
                  "--max-examples", str(examples), "--workers", "1", "--no-shrink",
                  "--generation-database", "none", "--suppress-health-check", "all",
                  "--header", f"Authorization: Bearer {token}", "--request-timeout", "30"],
-                capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+                capture_output=True, text=True, timeout=ROLE_RUN_SECONDS, env=env, cwd=tmp_path)
             report = tmp_path / f"schemathesis-{role}.txt"
             report.write_text(run.stdout + run.stderr)
             if run.returncode != 0:
