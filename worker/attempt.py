@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from worker import coalescing, formats, outcomes
 from worker.delivery import Sender, carries_transport_text, display_url, error_text
 from worker.model import Claimed, Finished, Sent
-from worker.observability import Metrics, attempt_span
+from worker.observability import Metrics, attempt_span, tracing
 from worker.policy import Outcome
 
 
@@ -67,7 +67,9 @@ def render(members: list[Claimed]) -> Rendered:
     if row.digest_id is not None:
         row = replace(row, digest_id=None)
     try:
-        body = formats.render(row.body_format, row.body, event(row))
+        # raw goes as it came: no event to build for it (formats.render would not read it)
+        body = row.body if row.body_format == "raw" else formats.render(
+            row.body_format, row.body, event(row))
     except (formats.FormatError, ValueError) as exc:
         return Rendered(None, b"", [], [*refused, (members[0], str(exc))])
     return Rendered(row, body, members, refused)
@@ -115,18 +117,12 @@ class Executor:
                 self._row_log(member).error(
                     "payload cannot be rendered", body_format=member.body_format, error=reason)
             if request is not None:
-                attributes = {
-                    "webhook.delivery_id": request.delivery_id, "webhook.endpoint_id": request.webhook_id,
-                    "webhook.attempt": request.attempt, "webhook.event_type": request.event_type,
-                }
-                if len(carried) > 1:
-                    attributes["webhook.digest_id"] = coalescing.digest_label(request.digest_id or 0)
-                    attributes["webhook.digest_rows"] = len(carried)
-                with attempt_span(request.traceparent, attributes) as span:
+                if tracing():
+                    sent = await self._send_traced(flight, request, carried, rendered.body, timeout)
+                else:
+                    # no span to make: neither its attributes nor its context manager per request
                     flight.started = time.monotonic()
                     sent = await self.sender.send(request, rendered.body, timeout)
-                    if span is not None:
-                        span.set_attribute("http.response.status_code", sent.result.status or 0)
                 self.metrics.request_duration.observe(sent.latency_ms / 1000.0)
                 answered = outcomes.from_attempt(request, sent)
                 if len(carried) > 1:
@@ -159,6 +155,23 @@ class Executor:
             self._done(flight)
         for outcome in finished:
             self._finish(outcome)
+
+    async def _send_traced(self, flight: InFlight, request: Claimed, carried: list[Claimed], body: bytes,
+                           timeout_seconds: float) -> Sent:
+        """The POST inside an OpenTelemetry span, child of the row's trace context."""
+        attributes = {
+            "webhook.delivery_id": request.delivery_id, "webhook.endpoint_id": request.webhook_id,
+            "webhook.attempt": request.attempt, "webhook.event_type": request.event_type,
+        }
+        if len(carried) > 1:
+            attributes["webhook.digest_id"] = coalescing.digest_label(request.digest_id or 0)
+            attributes["webhook.digest_rows"] = len(carried)
+        with attempt_span(request.traceparent, attributes) as span:
+            flight.started = time.monotonic()
+            sent = await self.sender.send(request, body, timeout_seconds)
+            if span is not None:
+                span.set_attribute("http.response.status_code", sent.result.status or 0)
+        return sent
 
     def _row_log(self, row: Claimed) -> Any:
         # Bound only when a line is written: binding on every delivery cost more than the line.

@@ -96,6 +96,13 @@ def attempt_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterato
         yield span
 
 
+def tracing() -> bool:
+    """Whether attempt_span would make a span: the OpenTelemetry API installed and a TracerProvider
+    set. Asked first, it spares each attempt the span's attributes and context manager when not."""
+    otel = _opentelemetry()
+    return otel is not None and _provider_set(otel[0])
+
+
 _no_provider_until = 0.0
 
 
