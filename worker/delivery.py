@@ -59,21 +59,19 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def request_headers(row: Claimed, timestamp: int, body: bytes) -> dict[str, str]:
-    headers = dict(row.headers)  # as claimed: only what the registration rules allow
     # The id as sent is the id signed: a receiver verifies with the header it got.
     message_id = header_value(row.idempotency_key)
-    headers.update(
-        {
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "webhook-id": message_id,
-            "webhook-timestamp": str(timestamp),
-            "Idempotency-Key": message_id,
-            "webhook-delivery-id": str(row.delivery_id),
-            "webhook-attempt": str(row.attempt),
-            "webhook-event-type": header_value(row.event_type),
-        }
-    )
+    headers = {
+        **row.headers,  # as claimed: only what the registration rules allow
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "Idempotency-Key": message_id,
+        "webhook-delivery-id": str(row.delivery_id),
+        "webhook-attempt": str(row.attempt),
+        "webhook-event-type": header_value(row.event_type),
+    }
     if row.signing_secrets:
         headers["webhook-signature"] = signing.signature_header(
             row.signing_secrets, message_id, timestamp, body
@@ -353,6 +351,8 @@ def _client_timeout(connect_timeout: float | None) -> aiohttp.ClientTimeout:
 async def _read_excerpt(response: aiohttp.ClientResponse, limit: int, url: str) -> str:
     head = await response.content.read(EXCERPT_BYTES)
     drained, cut = len(head), False
+    if drained < limit and response.content.at_eof():
+        return excerpt_text(head, url)  # the whole body, read: no second read to learn so
     while drained < limit:
         chunk = await response.content.read(limit - drained)
         if not chunk:
