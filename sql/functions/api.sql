@@ -18,16 +18,17 @@
 -- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
 -- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
 -- let them pass). api_publish_batch() publishes many, each in a subtransaction of its own. The API
--- publishes in two statements, each a round trip and neither in an explicit transaction:
--- api_publish_check() reads the token's caller and the catalogue's entries of the event types
--- (the API checks payloads against their schemas), then api_publish_as() or
--- api_publish_batch_as() check the token again, take its group role and tenant for their own
--- statement (api_authorize()) and publish as that role. A token revoked between the two is refused
--- by the second.
+-- publishes in one statement, a round trip outside any explicit transaction: api_publish_as() or
+-- api_publish_batch_as() check the token, take its group role and tenant for their own statement
+-- (api_publish_begin(), api_authorize()), refuse the publish if the catalogue changed since the
+-- version the API checked the payloads at, and publish as that role. When the API does not hold the
+-- event types' catalogue entries at the newest version it knows of, one statement before it,
+-- api_publish_check(), reads the token's caller and those entries (the API checks payloads against
+-- their schemas); a token revoked between the two is refused by the second.
 --
--- Every function is SECURITY DEFINER with a fixed search_path, but for api_authorize() and the
--- *_as functions that call it (PostgreSQL allows no role change inside a SECURITY DEFINER
--- function). api_publish() and api_publish_batch() are granted to webhooks_producer,
+-- Every function is SECURITY DEFINER with a fixed search_path, but for api_authorize(),
+-- api_publish_begin() and the *_as functions that call them (PostgreSQL allows no role change
+-- inside a SECURITY DEFINER function). api_publish() and api_publish_batch() are granted to webhooks_producer,
 -- webhooks_admin and webhooks_tenant_admin (admin tokens publish too); api_token_role(), the token
 -- checks and the *_as functions to webhooks_authenticator, which the API's login rests as; the
 -- operations and endpoint deletion to webhooks_admin (the API's bulk replay runner steps operations

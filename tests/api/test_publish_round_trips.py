@@ -139,3 +139,17 @@ def test_the_catalogue_kept_is_one_version_bounded_and_never_older():
     assert kept.entries(["c"]) == (6, {}) and kept.entries(["a"]) is None
     kept.keep(6, ["d", "e", "f"], {})  # past the bound: starts again
     assert kept.entries(["d", "e", "f"]) == (6, {}) and kept.entries(["c"]) is None
+
+
+def test_a_batch_whose_every_message_is_refused_before_the_database_still_has_its_token_checked(api, db,
+                                                                                               receiver):
+    add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
+    token = make_token(db, "producer", name="soon-revoked")
+    assert api.post("/v1/messages", token, MESSAGE).status == 202  # the type's catalogue entry is kept
+    unsendable = {"messages": [{**MESSAGE, "payload": {"note": "\u0000"}}]}  # refused before SQL
+    answer = api.post("/v1/messages/batch", token, unsendable)
+    assert answer.status == 200 and "\\u0000" in answer.json["results"][0]["detail"], answer.body
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert tokens.revoke(conn, "soon-revoked")
+    assert api.post("/v1/messages/batch", token, unsendable).status == 401
+    assert api.post("/v1/messages/batch", token[:-4] + "AAAA", unsendable).status == 401

@@ -34,8 +34,8 @@ from worker.runtime import cancel_and_wait
 # cancelled_by and next_step_at (010_operation_cancel.sql), deletes endpoints into
 # deleted_endpoints (012_endpoint_deletion.sql), reads endpoints' description
 # (013_endpoint_description.sql), and checks publishes against the event-type catalogue
-# (015_self_service.sql), opens portal links (017_portal_links.sql), and publishes in two statements
-# that check its token (018_api_publish_round_trips.sql); the worker needs less.
+# (015_self_service.sql), opens portal links (017_portal_links.sql), and publishes in a statement
+# that checks its token (018_api_publish_round_trips.sql); the worker needs less.
 API_SCHEMA_VERSION = 18
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Paths under this prefix need a Bearer token; the probes and the console do not (the console has

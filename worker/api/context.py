@@ -153,8 +153,10 @@ class ApiState:
                 found = _caller_or_refusal(verdict)
                 if found.role not in credential.roles:
                     raise forbidden(found.role, credential.roles)
-            elif found is None or found.role not in credential.roles:
+            elif found is None:
                 raise unauthorized("the token is not valid (unknown, revoked or expired)")  # since its check
+            elif found.role not in credential.roles:
+                raise forbidden(found.role, credential.roles)
             request[CALLER] = found
             self.catalogue.keep(version, names, known)
             yield Publishing(conn, credential, version, known)

@@ -255,9 +255,9 @@ async def publish_batch(request: web.Request) -> web.Response:
                 continue
             sent.append((i, message))
             items.append(_batch_item(message, payload))
-        if not items:
-            return []
-        # a tenant's queue full (429) refuses the whole batch: the rest would be refused too
+        # Sent even when every message was refused above: the statement is what checks the token
+        # (an empty batch publishes nothing). A tenant's queue full (429) refuses the whole batch:
+        # the rest would be refused too.
         return await queries.publish_batch_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
                                               pub.catalogue_version, orjson.dumps(items).decode(),
                                               traceparent)
