@@ -147,6 +147,13 @@ class GuardedConnection(asyncio.Protocol):
             self.release()
             self._inner.connection_lost(exc)
 
+    def abandon(self) -> bool:
+        """Uncount a connection whose transport was never made; whether it was such a one."""
+        if self._transport is not None:
+            return False
+        self.release()
+        return True
+
     def release(self) -> None:
         """Uncount the connection (once)."""
         if self._admitted:
@@ -214,7 +221,10 @@ class GuardedSite(web.BaseSite):
         self._server = server
         try:
             for family, kind, proto, _, address in dict.fromkeys(infos):
-                sock = socket.socket(family, kind, proto)
+                try:
+                    sock = socket.socket(family, kind, proto)
+                except OSError:
+                    continue  # a family this kernel does not offer (IPv6 off), skipped as asyncio does
                 server.sockets_held.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 if family == socket.AF_INET6:
@@ -222,6 +232,8 @@ class GuardedSite(web.BaseSite):
                 sock.bind(address)
                 sock.listen(self._backlog)
                 sock.setblocking(False)
+            if not server.sockets_held:
+                raise OSError(errno.EAFNOSUPPORT, f"no address of {self._host!r} can be listened on")
         except OSError:
             server.close()
             raise
@@ -280,11 +292,18 @@ class Accepting(asyncio.AbstractServer):
         protocol = GuardedConnection(server(), self._guard, address)
         try:
             await self._loop.connect_accepted_socket(lambda: protocol, conn)
-        except Exception:  # noqa: BLE001 - the peer left before its transport was made: uncount it
-            protocol.release()
-            conn.close()
+        except BaseException as exc:
+            # Cancelled as the listener closed, or failed: a connection never made into a transport
+            # is uncounted and closed here (a transport that was made closes itself, and its
+            # connection_lost uncounts it).
+            if protocol.abandon():
+                conn.close()
+            if not isinstance(exc, Exception):
+                raise
 
     def close(self) -> None:
+        for opening in self._opening:
+            opening.cancel()  # accepted just before: not made into connections after the listener stopped
         if self._serving:
             for sock in self.sockets_held:
                 self._loop.remove_reader(sock.fileno())
