@@ -68,7 +68,7 @@ def render(members: list[Claimed]) -> Rendered:
         row = replace(row, digest_id=None)
     try:
         # raw goes as it came: no event to build for it (formats.render would not read it)
-        body = row.body if row.body_format == "raw" else formats.render(
+        body = row.body if row.body_format == formats.RAW else formats.render(
             row.body_format, row.body, event(row))
     except (formats.FormatError, ValueError) as exc:
         return Rendered(None, b"", [], [*refused, (members[0], str(exc))])

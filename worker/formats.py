@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-FORMATS = ("raw", "envelope", "slack", "mattermost", "pagerduty")
+RAW = "raw"  # the payload as published, byte for byte
+FORMATS = (RAW, "envelope", "slack", "mattermost", "pagerduty")
 PAGERDUTY_SEVERITIES = {
     "critical": "critical", "fatal": "critical", "p1": "critical", "high": "critical",
     "error": "error", "major": "error", "p2": "error",
@@ -59,7 +60,7 @@ class Event:
 
 
 def render(body_format: str, payload: bytes, event: Event) -> bytes:
-    if body_format == "raw":
+    if body_format == RAW:
         return payload
     try:
         return _render_json(body_format, payload, event)
