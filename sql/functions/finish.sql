@@ -106,7 +106,7 @@ BEGIN
                 window_attempts = CASE WHEN h.window_started_at IS NULL
                                             OR now() >= h.window_started_at + w.width THEN 0
                                        ELSE h.window_attempts END + x.attempts,
-                health_status = CASE WHEN e.active THEN 'healthy' ELSE 'disabled' END,
+                health_status = CASE WHEN e.active THEN webhooks.health_status(0) ELSE 'disabled' END,
                 updated_at = now()
             FROM x
             JOIN webhooks.endpoints e ON e.id = x.webhook_id

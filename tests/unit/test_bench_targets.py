@@ -1,4 +1,4 @@
-"""The benchmark's targets as the performance issue set them: worker CPU per delivery against the bare
+"""The benchmark's targets: worker CPU per delivery against the bare
 aiohttp client's per request, slow receivers against the same worker's rate on the same endpoints
 answering at once and against the naive design, latency against its floor; the withdrawn throughput
 targets printed without a goal. Arithmetic only: no run, no timing."""
