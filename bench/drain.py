@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,30 +131,11 @@ def drain(
     delivered = final.get("delivered", 0)
     out.update(
         {
-            "received": n,
             "delivered": delivered,
             "final_status": final,
             "complete": delivered == rows,
-            "seconds_first_to_last_receipt": round(span, 2),
-            "seconds_spawn_to_last_receipt": round(last - spawned, 2) if last else None,
-            "per_second": round(n / span, 1) if span == span else None,
-            "cpu_seconds": {
-                "workers": round(worker_cpu, 2),
-                "postgres": round(pg_cpu, 2),
-                "sink": round(sink_cpu, 2),
-                "harness": round(own, 2),
-                # busy CPU of the whole machine not accounted above: other work on the machine
-                "other_processes": round(max(0.0, busy - worker_cpu - pg_cpu - sink_cpu - own), 2),
-            },
-            "postgres_cpu_seconds_by_process": pg_seconds_by_kind,
-            "cpu_ms_per_delivery": {
-                "workers": round(worker_cpu * 1000 / max(1, n), 4),
-                "postgres": round(pg_cpu * 1000 / max(1, n), 4),
-                "sink": round(sink_cpu * 1000 / max(1, n), 4),
-            },
-            "cpu_ms_per_delivery_after_first_receipt": steady_cpu(first_receipt, n, worker_cpu, pg_cpu),
-            "round_trips": calls,
-            "round_trips_per_delivery": round(calls / max(1, n), 4),
+            **drain_figures(n, span, last, spawned, first_receipt, calls,
+                            DrainCpu(worker_cpu, pg_cpu, sink_cpu, own, busy), pg_seconds_by_kind),
             "acquire_calls": by_name["acquire"],
             "finish_calls": by_name["finish"],
             "rows_per_acquire": round(rows_by["acquire"] / max(1, by_name["acquire"]), 1),
@@ -175,6 +157,49 @@ def drain(
     if not ctx.args.keep_databases:
         ctx.cluster.drop_database(name)
     return out
+
+
+@dataclass(frozen=True)
+class DrainCpu:
+    """CPU seconds a drain's processes used: workers, PostgreSQL, the sink, this harness, and the
+    whole machine's busy time."""
+
+    workers: float
+    postgres: float
+    sink: float
+    harness: float
+    machine_busy: float
+
+
+def drain_figures(n: int, span: float, last: float | None, spawned: float,
+                  first_receipt: tuple[int, float, float] | None, calls: int, cpu: DrainCpu,
+                  pg_seconds_by_kind: dict[str, float]) -> dict[str, Any]:
+    """What every drain reports, ours or another queue's: receipts, rate, CPU in all and per
+    delivery (also from the first receipt), round trips."""
+    return {
+        "received": n,
+        "seconds_first_to_last_receipt": round(span, 2),
+        "seconds_spawn_to_last_receipt": round(last - spawned, 2) if last else None,
+        "per_second": round(n / span, 1) if span == span else None,
+        "cpu_seconds": {
+            "workers": round(cpu.workers, 2),
+            "postgres": round(cpu.postgres, 2),
+            "sink": round(cpu.sink, 2),
+            "harness": round(cpu.harness, 2),
+            # busy CPU of the whole machine not accounted above: other work on the machine
+            "other_processes": round(max(0.0, cpu.machine_busy - cpu.workers - cpu.postgres - cpu.sink
+                                         - cpu.harness), 2),
+        },
+        "postgres_cpu_seconds_by_process": pg_seconds_by_kind,
+        "cpu_ms_per_delivery": {
+            "workers": round(cpu.workers * 1000 / max(1, n), 4),
+            "postgres": round(cpu.postgres * 1000 / max(1, n), 4),
+            "sink": round(cpu.sink * 1000 / max(1, n), 4),
+        },
+        "cpu_ms_per_delivery_after_first_receipt": steady_cpu(first_receipt, n, cpu.workers, cpu.postgres),
+        "round_trips": calls,
+        "round_trips_per_delivery": round(calls / max(1, n), 4),
+    }
 
 
 def steady_cpu(

@@ -31,7 +31,15 @@ from bench.common import (
     reset_statements,
     statement_counts,
 )
-from bench.drain import drain, peak_rss_kb, steady_cpu, summarise_profile, wal_bytes_since, wal_lsn
+from bench.drain import (
+    DrainCpu,
+    drain,
+    drain_figures,
+    peak_rss_kb,
+    summarise_profile,
+    wal_bytes_since,
+    wal_lsn,
+)
 from bench.localworker import ROOT, proc_cpu, query
 from bench.section import MEDIAN_RUNS, Context, Figures, Section, Target, get, log, target, three
 from worker import signing
@@ -243,28 +251,10 @@ def pgqueuer_drain(
     span = (last - first) if first and last and last > first else float("nan")
     calls = sum(s["calls"] for s in statements)
     out.update({
-        "received": n,
         "jobs_left_in_queue": left,
         "complete": n == rows and left == 0,
-        "seconds_first_to_last_receipt": round(span, 2),
-        "seconds_spawn_to_last_receipt": round(last - spawned, 2) if last else None,
-        "per_second": round(n / span, 1) if span == span else None,
-        "cpu_seconds": {
-            "workers": round(worker_cpu, 2),
-            "postgres": round(pg_cpu, 2),
-            "sink": round(sink_cpu, 2),
-            "harness": round(own, 2),
-            "other_processes": round(max(0.0, busy - worker_cpu - pg_cpu - sink_cpu - own), 2),
-        },
-        "postgres_cpu_seconds_by_process": pg_seconds_by_kind,
-        "cpu_ms_per_delivery": {
-            "workers": round(worker_cpu * 1000 / max(1, n), 4),
-            "postgres": round(pg_cpu * 1000 / max(1, n), 4),
-            "sink": round(sink_cpu * 1000 / max(1, n), 4),
-        },
-        "cpu_ms_per_delivery_after_first_receipt": steady_cpu(first_receipt, n, worker_cpu, pg_cpu),
-        "round_trips": calls,
-        "round_trips_per_delivery": round(calls / max(1, n), 4),
+        **drain_figures(n, span, last, spawned, first_receipt, calls,
+                        DrainCpu(worker_cpu, pg_cpu, sink_cpu, own, busy), pg_seconds_by_kind),
         "statements": statements[:8],
         "wal_bytes_per_delivery": round(wal_bytes_since(dsn, wal0) / max(1, rows)),
         "exit_code": code,
