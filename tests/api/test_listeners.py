@@ -262,3 +262,31 @@ def test_a_port_already_taken_is_a_config_error_naming_the_key(db, tmp_path):
                                 capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"api.metrics_port: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+
+
+def test_the_rest_of_a_body_that_missed_its_deadline_is_not_counted_as_a_slow_head(db, clients):
+    # aiohttp reads and drops an abandoned body's rest for a while (its linger, here the body
+    # deadline's 3 s) before it closes: bytes still trickling then are not a new request's head,
+    # so the head deadline (0.5 s here, shorter than the linger) must not start on them
+    config = api_config(db, head_timeout_seconds=0.5, body_timeout_seconds=3.0)
+    server = ApiServer(config).start()
+    try:
+        producer = make_token(db, "producer")
+        client = RawClient(server.port)
+        clients.append(client)
+        client.send(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Authorization: Bearer " + producer.encode() + b"\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+
+        def trickle() -> bool:
+            client.send(b" ")
+            return client.poll()
+
+        eventually(trickle, timeout=30.0, interval=0.1, message="the slow body's connection closed")
+        assert client.received.startswith(b"HTTP/1.1 408 "), client.received[:200]
+        counted = [line for line in server.metrics().splitlines()
+                   if line.startswith("webhook_api_request_timeouts_total")]
+        assert counted == ['webhook_api_request_timeouts_total{part="head"} 0.0',
+                           'webhook_api_request_timeouts_total{part="body"} 1.0'], counted
+    finally:
+        server.stop()

@@ -114,6 +114,9 @@ class GuardedConnection(asyncio.Protocol):
         self._head_clock: asyncio.TimerHandle | None = None
         self._in_request = False
         self._answered = 0
+        # A body that missed its deadline is answered 408 and its connection ends after aiohttp's
+        # linger: what still trickles in is the old body's rest, not a new request's head.
+        self._body_abandoned = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -123,7 +126,7 @@ class GuardedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
             return
-        if not self._in_request and self._head_clock is None:
+        if not self._in_request and self._head_clock is None and not self._body_abandoned:
             self._start_head_clock()
         self._inner.data_received(data)
 
@@ -163,6 +166,9 @@ class GuardedConnection(asyncio.Protocol):
     def request_started(self) -> None:
         self._in_request = True
         self._stop_head_clock()
+
+    def body_abandoned(self) -> None:
+        self._body_abandoned = True
 
     def request_finished(self) -> None:
         self._in_request = False
@@ -362,6 +368,9 @@ async def body_deadline(request: web.Request, handler: Handler) -> web.StreamRes
                 await request.read()
         except TimeoutError:
             guard.timeouts.labels("body").inc()
+            connection = _connection(request)
+            if connection is not None:
+                connection.body_abandoned()
             raise web.HTTPRequestTimeout(
                 text=f"the request body did not arrive within {guard.body_timeout:g} s") from None
     return await handler(request)
