@@ -20,9 +20,10 @@ INVOICE_SCHEMA = {"type": "object", "required": ["invoice_id"],
 
 @pytest.fixture
 def acme(db, receiver):
-    """Tenant acme with an administrator token, and tenant globex with an endpoint and a dead letter."""
-    query(db, "SELECT webhooks.register_tenant('acme')")
-    query(db, "SELECT webhooks.register_tenant('globex')")
+    """Tenant acme with an administrator token, and tenant globex with an endpoint and a dead letter;
+    both granted loopback, where the tests' receivers are."""
+    for name in ("acme", "globex"):
+        query(db, "SELECT webhooks.register_tenant(%s, '{\"allow_networks\": [\"127.0.0.1/32\"]}')", (name,))
     theirs = add_endpoint(db, receiver.url("/globex"), name="globex-hook", tenant="globex")
     return {"token": make_token(db, "tenant_admin", name="acme-admin", tenant="acme"), "theirs": theirs,
             "their_dead": dead_letter(db, theirs)}

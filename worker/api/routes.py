@@ -52,6 +52,7 @@ from worker.api.inputs import (
 )
 from worker.api.problems import Problem, conflict, invalid, not_found, unauthorized
 from worker.api.tokens import Caller
+from worker.destinations import MAX_GRANTED_NETWORKS, granted_networks
 from worker.observability import get_logger
 from worker.policy import CATEGORIES, RetrySchedule, category_problem
 from worker.shapes import json_default
@@ -490,12 +491,15 @@ async def list_endpoints(request: web.Request) -> web.Response:
 async def create_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
     body = body_of(request, endpoint_rules.EndpointCreate)
-    endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
+    caller = caller_of(request)
+    endpoint_rules.refuse_scoped(body, caller.tenant_id)
     keyring = _keyring(state)
-    await endpoint_rules.check_destination(body.url, state.config)
     try:
+        async with state.db.transaction(caller) as conn:
+            scope = await queries.destination_scope(conn, tenant=body.tenant)
+        await endpoint_rules.check_destination(body.url, state.config, scope, advise=caller.tenant_id is None)
         registered = await endpoint_rules.settled(
-            _sync(state, caller_of(request), lambda conn: endpoint_service.register(conn, body, keyring)))
+            _sync(state, caller, lambda conn: endpoint_service.register(conn, body, keyring)))
     except psycopg.errors.InsufficientPrivilege as exc:  # a tenant not the scoped caller's own
         raise Problem(403, "forbidden", "The token may not do this", str(exc.diag.message_primary),
                       field="tenant") from None
@@ -515,11 +519,14 @@ async def get_endpoint(request: web.Request) -> web.Response:
 async def update_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
     body = body_of(request, endpoint_rules.EndpointPatch)
-    endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
+    caller = caller_of(request)
+    endpoint_rules.refuse_scoped(body, caller.tenant_id)
     keyring = _keyring(state)
-    await endpoint_rules.check_destination(body.url, state.config)
-    async with state.db.transaction(caller_of(request)) as conn:
+    async with state.db.transaction(caller) as conn:
         endpoint_id = await queries.endpoint_named(conn, ref_of(request))
+        scope = None if body.url is None else await queries.destination_scope(conn, endpoint_id=endpoint_id)
+    # the endpoint's tenant decides where it may deliver
+    await endpoint_rules.check_destination(body.url, state.config, scope, advise=caller.tenant_id is None)
     await endpoint_rules.settled(
         _sync(state, caller_of(request),
               lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
@@ -614,13 +621,22 @@ async def rotate_secret(request: web.Request) -> web.Response:
 
 
 class TenantLimits(Body):
-    """A tenant's limits; a field given as null clears that limit."""
+    """A tenant's limits and granted networks; a field given as null clears it."""
 
     rate_limit_per_second: float | None = Field(default=None, gt=0)
     rate_limit_burst: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
     max_in_flight: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
     max_endpoints: int | None = Field(default=None, ge=0, le=INTEGER_MAX)
     max_queued: int | None = Field(default=None, ge=0, le=BIGINT_MAX)
+    allow_networks: list[str] | None = Field(
+        default=None, max_length=MAX_GRANTED_NETWORKS,
+        description="the private networks (CIDRs) its endpoints may reach besides public destinations; "
+                    "replaces those granted before")
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else granted_networks(value)
 
     def given(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
