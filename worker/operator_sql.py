@@ -143,7 +143,8 @@ def stored_credentials(conn: psycopg.Connection, endpoint_id: int) -> StoredCred
 
 
 def find_endpoint(conn: psycopg.Connection, name_or_id: str) -> int | None:
-    """The endpoint an ENDPOINT argument names: all digits is an id, anything else a name."""
+    """The endpoint an ENDPOINT argument names: all digits is an id, anything else a name or
+    TENANT/NAME (webhooks.endpoint_ref(); TooManyRows: a name held in more than one tenant)."""
     row = conn.execute("SELECT webhooks.endpoint_ref(%s)", (name_or_id,)).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 

@@ -42,14 +42,22 @@ CREATE OR REPLACE TRIGGER create_health_row
     FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();
 
 -- The endpoint an operator's or a caller's ENDPOINT argument names: all digits is always an id
--- (names cannot be all digits: endpoints_name_not_numeric), anything else a name. One rule for the
--- CLI, the API and api_publish(), so a name can never capture the id it spells. It runs as its caller:
--- row-level security keeps a scoped reader to its tenant's endpoints. A name migration 008 renamed
--- names no endpoint until its row in endpoint_renamed_names is deleted.
+-- (names cannot be all digits: endpoints_name_not_numeric), anything else a name, or `tenant/name`
+-- (the tenant's name, a slash, the endpoint's name). One rule for the CLI, the API, the console and
+-- api_publish(), so a name can never capture the id it spells. A name is unique within its tenant
+-- only: a session kept to a tenant (caller_tenant()) finds its own tenant's endpoints alone, here
+-- and by row-level security (it runs as its caller; the SECURITY DEFINER functions that call it
+-- keep to the caller's tenant through this filter), and an unscoped caller naming an endpoint that
+-- several tenants hold, or a text that reads both as a name and as `tenant/name`, is refused
+-- (too_many_rows, SQLSTATE P0003) and asked for the id or `tenant/name`. A name migration 008
+-- renamed names no endpoint until its row in endpoint_renamed_names is deleted.
 CREATE OR REPLACE FUNCTION webhooks.endpoint_ref(p_ref text) RETURNS bigint
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
+DECLARE
+    v_tenant bigint := webhooks.caller_tenant();
+    v_found bigint[];
 BEGIN
     IF p_ref ~ '^[0-9]+$' THEN
         -- beyond bigint no id exists: not found, rather than an error for a well-formed argument
@@ -60,9 +68,31 @@ BEGIN
         IF EXISTS (SELECT 1 FROM webhooks.endpoint_renamed_names r WHERE r.name = p_ref) THEN
             RETURN NULL;
         END IF;
-        RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.id = p_ref::bigint);
+        RETURN (SELECT e.id FROM webhooks.endpoints e
+                WHERE e.id = p_ref::bigint AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
     END IF;
-    RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.name = p_ref);
+    SELECT array_agg(DISTINCT found.id ORDER BY found.id) INTO v_found
+    FROM (
+        SELECT e.id FROM webhooks.endpoints e
+        WHERE e.name = p_ref AND (v_tenant IS NULL OR e.tenant_id = v_tenant)
+        UNION ALL
+        -- `tenant/name`, split at each slash (a tenant's name may hold one too)
+        SELECT e.id
+        FROM generate_series(2, length(p_ref) - 1) AS slash(at)
+        JOIN webhooks.tenants t ON t.name = left(p_ref, slash.at - 1)
+        JOIN webhooks.endpoints e ON e.name = substr(p_ref, slash.at + 1) AND e.tenant_id = t.id
+        WHERE strpos(p_ref, '/') > 0 AND substr(p_ref, slash.at, 1) = '/'
+          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)
+    ) found;
+    IF cardinality(v_found) > 1 THEN
+        RAISE EXCEPTION '% names an endpoint in more than one tenant (%): give its id or tenant/name',
+            quote_literal(p_ref),
+            (SELECT string_agg(t.name, ', ' ORDER BY t.name) FROM webhooks.endpoints e
+             JOIN webhooks.tenants t ON t.id = e.tenant_id WHERE e.id = ANY (v_found))
+            USING ERRCODE = 'too_many_rows',
+                  HINT = 'give the endpoint''s id, or its tenant''s name, a slash and its name';
+    END IF;
+    RETURN v_found[1];
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;

@@ -15,7 +15,7 @@ from worker import event_types as catalogue
 from worker import tenants as tenant_rules
 from worker.api import tokens
 from worker.api.database import fetch_all, fetch_one
-from worker.api.problems import invalid, not_found
+from worker.api.problems import conflict, invalid, not_found
 from worker.api.tokens import Caller
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
@@ -34,14 +34,20 @@ ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms,
                    "  WHERE d.digest_id = h.digest_id) AS digest_rows")
 
 
-async def endpoint_id(conn: Conn, name_or_id: str) -> int | None:
-    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (name_or_id,))
+async def endpoint_id(conn: Conn, name_or_id: str, field: str | None = None) -> int | None:
+    """The endpoint an id, a name or `tenant/name` names (webhooks.endpoint_ref()); a name several
+    tenants hold, to a caller that is no tenant's, is a conflict (409) asking for the id or
+    `tenant/name`, naming `field` if the name came in one."""
+    try:
+        row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (name_or_id,))
+    except psycopg.errors.TooManyRows as exc:
+        raise conflict(str(exc.diag.message_primary), field=field) from None
     return None if row is None or row["id"] is None else int(row["id"])
 
 
 async def endpoint_named(conn: Conn, name_or_id: str) -> int:
-    """The endpoint a path names, by id or by name (as the CLI's ENDPOINT arguments); one the caller
-    cannot see (another tenant's) is a missing one: 404."""
+    """The endpoint a path names, by id, by name or as `tenant/name` (as the CLI's ENDPOINT
+    arguments); one the caller cannot see (another tenant's) is a missing one: 404."""
     found = await endpoint_id(conn, name_or_id)
     if found is None:
         raise not_found(f"endpoint {name_or_id}")

@@ -142,6 +142,8 @@ def _refusal(sqlstate: str | None, constraint: str | None, message: str | None) 
     batch alike), or None for an error that is no refusal of this message."""
     if sqlstate == "P0002":  # no_data_found
         return invalid("endpoint", "no endpoint with this name or id")
+    if sqlstate == "P0003":  # too_many_rows: a name several tenants hold, to an unscoped caller
+        return conflict(str(message), field="endpoint")
     if sqlstate == "54000":  # program_limit_exceeded
         return Problem(413, "payload-too-large", "The payload is too large", f"payload: {message}",
                        field="payload")
@@ -302,7 +304,7 @@ def _valid_traceparent(value: str) -> bool:
 async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], value: str | None, field: str) -> int | None:
     if value is None:
         return None
-    found = await queries.endpoint_id(conn, value)
+    found = await queries.endpoint_id(conn, value, field)
     if found is None:
         raise invalid(field, "no endpoint with this name or id")
     return found
@@ -871,17 +873,17 @@ ROUTES: list[Route] = [
           headers=(TRACEPARENT_HEADER,), token_checked_by_handler=True),
     *message_history.ROUTES,
     Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
-          {200: A.DeliveryPage}, query=DeliveryQuery),
+          {200: A.DeliveryPage}, query=DeliveryQuery, refusals=(409,)),
     Route("GET", "/v1/deliveries/{id}", get_delivery, "A delivery with every attempt", READ,
           {200: A.DeliveryDetail}, path_id="id", refusals=(404,)),
     Route("POST", "/v1/deliveries/{id}/replay", replay_delivery,
           "Send a dead letter or delivered row again (same webhook-id); 409 when it is neither", ADMIN,
           {202: A.ReplayAccepted}, path_id="id", refusals=(404, 409)),
     Route("GET", "/v1/dead-letters", list_dead_letters, "Dead letters, oldest first (keyset pages)", READ,
-          {200: A.DeliveryPage}, query=DeadLetterQuery),
+          {200: A.DeliveryPage}, query=DeadLetterQuery, refusals=(409,)),
     Route("POST", "/v1/dead-letters/replay", replay_dead_letters,
           "Replay every dead letter matching the filter, in resumable steps: 202 with the operation", ADMIN,
-          {202: A.Operation}, body=BulkReplayBody),
+          {202: A.Operation}, body=BulkReplayBody, refusals=(409,)),
     Route("GET", "/v1/operations/{id}", get_operation, "A bulk operation's progress", READ,
           {200: A.Operation}, path_id="id", refusals=(404,)),
     Route("POST", "/v1/operations/{id}/cancel", cancel_operation,
@@ -893,8 +895,9 @@ ROUTES: list[Route] = [
           "Register an endpoint (the CLI's destination, header and sealing rules); the signing secret is "
           "shown once", ADMIN, {201: A.EndpointCreated}, body=endpoint_rules.EndpointCreate,
           refusals=(409, 503)),
-    Route("GET", "/v1/endpoints/{id}", get_endpoint, "An endpoint, by id or name", READ,
-          {200: A.EndpointDetail}, path_id="ref", refusals=(404,)),
+    Route("GET", "/v1/endpoints/{id}", get_endpoint,
+          "An endpoint, by id, name or tenant/name (409: a name more than one tenant holds)", READ,
+          {200: A.EndpointDetail}, path_id="ref", refusals=(404, 409)),
     Route("PATCH", "/v1/endpoints/{id}", update_endpoint, "Change an endpoint's settings", ADMIN,
           {200: A.EndpointDetail}, body=endpoint_rules.EndpointPatch, path_id="ref",
           refusals=(404, 409, 503)),
@@ -905,20 +908,20 @@ ROUTES: list[Route] = [
           refusals=(404, 409)),
     Route("GET", "/v1/endpoints/{id}/health", endpoint_health,
           "Circuit state and recent attempts by outcome and category", READ, {200: A.EndpointHealth},
-          query=HealthQuery, path_id="ref", refusals=(404,)),
+          query=HealthQuery, path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/circuit", endpoint_circuit,
           "Reset, open (until a time) or close the circuit", ADMIN, {200: A.CircuitChanged},
-          body=CircuitBody, path_id="ref", refusals=(404,)),
+          body=CircuitBody, path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/enable", enable_endpoint,
           "Enable (and reset the circuit); queued rows are sent", ADMIN, {200: A.ActiveChanged},
-          path_id="ref", refusals=(404,)),
+          path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/disable", disable_endpoint,
           "Disable: no new deliveries, queued rows wait", ADMIN, {200: A.ActiveChanged}, body=ReasonBody,
-          body_required=False, path_id="ref", refusals=(404,)),
+          body_required=False, path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/rotate-secret", rotate_secret,
           "Add a new signing secret (shown once); the old ones stay until expire_old_after_hours", ADMIN,
           {200: A.SecretRotated}, body=endpoint_rules.SecretRotation, body_required=False, path_id="ref",
-          refusals=(404, 503)),
+          refusals=(404, 409, 503)),
     Route("GET", "/v1/tenants", list_tenants, "Tenants, their limits (null: none) and rows", FLEET_ADMIN,
           {200: A.TenantList}),
     Route("POST", "/v1/tenants", create_tenant, "Add a tenant", FLEET_ADMIN, {201: A.Tenant},

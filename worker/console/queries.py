@@ -152,8 +152,15 @@ async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[A
 
 
 async def endpoint_ref(conn: psycopg.AsyncConnection[Any], ref: str) -> int | None:
-    """The endpoint a name or id names, as the CLI reads ENDPOINT (None: none the caller sees)."""
-    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (ref,))
+    """The endpoint a name, an id or tenant/name names, as the CLI reads ENDPOINT (None: none the
+    caller sees); a name held in more than one tenant is a FieldError asking for the id or
+    tenant/name."""
+    try:
+        row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (ref,))
+    except psycopg.errors.TooManyRows as exc:
+        from worker.console.forms import FieldError  # (forms reads this module's bounds)
+
+        raise FieldError("endpoint", str(exc.diag.message_primary)) from None
     return None if row is None or row["id"] is None else int(row["id"])
 
 
