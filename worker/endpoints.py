@@ -209,7 +209,8 @@ class EndpointFields(_Model):
 class EndpointCreate(EndpointFields):
     # not all digits: endpoint_name_problem says so in words (the pattern is for the document)
     name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS, json_schema_extra={"pattern": r"\D"},
-                      description="unique within its tenant; not all digits (an all-digit ENDPOINT always means an id)")
+                      description="unique within its tenant; not all digits (an all-digit ENDPOINT always "
+                                  "means an id)")
     url: str = Field(min_length=1, repr=False, json_schema_extra=URL_SCHEMA,
                      description="kept sealed; never shown again")
     secret: str | None = Field(default=None, repr=False, description="whsec_<base64>; default: generated")

@@ -128,7 +128,8 @@ def test_names_are_unique_within_a_tenant_and_a_name_two_tenants_hold_asks_for_i
     assert created.status == 201, created.body
     ours = created.json["id"]
     again = api.post("/v1/endpoints", acme_admin, {"name": "hook", "url": f"{URL}acme2"})
-    assert again.status == 409 and again.json["detail"] == "name: an endpoint named 'hook' exists in this tenant"
+    assert again.status == 409, again.body
+    assert again.json["detail"] == "name: an endpoint named 'hook' exists in this tenant"
     with pytest.raises(psycopg.errors.UniqueViolation):
         add_endpoint(db, f"{URL}globex2", name="hook", tenant="globex")
     # each tenant's own caller finds its own
