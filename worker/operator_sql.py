@@ -276,13 +276,16 @@ def _check_url_and_headers(
 
 
 def rotate_secret(
-    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None, keyring: Keyring
+    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None, keyring: Keyring,
+    decided_by: str = "operator",
 ) -> int:
-    row = conn.execute(
-        "SELECT webhooks.rotate_secret(%s, %s, %s)",
-        (endpoint_id, keyring.seal(secret, encryption.SIGNING_SECRET, endpoint_id), old_expire_at),
-    ).fetchone()
-    return 0 if row is None else int(row[0])
+    """Sign with `secret` from now on, the earlier secrets until `old_expire_at`; the rotation is an
+    endpoint event naming `decided_by` (webhooks.rotate_secret()). The secrets in use, 0: no such
+    endpoint for the caller."""
+    sealed = keyring.seal(secret, encryption.SIGNING_SECRET, endpoint_id)
+    row = conn.execute("SELECT webhooks.rotate_secret(%s, %s, %s, %s)",
+                       (endpoint_id, sealed, old_expire_at, decided_by)).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
 
 
 def credential_keys(conn: psycopg.Connection) -> dict[str, int]:

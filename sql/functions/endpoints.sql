@@ -111,6 +111,7 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN 'circuit_opened' THEN 'webhook.circuit.opened'
         WHEN 'circuit_closed' THEN 'webhook.circuit.closed'
         WHEN 'dead_letters' THEN 'webhook.endpoint.dead_letters'
+        WHEN 'secret_rotated' THEN 'webhook.endpoint.secret_rotated'
     END;
 $$;
 
@@ -133,7 +134,8 @@ BEGIN
         v_type,
         jsonb_build_object(
             'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
-            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
+            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed', 'secret_rotated') THEN 'info'
+                             ELSE 'warning' END,
             'source', 'webhook-worker',
             'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'tenant', ev.tenant,
             'change', ev.change, 'reason', ev.reason, 'decided_by', ev.decided_by,
@@ -509,9 +511,12 @@ GRANT EXECUTE ON FUNCTION webhooks.update_endpoint(bigint, jsonb) TO webhooks_ad
 
 -- Adds p_new_secret as the newest secret (checked: signing_secret_problem()); every secret active
 -- now expires at p_old_expire_at (NULL: they stay active until rotated again). Expired secrets are
--- dropped.
+-- dropped. The rotation is an endpoint event (`secret_rotated`, naming who decided it and when the
+-- old secrets stop signing), published as webhook.endpoint.secret_rotated like the other state
+-- changes: a receiver whose signatures start failing, or an operator auditing, can tell why.
 CREATE OR REPLACE FUNCTION webhooks.rotate_secret(p_webhook_id bigint, p_new_secret text,
-                                       p_old_expire_at timestamptz DEFAULT NULL)
+                                       p_old_expire_at timestamptz DEFAULT NULL,
+                                       p_decided_by text DEFAULT 'operator')
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -532,10 +537,19 @@ BEGIN
         updated_at = now()
     WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(p_webhook_id)
     RETURNING jsonb_array_length(e.signing_secrets) INTO v_count;
+    IF v_count IS NOT NULL THEN
+        PERFORM webhooks.record_endpoint_event(
+            p_webhook_id, 'secret_rotated',
+            CASE WHEN p_old_expire_at IS NULL THEN 'the earlier secrets keep signing until the next rotation'
+                 ELSE 'the earlier secrets sign until ' || to_char(p_old_expire_at AT TIME ZONE 'UTC',
+                                                                 'YYYY-MM-DD HH24:MI:SS "UTC"') END,
+            p_decided_by);
+    END IF;
     RETURN v_count;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz) TO webhooks_admin, webhooks_tenant_admin;
+GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz, text)
+    TO webhooks_admin, webhooks_tenant_admin;
 
 -- The key id each stored credential is sealed with ('plaintext' for values stored before sealing).
 CREATE OR REPLACE FUNCTION webhooks.credential_keys()

@@ -610,11 +610,16 @@ async def rotate_secret(request: web.Request) -> web.Response:
     expire_at = None
     if body.expire_old_after_hours is not None:
         expire_at = datetime.now(UTC) + timedelta(hours=body.expire_old_after_hours)
-    async with state.db.transaction(caller_of(request)) as conn:
+    caller = caller_of(request)
+    async with state.db.transaction(caller) as conn:
         endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-    active = await _sync(state, caller_of(request), lambda conn: operator_queries.rotate_secret(
-                                 conn, endpoint_id, secret,
-                                                                             expire_at, keyring))
+    active = await _sync(state, caller, lambda conn: operator_queries.rotate_secret(
+        conn, endpoint_id, secret, expire_at, keyring, _decided_by(caller)))
+    if not active:
+        raise not_found(f"endpoint {request.match_info['id']}")
+    # who rotated which endpoint's secret, never the secret (as a read is logged)
+    get_logger().info("api rotated a signing secret", endpoint_id=endpoint_id, by=caller.name,
+                      role=caller.role, old_expire_at=expire_at)
     return json_response({"endpoint_id": endpoint_id, "signing_secret": secret, "active_secrets": active,
                           "old_expire_at": expire_at})
 

@@ -130,10 +130,13 @@ async def rotate_secret(request: web.Request) -> web.Response:
     secret = signing.generate_secret()
     old_expire_at = datetime.now(UTC) + timedelta(hours=OLD_SECRET_HOURS)
 
+    caller = request[CALLER]
+
     def rotate(conn: psycopg.Connection[Any]) -> int | None:
         if not _visible(conn, endpoint_id):
             return None
-        return operator_sql.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring)
+        return operator_sql.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring,
+                                          f"{caller.name} (console)")
 
     if await as_caller(request.app[STATE], request[CALLER], rotate) is None:
         return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
