@@ -224,7 +224,8 @@ def test_a_rotation_over_http_is_logged_and_an_operational_event_as_a_read_is_lo
                                event_types=("webhook.endpoint.secret_rotated",))
     ops = add_endpoint(db, "https://hooks.example.test/ops", name="ops",
                        event_types=("webhook.endpoint.secret_rotated",))
-    answer = api.post("/v1/endpoints/rotated/rotate-secret", role_tokens["admin"], {"expire_old_after_hours": 2})
+    answer = api.post("/v1/endpoints/rotated/rotate-secret", role_tokens["admin"],
+                      {"expire_old_after_hours": 2})
     assert answer.status == 200, answer.body
     new_secret = answer.json["signing_secret"]
     text = "".join(capfd.readouterr())
