@@ -206,9 +206,12 @@ CONFIG_MEANINGS = {
                                      "sealing (or `WEBHOOK_WORKER_ENCRYPTION_KEYS`); required",
     "security.require_sealed": "refuse credentials stored in plaintext: their deliveries fail "
                                "(`internal`) until `keys rotate` seals them",
-    "security.allow_networks": "CIDRs exempt from the private-destination block",
+    "security.allow_networks": "CIDRs exempt from the private-destination block, for the operator's "
+                               "own endpoints (the `default` tenant's); other tenants reach the "
+                               "networks granted to them (`tenants update --allow-networks`)",
     "security.block_private_networks": "refuse destinations on loopback, private, link-local and "
-                                       "reserved addresses",
+                                       "reserved addresses (`false` lifts it for the `default` tenant's "
+                                       "endpoints only)",
     "security.require_https": "refuse plain http URLs",
     "security.ca_bundle_file": "PEM file of a private CA for internal receivers, trusted besides the "
                                "system's CAs",
@@ -219,7 +222,11 @@ CONFIG_MEANINGS = {
     "api.failed_auth_per_minute": "failed authentications per client address and minute before "
                                   "failures get 429 (valid tokens are always served)",
     "api.trusted_proxies": "addresses or CIDRs of proxies whose `X-Forwarded-For` / `Forwarded` "
-                           "name the client (docs/security.md)",
+                           "name the client, and whose `X-Forwarded-Proto` / `X-Forwarded-Host` give "
+                           "portal links their origin without `api.public_url` (docs/security.md)",
+    "api.public_url": "where people reach the API (`https://webhooks.example.com`): the origin of "
+                      "portal links; unset, a trusted proxy's forwarded headers, else the address a "
+                      "request arrived at (never a request's `Host` from anyone else)",
     "api.max_body_bytes": "request bodies above it get 413 before they are read",
     "api.replay_step_rows": "dead letters a bulk replay puts back per step",
     "api.require_known_event_types": "refuse (422) a publish whose event type is not in the catalogue "

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from worker.api.forwarded import network_problem
 from worker.errors import ConfigError
+from worker.portal import base_url_problem, origin
 
 ENV_PREFIX = "WEBHOOK_WORKER_"
 # What PyYAML raises, besides YAMLError, for a malformed tagged scalar such as `!!int x`.
@@ -203,6 +204,11 @@ class ApiConfig(_Section):
     # A publish of an event type the catalogue (webhooks.event_types) does not hold is refused (422)
     # rather than accepted; off, only catalogued types with a schema are checked (worker/event_types.py).
     require_known_event_types: bool = False
+    # Where people reach the API (https://webhooks.example.com): the origin of portal links. Unset,
+    # the API takes it from a trusted proxy's forwarded headers (trusted_proxies), else from the
+    # address the request arrived at, never from a Host header anyone can send; the CLI from
+    # host and port.
+    public_url: str | None = None
 
     @model_validator(mode="after")
     def _ports_and_caps(self) -> ApiConfig:
@@ -212,6 +218,16 @@ class ApiConfig(_Section):
             raise ValueError(f"max_connections_per_address ({self.max_connections_per_address}) must not "
                              f"exceed max_connections ({self.max_connections})")
         return self
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        problem = base_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return origin(value)
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -20,7 +20,14 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from worker import __version__, signing
 from worker.coalescing import digest_label
 from worker.config import tls_context
-from worker.destinations import BlockedDestination, DestinationPolicy, address_blocked, url_problem
+from worker.destinations import (
+    OPERATOR_TENANT,
+    BlockedDestination,
+    DestinationPolicy,
+    address_blocked,
+    tenant_policy,
+    url_problem,
+)
 from worker.model import Claimed, Sent
 from worker.policy import AttemptResult, Category
 from worker.redaction import redact
@@ -222,7 +229,12 @@ def dropped_keepalive(exc: BaseException, opened_sockets: int) -> bool:
 
 
 class Sender:
-    """Owns the HTTP sessions; every attempt goes through send()."""
+    """Owns the HTTP sessions; every attempt goes through send().
+
+    Each destination policy has sessions of its own (the operator's, and one per set of networks
+    granted to tenants), so a connection, or a name resolved, under one policy is never reused
+    under another: a keep-alive connection to an internal address opened for the operator's
+    endpoint must not carry a tenant's request to the same host, which the tenant may not reach."""
 
     def __init__(
         self,
@@ -235,32 +247,60 @@ class Sender:
     ) -> None:
         self._concurrency = concurrency
         self._ca_bundle_file = ca_bundle_file
+        # the operator's: security.* of the configuration
         self._policy = policy or DestinationPolicy()
         # Read at most this much of a response; a larger body is cut off and its connection closed.
         self._max_response_bytes = max_response_bytes
         self._max_header_bytes = max_header_bytes
         self._resolver = resolver
-        # url_problem's answer per endpoint URL, keyed by (endpoint id, URL version), never by the
-        # URL itself, which may carry a token: it buys not parsing the URL again on every attempt,
-        # which cost about as much as signing the request.
-        self._url_problems: dict[tuple[int, str], str | None] = {}
-        self._session: aiohttp.ClientSession | None = None
-        # Only for a request sent again after its kept-alive connection was dropped: its
-        # connections are never reused, so the second try cannot meet the same race.
-        self._fresh_session: aiohttp.ClientSession | None = None
+        # url_problem's answer per endpoint URL, keyed by (endpoint id, URL version, policy), never
+        # by the URL itself, which may carry a token: it buys not parsing the URL again on every
+        # attempt, which cost about as much as signing the request.
+        self._url_problems: dict[tuple[int, str, DestinationPolicy], str | None] = {}
+        # Each tenant's policy, by whether it is the operator's tenant and what it was granted.
+        self._tenant_policies: dict[tuple[bool, tuple[object, ...]], DestinationPolicy] = {}
+        self._tls: ssl.SSLContext | bool = True
+        # Per policy: the session, and one only for a request sent again after its kept-alive
+        # connection was dropped, whose connections are never reused, so the second try cannot
+        # meet the same race.
+        self._sessions: dict[DestinationPolicy, tuple[aiohttp.ClientSession, aiohttp.ClientSession]] = {}
+        self._started = False
 
     async def start(self) -> None:
         # aiohttp's own verifying default unless a private CA is added to the system's
-        tls: ssl.SSLContext | bool = tls_context(self._ca_bundle_file) if self._ca_bundle_file else True
-        self._session = self._new_session(tls, force_close=False)
-        self._fresh_session = self._new_session(tls, force_close=True)
+        self._tls = tls_context(self._ca_bundle_file) if self._ca_bundle_file else True
+        self._started = True
+        self._sessions_for(self._policy)
 
-    def _new_session(self, tls: ssl.SSLContext | bool, force_close: bool) -> aiohttp.ClientSession:
-        resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), self._policy)
+    def _sessions_for(self, policy: DestinationPolicy) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
+        """The policy's sessions, made the first time it is used (the policies are the operator's:
+        one, and one per distinct set of networks granted to tenants)."""
+        assert self._started, "Sender.start() first"
+        sessions = self._sessions.get(policy)
+        if sessions is None:
+            sessions = self._sessions[policy] = (self._new_session(policy, force_close=False),
+                                                 self._new_session(policy, force_close=True))
+        return sessions
+
+    def policy_for(self, row: Claimed) -> DestinationPolicy:
+        """Where the row's endpoint may deliver: its tenant's policy (worker.destinations), or the
+        operator's when the claim carries no tenant's networks (a schema that predates them)."""
+        if row.tenant_networks is None:
+            return self._policy
+        key = (row.tenant == OPERATOR_TENANT, row.tenant_networks)
+        policy = self._tenant_policies.get(key)
+        if policy is None:
+            if len(self._tenant_policies) >= MAX_CHECKED_URLS:
+                self._tenant_policies.clear()
+            policy = self._tenant_policies[key] = tenant_policy(self._policy, row.tenant, row.tenant_networks)
+        return policy
+
+    def _new_session(self, policy: DestinationPolicy, force_close: bool) -> aiohttp.ClientSession:
+        resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), policy)
         connector = aiohttp.TCPConnector(
             limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60, resolver=resolver,
-            socket_factory=checked_socket_factory(self._policy), force_close=force_close,
-            ssl=tls,
+            socket_factory=checked_socket_factory(policy), force_close=force_close,
+            ssl=self._tls,
         )
         return aiohttp.ClientSession(
             connector=connector, auto_decompress=True, trust_env=False, raise_for_status=False,
@@ -273,46 +313,52 @@ class Sender:
         )
 
     async def close(self) -> None:
-        for session in (self._session, self._fresh_session):
-            if session is not None:
+        sessions, self._sessions = self._sessions, {}
+        for pair in sessions.values():
+            for session in pair:
                 await session.close()
 
     async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
-        problem = self.url_problem(row)
+        policy = self.policy_for(row)
+        problem = self.url_problem(row, policy)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
         headers = request_headers(row, int(time.time()), body)
         connect_timeout = row.retry_policy.connect_timeout_seconds
-        return await self._post(row.url, body, headers, timeout_seconds, connect_timeout)
+        return await self._post(row.url, body, headers, timeout_seconds, connect_timeout, policy)
 
-    def url_problem(self, row: Claimed) -> str | None:
-        """Why the row's URL can never be delivered to (url_problem), asked once per URL version."""
+    def url_problem(self, row: Claimed, policy: DestinationPolicy | None = None) -> str | None:
+        """Why the row's URL can never be delivered to (url_problem), asked once per URL version
+        and policy."""
+        policy = policy or self.policy_for(row)
         if not row.url_version:
-            return url_problem(row.url, self._policy)
-        key = (row.webhook_id, row.url_version)
+            return url_problem(row.url, policy)
+        key = (row.webhook_id, row.url_version, policy)
         try:
             return self._url_problems[key]
         except KeyError:
             if len(self._url_problems) >= MAX_CHECKED_URLS:
                 self._url_problems.clear()
-            problem = self._url_problems[key] = url_problem(row.url, self._policy)
+            problem = self._url_problems[key] = url_problem(row.url, policy)
             return problem
 
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
-        connect_timeout: float | None,
+        connect_timeout: float | None, policy: DestinationPolicy | None = None,
     ) -> Sent:
-        """One POST under the destination rules and bounds; every outcome is a Sent, never a raise."""
-        problem = url_problem(url, self._policy)
+        """One POST under the destination rules (`policy`, else the operator's) and bounds; every
+        outcome is a Sent, never a raise."""
+        policy = policy or self._policy
+        problem = url_problem(url, policy)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
-        return await self._post(url, body, headers, timeout_seconds, connect_timeout)
+        return await self._post(url, body, headers, timeout_seconds, connect_timeout, policy)
 
     async def _post(
         self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
-        connect_timeout: float | None,
+        connect_timeout: float | None, policy: DestinationPolicy,
     ) -> Sent:
-        assert self._session is not None and self._fresh_session is not None, "Sender.start() first"
+        session, fresh_session = self._sessions_for(policy)
         started = time.monotonic()
         request = _RequestConnections()
         token = _current_request.set(request)
@@ -323,12 +369,12 @@ class Sender:
             client_timeout = _client_timeout(connect_timeout)
             async with asyncio.timeout(timeout_seconds):
                 try:
-                    response = await self._session.post(
+                    response = await session.post(
                         url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout)
                 except _DROPPED_CONNECTION as exc:
                     if not dropped_keepalive(exc, request.opened):
                         raise
-                    response = await self._fresh_session.post(
+                    response = await fresh_session.post(
                         url, data=body, headers=headers, allow_redirects=False, timeout=client_timeout)
                 async with response:
                     excerpt = await _read_excerpt(response, self._max_response_bytes, url)

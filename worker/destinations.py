@@ -1,10 +1,19 @@
-"""Where a delivery may go: SSRF rules for URLs and for the addresses actually connected to. No I/O.
+"""Where a delivery may go: SSRF rules for URLs and for the addresses actually connected to, and
+whose networks an endpoint may reach. No I/O.
 
 A webhook URL is chosen by whoever registers the endpoint, so without these rules a worker inside a
 private network is a proxy into it (the cloud metadata service, the database, an admin port). The
 rules are applied twice: to the URL when it is stored, and to every address the HTTP client is about
 to connect to, after DNS. The second check is the one that counts: a name that resolved to a public
 address when it was registered can resolve to 127.0.0.1 at delivery time (DNS rebinding).
+
+Networks belong to whom the operator gives them. The operator's own endpoints, those of the
+`default` tenant, reach what the configuration allows (security.allow_networks,
+security.block_private_networks). Any other tenant's endpoints reach public destinations and the
+networks the operator granted that tenant (tenants.allow_networks), never the operator's: a
+tenant's administrator or a portal customer registers URLs, and reads the answers in the
+deliveries' excerpts (tenant_policy()). The CLI, the API, the console and the worker all ask
+tenant_policy().
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -36,11 +45,20 @@ class BlockedDestination(OSError):
     """Raised in place of a connection to a refused address; the attempt fails as `blocked`."""
 
 
+# The tenant whose endpoints are the operator's own: every endpoint of a deployment without tenants.
+OPERATOR_TENANT = "default"
+# Networks granted to one tenant, at most (the constraint tenant_allow_networks_bounded repeats it).
+MAX_GRANTED_NETWORKS = 100
+
+
 @dataclass(frozen=True)
 class DestinationPolicy:
     block_private: bool = True
     allow: tuple[Network, ...] = ()
     require_https: bool = False
+    # A tenant's endpoints (not the operator's): a refusal says the destination is not allowed for
+    # the tenant, and never points at the operator's configuration.
+    tenant_scoped: bool = False
 
     @classmethod
     def from_settings(
@@ -48,6 +66,36 @@ class DestinationPolicy:
     ) -> DestinationPolicy:
         allow = tuple(ipaddress.ip_network(n, strict=False) for n in allow_networks)
         return cls(block_private=block_private, allow=allow, require_https=require_https)
+
+
+def tenant_policy(operator: DestinationPolicy, tenant: str, granted: Iterable[Network | str]
+                  ) -> DestinationPolicy:
+    """Where an endpoint of `tenant` may deliver: the `default` tenant's endpoints are the
+    operator's, and reach what `operator` (the configuration's policy) allows, plus any networks
+    granted to that tenant; any other tenant's reach public destinations and the networks granted
+    to it, never the operator's allowances (allow_networks, block_private_networks: false).
+    require_https holds for every endpoint."""
+    networks = tuple(n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in granted)
+    if tenant == OPERATOR_TENANT:
+        return replace(operator, allow=operator.allow + networks) if networks else operator
+    return DestinationPolicy(block_private=True, allow=networks, require_https=operator.require_https,
+                             tenant_scoped=True)
+
+
+def granted_networks(entries: Iterable[str]) -> list[str]:
+    """The networks to grant a tenant, each as its network (`10.1.2.3/16` is `10.1.0.0/16`, a bare
+    address a network of one), sorted and without repeats; ValueError naming the first entry that
+    is no address or CIDR, or too many of them."""
+    found: set[Network] = set()
+    for entry in entries:
+        try:
+            found.add(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"{entry.strip()[:60]!r} is not an address or a CIDR such as 10.1.0.0/16"
+                             ) from None
+    if len(found) > MAX_GRANTED_NETWORKS:
+        raise ValueError(f"at most {MAX_GRANTED_NETWORKS} networks, not {len(found)}")
+    return [str(n) for n in sorted(found, key=lambda n: (n.version, n))]
 
 
 def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
@@ -90,11 +138,24 @@ def address_blocked(address: Address | str, policy: DestinationPolicy) -> str | 
     if inner is not None:
         # Judge the IPv4 address it stands for (a NAT64 form of a public address is public).
         if _special(inner):
-            return f"destination {address} (stands for {inner}) is not a public address"
+            return _refusal(f"destination {address} (stands for {inner})", policy)
         return None
     if _special(address):
-        return f"destination {address} is not a public address"
+        return _refusal(f"destination {address}", policy)
     return None
+
+
+def _refusal(destination: str, policy: DestinationPolicy) -> str:
+    if policy.tenant_scoped:
+        return (f"{destination} is not allowed for this tenant: not a public address, nor in a network "
+                "granted to the tenant")
+    return f"{destination} is not a public address"
+
+
+def refused_as_private(problem: str) -> bool:
+    """Whether a refusal is of a private address (which granting a network would allow), not of
+    the URL's form."""
+    return "not a public address" in problem
 
 
 def url_problem(url: str, policy: DestinationPolicy) -> str | None:

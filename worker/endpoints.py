@@ -18,7 +18,14 @@ from worker import coalescing, formats, operator_sql, signing
 from worker import tenants as tenant_rules
 from worker.config import Config
 from worker.delivery import display_url
-from worker.destinations import Address, DestinationPolicy, address_blocked, ip_literal
+from worker.destinations import (
+    Address,
+    DestinationPolicy,
+    address_blocked,
+    ip_literal,
+    refused_as_private,
+    tenant_policy,
+)
 from worker.encryption import Keyring
 from worker.operator_sql import EndpointSpec
 from worker.policy import MAX_DELAY_SECONDS, RetrySchedule
@@ -202,7 +209,8 @@ class EndpointFields(_Model):
 class EndpointCreate(EndpointFields):
     # not all digits: endpoint_name_problem says so in words (the pattern is for the document)
     name: str = Field(min_length=1, max_length=MAX_ENDPOINT_NAME_CHARS, json_schema_extra={"pattern": r"\D"},
-                      description="unique; not all digits (an all-digit ENDPOINT always means an id)")
+                      description="unique within its tenant; not all digits (an all-digit ENDPOINT always "
+                                  "means an id)")
     url: str = Field(min_length=1, repr=False, json_schema_extra=URL_SCHEMA,
                      description="kept sealed; never shown again")
     secret: str | None = Field(default=None, repr=False, description="whsec_<base64>; default: generated")
@@ -263,24 +271,81 @@ def destination_policy(config: Config) -> DestinationPolicy:
                                            security.require_https)
 
 
+@dataclass(frozen=True)
+class DestinationScope:
+    """The tenant an endpoint is registered in, or belongs to, and the networks granted to it:
+    where it may deliver (worker.destinations.tenant_policy)."""
+
+    tenant: str
+    granted: tuple[str, ...] = ()
+
+    def policy(self, config: Config) -> DestinationPolicy:
+        return tenant_policy(destination_policy(config), self.tenant, self.granted)
+
+
+# The tenant a new endpoint goes to (its name given, or NULL: `default`, or a scoped caller's own)
+# or, with an endpoint's id, that endpoint's tenant; no row: an endpoint the caller does not see.
+DESTINATION_SCOPE = "SELECT tenant, allow_networks FROM webhooks.tenant_destinations(%s, %s)"
+
+
+def scope_of(row: Any) -> DestinationScope | None:
+    """A DESTINATION_SCOPE row as a DestinationScope."""
+    return None if row is None else DestinationScope(str(row[0]), tuple(row[1] or ()))
+
+
+def destination_scope(conn: psycopg.Connection, tenant: str | None = None,
+                      endpoint_id: int | None = None) -> DestinationScope | None:
+    """Where an endpoint registered in `tenant` (or the endpoint `endpoint_id`) may deliver, as the
+    caller's session sees it; None: no such endpoint for this caller. A tenant that does not exist
+    is an EndpointProblem on `tenant`; another tenant than a scoped caller's own raises
+    InsufficientPrivilege, as registration would."""
+    try:
+        return scope_of(conn.execute(DESTINATION_SCOPE, (tenant, endpoint_id)).fetchone())
+    except psycopg.errors.NoDataFound:
+        raise _refused_tenant(tenant) from None
+
+
 def allow_networks_hint(problem: str, address: Address | None) -> str:
     """How to allow a refused private address, for a message that says it was refused."""
-    if "not a public address" not in problem:
+    if not refused_as_private(problem):
         return ""
-    network = f"{address}/{address.max_prefixlen}" if address is not None else "its network (a CIDR)"
-    return f"list {network} under security.allow_networks in the config file"
+    return f"list {_network(address)} under security.allow_networks in the config file"
 
 
-def check_destination(url: str, config: Config) -> str | None:
-    """Refuse a URL the workers would refuse: its form, an IP literal, or a name that resolves only
-    to refused addresses now (EndpointProblem on `url`). Workers check again at every connection; a
-    name that does not resolve yet is accepted, and the warning returned says so. Blocking (DNS): the
-    API calls it in a thread, never inside a transaction."""
-    policy = destination_policy(config)
+def grant_hint(problem: str, address: Address | None, scope: DestinationScope) -> str:
+    """How the operator lets a tenant's endpoints reach a refused private address: grant its
+    network to the tenant, with those granted already."""
+    if not refused_as_private(problem):
+        return ""
+    networks = ",".join([*scope.granted, _network(address)])
+    return (f"grant its network to tenant {scope.tenant}: webhook-worker tenants update {scope.tenant} "
+            f"--allow-networks {networks}")
+
+
+def _network(address: Address | None) -> str:
+    return f"{address}/{address.max_prefixlen}" if address is not None else "its network (a CIDR)"
+
+
+def check_destination(url: str, config: Config, scope: DestinationScope, advise: bool) -> str | None:
+    """Refuse a URL the workers would refuse for an endpoint of `scope`'s tenant: its form, an IP
+    literal, or a name that resolves only to refused addresses now (EndpointProblem on `url`).
+    Workers check again at every connection; a name that does not resolve yet is accepted, and the
+    warning returned says so. `advise`: the caller is the operator (unscoped), whom the refusal
+    tells how to allow the address; a tenant's own caller is told only that it is not allowed.
+    Blocking (DNS): the API calls it in a thread, never inside a transaction."""
+    policy = scope.policy(config)
+
+    def hint(problem: str, address: Address | None) -> str:
+        if not advise:
+            return ""
+        if policy.tenant_scoped:
+            return grant_hint(problem, address, scope)
+        return allow_networks_hint(problem, address)
+
     problem = registration_url_problem(url, policy)
     if problem is not None:
-        literal = ip_literal(urlsplit(url).hostname or "") if "not a public address" in problem else None
-        raise EndpointProblem("url", problem, hint=allow_networks_hint(problem, literal))
+        literal = ip_literal(urlsplit(url).hostname or "") if refused_as_private(problem) else None
+        raise EndpointProblem("url", problem, hint=hint(problem, literal))
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ip_literal(host) is not None:
@@ -293,8 +358,8 @@ def check_destination(url: str, config: Config) -> str | None:
         return f"{host} does not resolve now; deliveries fail as `dns` until it does"
     reasons = [address_blocked(str(info[4][0]), policy) for info in infos]
     if reasons and all(reasons):
-        hint = allow_networks_hint(reasons[0] or "", ip_literal(str(infos[0][4][0])))
-        raise EndpointProblem("url", f"{host} resolves to a refused address: {reasons[0]}", hint=hint)
+        raise EndpointProblem("url", f"{host} resolves to a refused address: {reasons[0]}",
+                              hint=hint(reasons[0] or "", ip_literal(str(infos[0][4][0]))))
     return None
 
 
@@ -357,13 +422,18 @@ def _columns(body: EndpointFields) -> dict[str, Any]:
     return found
 
 
+def _refused_tenant(tenant: str | None) -> EndpointProblem:
+    return EndpointProblem("tenant", f"no tenant named {tenant!r} (tenants list shows them)")
+
+
 def _refused(exc: psycopg.Error, name: str | None = None, tenant: str | None = None) -> EndpointProblem:
     """What the database refused, as a field problem (its DETAIL may quote the row: never used)."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
-        return EndpointProblem("name", f"an endpoint named {name!r} exists" if name else
-                               "an endpoint with this name exists", conflict=True)
+        # names are unique within a tenant: the clash is always in the endpoint's own tenant
+        return EndpointProblem("name", f"an endpoint named {name!r} exists in this tenant" if name else
+                               "an endpoint with this name exists in this tenant", conflict=True)
     if isinstance(exc, psycopg.errors.NoDataFound):
-        return EndpointProblem("tenant", f"no tenant named {tenant!r} (tenants list shows them)")
+        return _refused_tenant(tenant)
     constraint = getattr(exc.diag, "constraint_name", None) or ""
     if constraint == "tenant_max_endpoints":
         return EndpointProblem("tenant", str(exc.diag.message_primary), conflict=True)

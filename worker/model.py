@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from worker.destinations import Network
 from worker.policy import AttemptResult, Outcome, RetryPolicy, RetrySchedule
 
 
@@ -45,6 +46,10 @@ class Claimed:
     # The row's tenant and its place among the tenants by id (1: the first): its metrics label.
     tenant: str = "default"
     tenant_rank: int = 1
+    # The networks granted to the row's tenant, where its endpoint may deliver besides public
+    # destinations (worker.destinations.tenant_policy); None: the claim carries none (a schema
+    # that predates them), and the operator's rules apply, as they did then.
+    tenant_networks: tuple[Network, ...] | None = None
 
 
 @dataclass(frozen=True)

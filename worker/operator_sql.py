@@ -143,7 +143,8 @@ def stored_credentials(conn: psycopg.Connection, endpoint_id: int) -> StoredCred
 
 
 def find_endpoint(conn: psycopg.Connection, name_or_id: str) -> int | None:
-    """The endpoint an ENDPOINT argument names: all digits is an id, anything else a name."""
+    """The endpoint an ENDPOINT argument names: all digits is an id, anything else a name or
+    TENANT/NAME (webhooks.endpoint_ref(); TooManyRows: a name held in more than one tenant)."""
     row = conn.execute("SELECT webhooks.endpoint_ref(%s)", (name_or_id,)).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
@@ -275,13 +276,16 @@ def _check_url_and_headers(
 
 
 def rotate_secret(
-    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None, keyring: Keyring
+    conn: psycopg.Connection, endpoint_id: int, secret: str, old_expire_at: datetime | None, keyring: Keyring,
+    decided_by: str = "operator",
 ) -> int:
-    row = conn.execute(
-        "SELECT webhooks.rotate_secret(%s, %s, %s)",
-        (endpoint_id, keyring.seal(secret, encryption.SIGNING_SECRET, endpoint_id), old_expire_at),
-    ).fetchone()
-    return 0 if row is None else int(row[0])
+    """Sign with `secret` from now on, the earlier secrets until `old_expire_at`; the rotation is an
+    endpoint event naming `decided_by` (webhooks.rotate_secret()). The secrets in use, 0: no such
+    endpoint for the caller."""
+    sealed = keyring.seal(secret, encryption.SIGNING_SECRET, endpoint_id)
+    row = conn.execute("SELECT webhooks.rotate_secret(%s, %s, %s, %s)",
+                       (endpoint_id, sealed, old_expire_at, decided_by)).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
 
 
 def credential_keys(conn: psycopg.Connection) -> dict[str, int]:

@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 
@@ -65,6 +66,31 @@ def parse_lifetime(text: str) -> timedelta:
 
 def url(base: str, secret: str) -> str:
     return base.rstrip("/") + PATH + secret
+
+
+def base_url_problem(base: str) -> str | None:
+    """What is wrong with where people reach the API (api.public_url, --base-url), or None: an http
+    or https URL of a host, without a path (the console is served at /console/), a query or
+    credentials."""
+    if any(c.isspace() or not c.isprintable() for c in base):
+        return "must not contain spaces or control characters"
+    try:
+        parts = urlsplit(base)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"expected http:// or https:// and the API's host, not {base[:60]!r}"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry credentials"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "only the scheme, host and port: the console is served at /console/ of that origin"
+    return None
+
+
+def origin(base: str) -> str:
+    """A base URL checked by base_url_problem, as links start with it."""
+    return base.rstrip("/")
 
 
 _CREATE = "SELECT token_name, tenant, expires_at FROM webhooks.create_portal_link(%s, %s, %s, %s)"

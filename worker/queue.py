@@ -135,6 +135,9 @@ def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bo
     }
 
 
+_ABSENT = object()
+
+
 def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[str, Any] | str],
              require_sealed: bool = True) -> Claimed:
     """A claimed row; if its endpoint's settings cannot be read, a row carrying the problem instead
@@ -148,6 +151,10 @@ def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[st
     # (absent from a schema whose acquire() predates the tenant label: every row is `default`'s)
     identity["tenant"] = row.get("tenant") or "default"
     identity["tenant_rank"] = row.get("tenant_rank") or 1
+    # (absent from a schema whose acquire() predates tenants' networks: the operator's rules apply,
+    # as they did then, until `migrate` runs)
+    networks = row.get("tenant_networks", _ABSENT)
+    identity["tenant_networks"] = None if networks is _ABSENT else tuple(networks or ())
     settings = endpoints.get(row["webhook_id"])
     if settings is None:
         try:

@@ -1,4 +1,5 @@
-"""Tenants as the operator manages them: their limits checked, and the SQL functions that store them."""
+"""Tenants as the operator manages them: their limits and granted networks checked, and the SQL
+functions that store them."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from worker.destinations import granted_networks
 from worker.observability import OTHER_TENANTS
 
-# The limits a tenant may set, as webhooks.set_tenant_limits() names them, with their CLI options.
+# What a tenant may set, as webhooks.set_tenant_limits() names it, with its CLI option: its limits,
+# and the private networks its endpoints may reach (worker.destinations.tenant_policy).
 LIMIT_OPTIONS = {
     "rate_limit_per_second": "--rate-limit",
     "rate_limit_burst": "--burst",
     "max_in_flight": "--max-in-flight",
     "max_endpoints": "--max-endpoints",
     "max_queued": "--max-queued",
+    "allow_networks": "--allow-networks",
 }
 MAX_NAME = 100
 SUMMARY_COLUMNS = ("id", "name", "rate_limit_per_second", "rate_limit_burst", "max_in_flight",
                    "max_endpoints", "max_queued", "endpoints", "waiting", "in_flight", "dead_letters",
-                   "created_at")
+                   "created_at", "allow_networks")
 
 
 class InvalidTenant(ValueError):
@@ -46,7 +50,12 @@ def limits_problem(limits: dict[str, Any]) -> str | None:
         option = LIMIT_OPTIONS[key]
         if value is None:
             continue
-        if key == "rate_limit_per_second":
+        if key == "allow_networks":
+            try:
+                granted_networks(value)
+            except ValueError as exc:
+                return f"{option}: {exc}"
+        elif key == "rate_limit_per_second":
             if not value > 0:
                 return f"{option}: must be above 0 requests per second, not {value:g}"
         elif key in ("max_endpoints", "max_queued"):
@@ -57,16 +66,26 @@ def limits_problem(limits: dict[str, Any]) -> str | None:
     return None
 
 
+def stored(limits: dict[str, Any]) -> dict[str, Any]:
+    """The limits as webhooks.set_tenant_limits() stores them: each granted network as its network
+    (10.1.2.3/16 is 10.1.0.0/16), none given as an empty list. Checked first (limits_problem)."""
+    if "allow_networks" not in limits:
+        return limits
+    return {**limits, "allow_networks": granted_networks(limits["allow_networks"] or [])}
+
+
 def add(conn: psycopg.Connection, name: str, limits: dict[str, Any]) -> int:
     _check(name, limits)
-    row = conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, json.dumps(limits))).fetchone()
+    row = conn.execute("SELECT webhooks.register_tenant(%s, %s)",
+                       (name, json.dumps(stored(limits)))).fetchone()
     assert row is not None
     return int(row[0])
 
 
 def update(conn: psycopg.Connection, name: str, limits: dict[str, Any]) -> int:
     _check(name, limits)
-    row = conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, json.dumps(limits))).fetchone()
+    row = conn.execute("SELECT webhooks.update_tenant(%s, %s)",
+                       (name, json.dumps(stored(limits)))).fetchone()
     assert row is not None
     return int(row[0])
 

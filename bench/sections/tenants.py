@@ -3,11 +3,12 @@ take under a big tenant's load, with and without tenants."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from bench.common import payload_json, preload, register_endpoints, spawn_worker
-from bench.localworker import query, wait_started
+from bench.localworker import LOOPBACK, query, wait_started
 from bench.section import Context, Section
 
 
@@ -26,7 +27,10 @@ def run(ctx: Context) -> dict[str, Any]:
                                  prefix="big", max_in_flight=100)
         [small] = register_endpoints(dsn, [ctx.sink.url("/ok/small")], prefix="small", max_in_flight=100)
         if separate:
-            query(dsn, "SELECT webhooks.register_tenant('big'), webhooks.register_tenant('small')")
+            # the sink is on loopback: granted to both, as an operator grants a tenant a network
+            grant = json.dumps({"allow_networks": LOOPBACK})
+            query(dsn, "SELECT webhooks.register_tenant('big', %s), webhooks.register_tenant('small', %s)",
+                  (grant, grant))
             query(dsn, "UPDATE webhooks.endpoints SET tenant_id = webhooks.tenant_id('big')"
                          " WHERE id = ANY(%s)", (big,))
             query(dsn, "UPDATE webhooks.endpoints SET tenant_id = webhooks.tenant_id('small')"

@@ -156,8 +156,8 @@ $$;
 
 -- publishing ----------------------------------------------------------------------------------------
 
--- One event to one endpoint (p_endpoint: its id, or its name: endpoint_ref(); refused with SQLSTATE
--- P0002 when there is none) or, when it is NULL, to every active endpoint subscribed to the event
+-- One event to one endpoint (p_endpoint: its id, its name or tenant/name: endpoint_ref(); refused
+-- with SQLSTATE P0002 when there is none, P0003 for a name several tenants hold) or, when it is NULL, to every active endpoint subscribed to the event
 -- type, as publish() fans out. A named endpoint gets the delivery even while disabled: its rows
 -- wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
 -- delivery's key and event id, so publishing the same key again queues nothing and answers with
@@ -318,7 +318,7 @@ BEGIN
                                       coalesce((v_message->>'priority')::integer, 0),
                                       (v_message->>'expires_at')::timestamptz, p_traceparent) AS p;
         EXCEPTION WHEN no_data_found OR program_limit_exceeded OR insufficient_privilege
-                       OR unique_violation THEN
+                       OR unique_violation OR too_many_rows THEN
             GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_constraint = CONSTRAINT_NAME,
                                     v_text = MESSAGE_TEXT;
             IF v_state = '23505' AND v_constraint IS DISTINCT FROM 'idempotency_key_reused' THEN

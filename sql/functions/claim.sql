@@ -22,7 +22,8 @@
 --    rate tokens are debited, and every endpoint looked at goes to the back of the line, in the
 --    same statement (one write of each endpoint's state row per claim, not two).
 -- 5. Each row comes with its tenant's name and rank (place by id), from which the worker makes
---    the `tenant` label of its delivery counter.
+--    the `tenant` label of its delivery counter, and the networks the operator granted the tenant,
+--    which the worker's destination check applies (worker/destinations.py).
 -- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
 -- lease expires. webhooks.release(): rows claimed but not sent at shutdown go back with their
 -- attempt given back. A row given back (released, its lease expired, its worker lost) keeps its
@@ -289,7 +290,8 @@ RETURNS TABLE (
     retry_policy     jsonb,       -- delivery_config.retry_policy with the endpoint's keys on top
     digest_id        bigint,      -- the digest (one request) the row goes in; NULL: a request of its own
     tenant           text,        -- the row's tenant, by name
-    tenant_rank      integer      -- its place among the tenants by id (1: the first), at most 10001
+    tenant_rank      integer,     -- its place among the tenants by id (1: the first), at most 10001
+    tenant_networks  cidr[]       -- the private networks granted to the tenant (tenants.allow_networks)
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -471,7 +473,7 @@ BEGIN
             WHERE h.webhook_id = qt.webhook_id
             RETURNING 1
         ), claimed_tenants AS MATERIALIZED (  -- (as in the full claim)
-            SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
+            SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank, t.allow_networks
             FROM webhooks.tenants t
             WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
         )
@@ -481,7 +483,8 @@ BEGIN
                q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
                e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
                coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
-               cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank
+               cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank,
+               ct.allow_networks
         FROM claimed q
         -- the payload is the message's (a row inserted with the triggers off keeps its own)
         LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
@@ -748,7 +751,7 @@ BEGIN
     ), claimed_tenants AS MATERIALIZED (
         -- The rank is counted once per tenant of the batch: inlined into the join below, it was
         -- counted once per row, over up to 10000 index entries each for a tenant of a high id.
-        SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
+        SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank, t.allow_networks
         FROM webhooks.tenants t
         WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
     )
@@ -758,7 +761,8 @@ BEGIN
            q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
            e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
            coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
-           cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank
+           cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank,
+           ct.allow_networks
     FROM claimed q
     -- the payload is the message's (a row inserted with the triggers off keeps its own)
     LEFT JOIN webhooks.messages m ON m.message_id = q.message_id

@@ -42,14 +42,22 @@ CREATE OR REPLACE TRIGGER create_health_row
     FOR EACH ROW EXECUTE FUNCTION webhooks.create_health_row();
 
 -- The endpoint an operator's or a caller's ENDPOINT argument names: all digits is always an id
--- (names cannot be all digits: endpoints_name_not_numeric), anything else a name. One rule for the
--- CLI, the API and api_publish(), so a name can never capture the id it spells. It runs as its caller:
--- row-level security keeps a scoped reader to its tenant's endpoints. A name migration 008 renamed
--- names no endpoint until its row in endpoint_renamed_names is deleted.
+-- (names cannot be all digits: endpoints_name_not_numeric), anything else a name, or `tenant/name`
+-- (the tenant's name, a slash, the endpoint's name). One rule for the CLI, the API, the console and
+-- api_publish(), so a name can never capture the id it spells. A name is unique within its tenant
+-- only: a session kept to a tenant (caller_tenant()) finds its own tenant's endpoints alone, here
+-- and by row-level security (it runs as its caller; the SECURITY DEFINER functions that call it
+-- keep to the caller's tenant through this filter), and an unscoped caller naming an endpoint that
+-- several tenants hold, or a text that reads both as a name and as `tenant/name`, is refused
+-- (too_many_rows, SQLSTATE P0003) and asked for the id or `tenant/name`. A name migration 008
+-- renamed names no endpoint until its row in endpoint_renamed_names is deleted.
 CREATE OR REPLACE FUNCTION webhooks.endpoint_ref(p_ref text) RETURNS bigint
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
+DECLARE
+    v_tenant bigint := webhooks.caller_tenant();
+    v_found bigint[];
 BEGIN
     IF p_ref ~ '^[0-9]+$' THEN
         -- beyond bigint no id exists: not found, rather than an error for a well-formed argument
@@ -60,9 +68,31 @@ BEGIN
         IF EXISTS (SELECT 1 FROM webhooks.endpoint_renamed_names r WHERE r.name = p_ref) THEN
             RETURN NULL;
         END IF;
-        RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.id = p_ref::bigint);
+        RETURN (SELECT e.id FROM webhooks.endpoints e
+                WHERE e.id = p_ref::bigint AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
     END IF;
-    RETURN (SELECT e.id FROM webhooks.endpoints e WHERE e.name = p_ref);
+    SELECT array_agg(DISTINCT found.id ORDER BY found.id) INTO v_found
+    FROM (
+        SELECT e.id FROM webhooks.endpoints e
+        WHERE e.name = p_ref AND (v_tenant IS NULL OR e.tenant_id = v_tenant)
+        UNION ALL
+        -- `tenant/name`, split at each slash (a tenant's name may hold one too)
+        SELECT e.id
+        FROM generate_series(2, length(p_ref) - 1) AS slash(at)
+        JOIN webhooks.tenants t ON t.name = left(p_ref, slash.at - 1)
+        JOIN webhooks.endpoints e ON e.name = substr(p_ref, slash.at + 1) AND e.tenant_id = t.id
+        WHERE strpos(p_ref, '/') > 0 AND substr(p_ref, slash.at, 1) = '/'
+          AND (v_tenant IS NULL OR e.tenant_id = v_tenant)
+    ) found;
+    IF cardinality(v_found) > 1 THEN
+        RAISE EXCEPTION '% names an endpoint in more than one tenant (%): give its id or tenant/name',
+            quote_literal(p_ref),
+            (SELECT string_agg(t.name, ', ' ORDER BY t.name) FROM webhooks.endpoints e
+             JOIN webhooks.tenants t ON t.id = e.tenant_id WHERE e.id = ANY (v_found))
+            USING ERRCODE = 'too_many_rows',
+                  HINT = 'give the endpoint''s id, or its tenant''s name, a slash and its name';
+    END IF;
+    RETURN v_found[1];
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
@@ -81,6 +111,7 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN 'circuit_opened' THEN 'webhook.circuit.opened'
         WHEN 'circuit_closed' THEN 'webhook.circuit.closed'
         WHEN 'dead_letters' THEN 'webhook.endpoint.dead_letters'
+        WHEN 'secret_rotated' THEN 'webhook.endpoint.secret_rotated'
     END;
 $$;
 
@@ -103,7 +134,8 @@ BEGIN
         v_type,
         jsonb_build_object(
             'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
-            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed') THEN 'info' ELSE 'warning' END,
+            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed', 'secret_rotated') THEN 'info'
+                             ELSE 'warning' END,
             'source', 'webhook-worker',
             'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'tenant', ev.tenant,
             'change', ev.change, 'reason', ev.reason, 'decided_by', ev.decided_by,
@@ -479,9 +511,12 @@ GRANT EXECUTE ON FUNCTION webhooks.update_endpoint(bigint, jsonb) TO webhooks_ad
 
 -- Adds p_new_secret as the newest secret (checked: signing_secret_problem()); every secret active
 -- now expires at p_old_expire_at (NULL: they stay active until rotated again). Expired secrets are
--- dropped.
+-- dropped. The rotation is an endpoint event (`secret_rotated`, naming who decided it and when the
+-- old secrets stop signing), published as webhook.endpoint.secret_rotated like the other state
+-- changes: a receiver whose signatures start failing, or an operator auditing, can tell why.
 CREATE OR REPLACE FUNCTION webhooks.rotate_secret(p_webhook_id bigint, p_new_secret text,
-                                       p_old_expire_at timestamptz DEFAULT NULL)
+                                       p_old_expire_at timestamptz DEFAULT NULL,
+                                       p_decided_by text DEFAULT 'operator')
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -502,10 +537,19 @@ BEGIN
         updated_at = now()
     WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(p_webhook_id)
     RETURNING jsonb_array_length(e.signing_secrets) INTO v_count;
+    IF v_count IS NOT NULL THEN
+        PERFORM webhooks.record_endpoint_event(
+            p_webhook_id, 'secret_rotated',
+            CASE WHEN p_old_expire_at IS NULL THEN 'the earlier secrets keep signing until the next rotation'
+                 ELSE 'the earlier secrets sign until ' || to_char(p_old_expire_at AT TIME ZONE 'UTC',
+                                                                 'YYYY-MM-DD HH24:MI:SS "UTC"') END,
+            p_decided_by);
+    END IF;
     RETURN v_count;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz) TO webhooks_admin, webhooks_tenant_admin;
+GRANT EXECUTE ON FUNCTION webhooks.rotate_secret(bigint, text, timestamptz, text)
+    TO webhooks_admin, webhooks_tenant_admin;
 
 -- The key id each stored credential is sealed with ('plaintext' for values stored before sealing).
 CREATE OR REPLACE FUNCTION webhooks.credential_keys()

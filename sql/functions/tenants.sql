@@ -8,6 +8,9 @@
 -- across all the tenant's endpoints), max_in_flight (requests), max_endpoints (registration refuses
 -- more, whoever inserts), max_queued (rows waiting or in flight: the API's publish refuses more with
 -- 429; a producer inserting through SQL is never refused, its rows wait under the rate limit).
+-- allow_networks (a list of CIDRs; null or [] for none): the private networks the operator grants
+-- the tenant's endpoints besides public destinations (worker/destinations.py; the `default`
+-- tenant's endpoints are the operator's and reach security.allow_networks as well).
 -- The claim enforces the first three fleet-wide (acquire() in claim.sql). Every audit row carries
 -- its endpoint's tenant (finish() writes it, fill_log_tenant fills it for the other writers), as
 -- every queue row does (fill_idempotency_key).
@@ -62,10 +65,15 @@ BEGIN
         RAISE EXCEPTION 'tenant limits: expected a JSON object' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT k INTO v_unknown FROM jsonb_object_keys(coalesce(p_limits, '{}')) k
-    WHERE k NOT IN ('rate_limit_per_second', 'rate_limit_burst', 'max_in_flight', 'max_endpoints', 'max_queued')
+    WHERE k NOT IN ('rate_limit_per_second', 'rate_limit_burst', 'max_in_flight', 'max_endpoints', 'max_queued',
+                    'allow_networks')
     LIMIT 1;
     IF v_unknown IS NOT NULL THEN
         RAISE EXCEPTION 'tenant limits: unknown field %', v_unknown USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_typeof(p_limits -> 'allow_networks') NOT IN ('array', 'null') THEN
+        RAISE EXCEPTION 'tenant limits: allow_networks must be a list of CIDRs'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE webhooks.tenants t SET
         rate_limit_per_second = CASE WHEN p_limits ? 'rate_limit_per_second'
@@ -78,6 +86,12 @@ BEGIN
             THEN (p_limits ->> 'max_endpoints')::integer ELSE t.max_endpoints END,
         max_queued = CASE WHEN p_limits ? 'max_queued'
             THEN (p_limits ->> 'max_queued')::bigint ELSE t.max_queued END,
+        -- cidr refuses what is not a network (host bits set included): the CLI and the API give
+        -- each entry as its network (worker/destinations.py, granted_networks())
+        allow_networks = CASE WHEN p_limits ? 'allow_networks'
+            THEN ARRAY(SELECT DISTINCT n::cidr FROM jsonb_array_elements_text(
+                           coalesce(nullif(p_limits -> 'allow_networks', 'null'), '[]')) n ORDER BY 1)
+            ELSE t.allow_networks END,
         -- a changed rate starts from a full bucket
         rate_tokens = CASE WHEN p_limits ? 'rate_limit_per_second' OR p_limits ? 'rate_limit_burst'
             THEN NULL ELSE t.rate_tokens END,
@@ -170,7 +184,7 @@ CREATE OR REPLACE TRIGGER fill_log_tenant
     BEFORE INSERT ON webhooks.alert_delivery_log
     FOR EACH ROW WHEN (NEW.tenant_id IS NULL) EXECUTE FUNCTION webhooks.fill_log_tenant();
 
--- What an operator sees of each tenant: its limits, and what it has now.
+-- What an operator sees of each tenant: its limits, what it has now, and the networks granted it.
 CREATE OR REPLACE VIEW webhooks.tenant_summary AS
 SELECT t.id, t.name, t.rate_limit_per_second, t.rate_limit_burst, t.max_in_flight, t.max_endpoints,
        t.max_queued, t.created_at,
@@ -180,8 +194,36 @@ SELECT t.id, t.name, t.rate_limit_per_second, t.rate_limit_burst, t.max_in_fligh
        (SELECT count(*) FROM webhooks.alert_delivery_queue q
         WHERE q.tenant_id = t.id AND q.status = 'delivering') AS in_flight,
        (SELECT count(*) FROM webhooks.alert_delivery_queue q
-        WHERE q.tenant_id = t.id AND q.status = 'dead_letter') AS dead_letters
+        WHERE q.tenant_id = t.id AND q.status = 'dead_letter') AS dead_letters,
+       t.allow_networks::text[] AS allow_networks
 FROM webhooks.tenants t
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
 WHERE (SELECT webhooks.caller_tenant()) IS NULL OR t.id = (SELECT webhooks.caller_tenant());
 GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+
+-- Where an endpoint may deliver beyond public destinations, for the check at registration and at a
+-- change of URL (worker/endpoints.py; the worker checks again at every connection, with the
+-- networks acquire() returns): the tenant a new endpoint goes to (p_tenant, as
+-- registration_tenant() picks it: NULL is `default`, or a scoped caller's own) or, given
+-- p_webhook_id, the tenant of that endpoint if the caller sees it (else no row), and the networks
+-- granted to it. Its errors are registration's: no such tenant (no_data_found), another tenant
+-- than a scoped caller's own (insufficient_privilege).
+CREATE OR REPLACE FUNCTION webhooks.tenant_destinations(p_tenant text, p_webhook_id bigint DEFAULT NULL)
+RETURNS TABLE (tenant text, allow_networks text[])
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_tenant bigint;
+BEGIN
+    IF p_webhook_id IS NULL THEN
+        v_tenant := webhooks.registration_tenant(p_tenant);
+    ELSE
+        SELECT e.tenant_id INTO v_tenant FROM webhooks.endpoints e
+        WHERE e.id = p_webhook_id AND webhooks.caller_sees_endpoint(e.id);
+    END IF;
+    RETURN QUERY SELECT t.name, t.allow_networks::text[] FROM webhooks.tenants t WHERE t.id = v_tenant;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.tenant_destinations(text, bigint) TO webhooks_admin, webhooks_tenant_admin;

@@ -92,3 +92,29 @@ def test_the_operators_channel_is_marked_for_every_tenants_operational_events_an
     listed = {e["name"]: e["operational_all_tenants"]
               for e in json.loads(run(db, "endpoints", "list", "--json"))}
     assert listed == {"acme-ops": True, "operator-ops": False}
+
+
+def test_a_tenant_is_granted_networks_and_its_endpoints_reach_those_alone(db):
+    run(db, "tenants", "add", "acme", "--allow-networks", "10.1.2.3/16, 127.0.0.1")
+    shown = json.loads(run(db, "tenants", "show", "acme", "--json"))
+    assert shown["allow_networks"] == ["10.1.0.0/16", "127.0.0.1/32"]  # each as its network
+    assert "10.1.0.0/16" in run(db, "tenants", "list")
+    # the config's security.allow_networks is the operator's (the default tenant's), not acme's
+    env = {"DATABASE_URL": db, "WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": "[10.9.0.0/16]"}
+    ours = cli("endpoints", "add", "--name", "ours", "--url", "http://10.9.0.1/hook", env=env)
+    assert ours.returncode == 0, ours.stderr
+    theirs = cli("endpoints", "add", "--name", "theirs", "--url", "http://10.9.0.1/hook", "--tenant", "acme",
+                 env=env)
+    assert theirs.returncode == 2, theirs.stderr
+    assert "destination 10.9.0.1 is not allowed for this tenant" in theirs.stderr
+    assert ("grant its network to tenant acme: webhook-worker tenants update acme --allow-networks "
+            "10.1.0.0/16,127.0.0.1/32,10.9.0.1/32") in theirs.stderr
+    run(db, "endpoints", "add", "--name", "theirs", "--url", "http://10.1.200.7/hook", "--tenant", "acme")
+    # a new URL, by the endpoint's tenant
+    moved = refused(db, "endpoints", "update", "theirs", "--url", "http://10.2.0.1/hook")
+    assert "destination 10.2.0.1 is not allowed for this tenant" in moved
+    run(db, "tenants", "update", "acme", "--allow-networks", "none")
+    assert json.loads(run(db, "tenants", "show", "acme", "--json"))["allow_networks"] == []
+    for value in ("intranet", "10.0.0.0/33"):
+        bad = refused(db, "tenants", "update", "acme", "--allow-networks", value)
+        assert f"--allow-networks: '{value}' is not an address or a CIDR" in bad

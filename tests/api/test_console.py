@@ -365,6 +365,15 @@ def test_bad_input_gets_a_page_naming_the_field(console, db):
     assert answer.status == 422 and "endpoint: no endpoint named &#39;abc&#39;" in answer.body.decode()
     answer = person.get("/console/deliveries/0")
     assert answer.status == 422 and "delivery_id" in answer.body.decode()
+    # a name two tenants hold asks for its tenant; tenant/name finds it
+    for tenant in ("acme", "globex"):
+        query(db, "SELECT webhooks.register_tenant(%s)", (tenant,))
+        add_endpoint(db, f"https://hooks.example.test/{tenant}", name="hook", tenant=tenant)
+    answer = person.get("/console/dead-letters?endpoint=hook")
+    assert answer.status == 422, answer.body
+    assert "names an endpoint in more than one tenant (acme, globex): give its id or tenant/name" in \
+        answer.body.decode().replace("&#39;", "'")
+    assert person.get("/console/dead-letters?endpoint=acme/hook").status == 200
 
 
 def test_the_session_functions_are_the_api_logins_alone(db):

@@ -128,8 +128,10 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
     endpoint, send a test event, see it delivered, reveal the secret and verify the test event's
     signature with it, replay a dead letter; another tenant's endpoint is neither shown nor reachable."""
     assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
-    acme = query(db, "SELECT webhooks.register_tenant('acme')")[0][0]
-    globex = query(db, "SELECT webhooks.register_tenant('globex')")[0][0]
+    # both granted loopback, where the test's receivers stand in for their public receivers
+    grant = '{"allow_networks": ["127.0.0.1/32"]}'
+    acme = query(db, "SELECT webhooks.register_tenant('acme', %s)", (grant,))[0][0]
+    globex = query(db, "SELECT webhooks.register_tenant('globex', %s)", (grant,))[0][0]
     theirs = add_endpoint(db, receiver.url("/acme"), name="acme-orders", max_attempts=1)
     mine = add_endpoint(db, receiver.url("/old"), name="globex-old", max_attempts=1)
     query(db, "UPDATE webhooks.endpoints SET tenant_id = CASE id WHEN %s THEN %s ELSE %s END"

@@ -13,7 +13,7 @@ import pytest
 from tests.acceptance.test_cli import cli
 from tests.api import test_tenant_isolation as isolation
 from tests.api.console_client import Browserless, ConsoleServer, hidden
-from tests.api.server import Answer, api_config, make_token
+from tests.api.server import Answer, ApiServer, api_config, make_token
 from tests.support import query
 from worker import portal
 
@@ -147,6 +147,54 @@ def test_an_admin_makes_a_portal_link_over_the_api(console, db, two_tenants):
     assert open_link(person, made.json["url"]).status == 303
     assert "globex" in person.get("/console/").body.decode()
     assert console.contract_problems() == []
+
+
+FORGED = {"Host": "evil.example.com", "X-Forwarded-Proto": "https", "X-Forwarded-Host": "evil.example.com"}
+
+
+def test_a_link_never_takes_its_host_from_a_request_anyone_can_send(db, two_tenants):
+    """Without api.public_url and without a trusted proxy in front, a link points at the address the
+    request arrived at, and says so; with it, at the public URL; behind a trusted proxy, where the
+    proxy says the client came, when that is a host."""
+    admin = make_token(db, "admin")
+    for config, expected, warned in (
+            ({}, "http://127.0.0.1:{port}", True),
+            ({"public_url": "https://webhooks.example.com/"}, "https://webhooks.example.com", False),
+            ({"trusted_proxies": ["127.0.0.1/32"]}, "https://evil.example.com", False)):
+        server = ApiServer(api_config(db, **config)).start()
+        try:
+            made = server.post("/v1/tenants/globex/portal-link", admin, headers=FORGED)
+            assert made.status == 201, made.body
+            origin = expected.format(port=server.port)
+            assert made.json["url"].startswith(f"{origin}/console/portal/"), (config, made.json["url"])
+            assert (made.json["warning"] is not None) == warned, made.json
+            if warned:
+                assert "api.public_url" in made.json["warning"]
+            if config.get("trusted_proxies"):
+                # what a trusted proxy says is used only when it is a host
+                odd = server.post("/v1/tenants/globex/portal-link", admin,
+                                  headers={**FORGED, "X-Forwarded-Host": "evil.example.com/x?"})
+                assert odd.json["url"].startswith(f"http://127.0.0.1:{server.port}/console/portal/")
+            assert server.contract_problems() == []
+        finally:
+            server.stop()
+
+
+def test_the_cli_says_where_a_link_points_without_a_public_url(db, two_tenants):
+    env = {"DATABASE_URL": db}
+    made = cli("tokens", "portal-link", "--tenant", "globex", env=env)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("http://127.0.0.1:8000/console/portal/")
+    assert ("warning: the link points at http://127.0.0.1:8000 (api.host and api.port): set api.public_url"
+            in made.stderr)
+    made = cli("tokens", "portal-link", "--tenant", "globex",
+               env={**env, "WEBHOOK_WORKER_API__PUBLIC_URL": "https://webhooks.example.com"})
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("https://webhooks.example.com/console/portal/")
+    assert "warning" not in made.stderr
+    bad = cli("tokens", "portal-link", "--tenant", "globex",
+              env={**env, "WEBHOOK_WORKER_API__PUBLIC_URL": "https://webhooks.example.com/console?x=1"})
+    assert bad.returncode == 2 and "api.public_url: only the scheme, host and port" in bad.stderr
 
 
 def tenant_admin(console: ConsoleServer, db: str, tenant: str) -> Browserless:

@@ -3,10 +3,13 @@ migration, the API and the CLI alike."""
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
 from tests.acceptance.test_cli import cli
+from tests.api.server import make_token
 from tests.support import add_endpoint, query
 from worker import schema
 
@@ -111,3 +114,81 @@ def test_a_tenant_named_with_digits_is_refused_and_migrated_and_digits_address_t
     assert query(db, "SELECT name FROM webhooks.tenants WHERE id = %s", (globex,)) == [(f"tenant-{acme}",)]
     with pytest.raises(psycopg.errors.CheckViolation):
         query(db, "UPDATE webhooks.tenants SET name = '7' WHERE id = %s", (globex,))
+
+
+def test_names_are_unique_within_a_tenant_and_a_name_two_tenants_hold_asks_for_its_tenant(
+        api, db, role_tokens):
+    """acme's administrator takes a name globex holds without learning that globex holds it; a caller
+    that is no tenant's, naming it, is asked for the id or tenant/name, wherever a name is taken."""
+    for name in ("acme", "globex"):
+        query(db, "SELECT webhooks.register_tenant(%s)", (name,))
+    theirs = add_endpoint(db, f"{URL}globex", name="hook", tenant="globex")
+    acme_admin = make_token(db, "tenant_admin", name="acme-admin", tenant="acme")
+    created = api.post("/v1/endpoints", acme_admin, {"name": "hook", "url": f"{URL}acme"})
+    assert created.status == 201, created.body
+    ours = created.json["id"]
+    again = api.post("/v1/endpoints", acme_admin, {"name": "hook", "url": f"{URL}acme2"})
+    assert again.status == 409, again.body
+    assert again.json["detail"] == "name: an endpoint named 'hook' exists in this tenant"
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        add_endpoint(db, f"{URL}globex2", name="hook", tenant="globex")
+    # each tenant's own caller finds its own
+    assert api.get("/v1/endpoints/hook", acme_admin).json["id"] == ours
+    globex_reader = make_token(db, "reader", tenant="globex")
+    assert api.get("/v1/endpoints/hook", globex_reader).json["id"] == theirs
+
+    admin, producer = role_tokens["admin"], role_tokens["producer"]
+    said = "'hook' names an endpoint in more than one tenant (acme, globex): give its id or tenant/name"
+    for method, path, body, field in (
+            ("GET", "/v1/endpoints/hook", None, None),
+            ("POST", "/v1/endpoints/hook/disable", {}, None),
+            ("GET", "/v1/endpoints/hook/secret", None, None),
+            ("GET", "/v1/deliveries?endpoint=hook", None, "endpoint"),
+            ("GET", "/v1/dead-letters?endpoint=hook", None, "endpoint"),
+            ("POST", "/v1/dead-letters/replay", {"filter": {"endpoint": "hook"}}, "filter.endpoint")):
+        answer = api.request(method, path, admin, body)
+        assert answer.status == 409 and answer.json["detail"] == said, (method, path, answer.body)
+        assert answer.json.get("field") == field
+    published = api.post("/v1/messages", producer, {"event_type": "order.paid", "payload": {},
+                                                    "endpoint": "hook"})
+    assert published.status == 409 and published.json["field"] == "endpoint", published.body
+    batch = api.post("/v1/messages/batch", producer, {"messages": [
+        {"event_type": "order.paid", "payload": {}, "endpoint": "hook"},
+        {"event_type": "order.paid", "payload": {}, "endpoint": "globex/hook"}]})
+    assert batch.status == 202, batch.body
+    first, second = batch.json["results"]
+    assert first["status"] == 409 and first["detail"] == said, first
+    assert [d["endpoint_id"] for d in second["deliveries"]] == [theirs]
+    assert query(db, "SELECT active FROM webhooks.endpoints ORDER BY id") == [(True,), (True,)]
+    # tenant/name, wherever a name is taken
+    assert api.get("/v1/endpoints/acme%2Fhook", admin).json["id"] == ours
+    assert api.get("/v1/deliveries?endpoint=globex/hook", admin).status == 200
+    assert api.post("/v1/messages", producer, {"event_type": "order.paid", "payload": {},
+                                               "endpoint": "acme/hook"}).status == 202
+    env = {"DATABASE_URL": db}
+    shown = cli("endpoints", "show", "hook", "--json", env=env)
+    assert shown.returncode == 1 and f"ENDPOINT {said}" in shown.stderr, shown.stderr
+    shown = cli("endpoints", "show", "globex/hook", "--json", env=env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == theirs, shown.stderr
+    listed = cli("dlq", "list", "--endpoint", "hook", env=env)
+    assert listed.returncode == 1 and said in listed.stderr, listed.stderr
+
+
+def test_endpoint_ref_reads_tenant_slash_name_and_keeps_a_scoped_session_to_its_tenant(db):
+    for name in ("acme", "a/b"):
+        query(db, "SELECT webhooks.register_tenant(%s)", (name,))
+    ours = add_endpoint(db, f"{URL}1", name="hook", tenant="acme")
+    slashed = add_endpoint(db, f"{URL}2", name="c", tenant="a/b")  # a tenant's name may hold a slash
+    plain = add_endpoint(db, f"{URL}3", name="acme/hook")  # and an endpoint's
+    ref = "SELECT webhooks.endpoint_ref(%s)"
+    assert query(db, ref, ("a/b/c",)) == [(slashed,)]
+    assert query(db, ref, ("hook",)) == [(ours,)]
+    assert query(db, ref, ("nobody/hook",)) == [(None,)]
+    with pytest.raises(psycopg.errors.TooManyRows, match="'acme/hook' names an endpoint in more than one"):
+        query(db, ref, ("acme/hook",))  # the default tenant's name, and acme's hook
+    assert query(db, ref, (str(plain),)) == [(plain,)]
+    with psycopg.connect(db, autocommit=True) as conn:
+        acme = conn.execute("SELECT webhooks.tenant_id('acme')").fetchone()
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme[0]),))
+        assert conn.execute(ref, ("acme/hook",)).fetchone() == (ours,)  # its own only
+        assert conn.execute(ref, (str(plain),)).fetchone() == (None,)

@@ -44,7 +44,10 @@ ALLOWED = [
     # tools reading JSON Schema agree on)
     ("POST /v1/endpoints", "422", "url refused by the destination rules, or a name not printable"),
     ("PATCH /v1/endpoints/{id}", "422", "url refused by the destination rules"),
-    ("POST /v1/tenants", "422", "a name not printable"),
+    ("POST /v1/tenants", "422", "a name not printable, or allow_networks not addresses or CIDRs"),
+    # a tenant's granted networks are addresses or CIDRs (worker.destinations.granted_networks): no
+    # pattern the tools agree on describes both families and their prefix lengths
+    ("PATCH /v1/tenants/{id}", "422", "allow_networks not addresses or CIDRs"),
     # a signing secret is whsec_ and the base64 of 24 to 64 bytes (worker.signing): its decoded
     # length has no pattern; the document describes it in words
     ("POST /v1/endpoints/{id}/rotate-secret", "422", "a secret that is not whsec_<base64 of 24-64 bytes>"),

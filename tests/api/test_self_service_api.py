@@ -20,9 +20,10 @@ INVOICE_SCHEMA = {"type": "object", "required": ["invoice_id"],
 
 @pytest.fixture
 def acme(db, receiver):
-    """Tenant acme with an administrator token, and tenant globex with an endpoint and a dead letter."""
-    query(db, "SELECT webhooks.register_tenant('acme')")
-    query(db, "SELECT webhooks.register_tenant('globex')")
+    """Tenant acme with an administrator token, and tenant globex with an endpoint and a dead letter;
+    both granted loopback, where the tests' receivers are."""
+    for name in ("acme", "globex"):
+        query(db, "SELECT webhooks.register_tenant(%s, '{\"allow_networks\": [\"127.0.0.1/32\"]}')", (name,))
     theirs = add_endpoint(db, receiver.url("/globex"), name="globex-hook", tenant="globex")
     return {"token": make_token(db, "tenant_admin", name="acme-admin", tenant="acme"), "theirs": theirs,
             "their_dead": dead_letter(db, theirs)}
@@ -211,3 +212,37 @@ def test_an_admins_test_event_and_secret_read_are_logged_without_the_secret(api,
     text = logged.out + logged.err
     assert "api read a signing secret" in text and "api sent a test event" in text
     assert secret not in text and secret.removeprefix("whsec_") not in text
+
+
+
+def test_a_rotation_over_http_is_logged_and_an_operational_event_as_a_read_is_logged(api, db, role_tokens,
+                                                                                     capfd):
+    """Rotating a secret is logged (who, which endpoint, never the secret), recorded in the endpoint's
+    changes with who decided it, and queued as webhook.endpoint.secret_rotated for the tenant's
+    endpoints that subscribe to it, never for the endpoint itself."""
+    rotated_one = add_endpoint(db, "https://hooks.example.test/a", name="rotated",
+                               event_types=("webhook.endpoint.secret_rotated",))
+    ops = add_endpoint(db, "https://hooks.example.test/ops", name="ops",
+                       event_types=("webhook.endpoint.secret_rotated",))
+    answer = api.post("/v1/endpoints/rotated/rotate-secret", role_tokens["admin"],
+                      {"expire_old_after_hours": 2})
+    assert answer.status == 200, answer.body
+    new_secret = answer.json["signing_secret"]
+    text = "".join(capfd.readouterr())
+    assert "api rotated a signing secret" in text and f"endpoint_id={rotated_one}" in text
+    assert new_secret not in text and new_secret.removeprefix("whsec_") not in text
+    [(change, reason, decided_by)] = query(
+        db, "SELECT change, reason, decided_by FROM webhooks.endpoint_events WHERE webhook_id = %s",
+        (rotated_one,))
+    assert (change, decided_by) == ("secret_rotated", f"api:{name_of(db, role_tokens['admin'])}")
+    assert reason.startswith("the earlier secrets sign until ")
+    assert api.get("/v1/endpoints/rotated", role_tokens["admin"]).json["recent_changes"][0]["change"] == \
+        "secret_rotated"
+    queued = query(db, "SELECT webhook_id, event_type, payload ->> 'change' FROM webhooks.deliveries")
+    assert queued == [(ops, "webhook.endpoint.secret_rotated", "secret_rotated")]
+    assert new_secret not in json.dumps(query(db, "SELECT payload FROM webhooks.deliveries")[0][0])
+
+
+def name_of(db: str, token: str) -> str:
+    return str(query(db, "SELECT name FROM webhooks.api_tokens WHERE token_hash = %s",
+                     (tokens.token_hash(token),))[0][0])

@@ -31,9 +31,11 @@ def two_tenants(db, receiver):
 
 def make_two_tenants(db, receiver):
     """Tenant acme: an endpoint with a dead letter, a delivered row and a state change; tenant
-    globex (`other` is a reserved name): an endpoint with one pending row."""
-    acme = query(db, "SELECT webhooks.register_tenant('acme')")[0][0]
-    other = query(db, "SELECT webhooks.register_tenant('globex')")[0][0]
+    globex (`other` is a reserved name): an endpoint with one pending row. Both are granted
+    loopback, where the tests' receivers are."""
+    grant = '{"allow_networks": ["127.0.0.1/32"]}'
+    acme = query(db, "SELECT webhooks.register_tenant('acme', %s)", (grant,))[0][0]
+    other = query(db, "SELECT webhooks.register_tenant('globex', %s)", (grant,))[0][0]
     endpoint = add_endpoint(db, receiver.url("/acme"), name="acme-orders")
     in_tenant(db, endpoint, acme)
     dead = dead_letter(db, endpoint, reason="http 400 acme-secret-reason")

@@ -31,7 +31,8 @@ def test_the_catalogue_is_listed_added_to_replaced_and_deprecated(db):
         # the worker's own types are there from the start
         assert {t.name for t in event_types.listing(conn)} == {
             "webhook.test", "webhook.endpoint.disabled", "webhook.endpoint.enabled",
-            "webhook.endpoint.dead_letters", "webhook.circuit.opened", "webhook.circuit.closed"}
+            "webhook.endpoint.dead_letters", "webhook.endpoint.secret_rotated", "webhook.circuit.opened",
+            "webhook.circuit.closed"}
         assert event_types.upsert(conn, "invoice.paid", "An invoice was paid", INVOICE_SCHEMA) is True
         assert event_types.get(conn, "invoice.paid") == EventType(
             "invoice.paid", "An invoice was paid", INVOICE_SCHEMA, False)
@@ -81,7 +82,7 @@ def test_every_role_reads_the_catalogue_and_only_an_admin_changes_it(db):
         with psycopg.connect(api_dsn(db)) as conn:
             conn.execute(f"SET LOCAL ROLE {role}")
             conn.execute("SELECT set_config('webhooks.tenant', '1', true)")
-            assert len(event_types.listing(conn)) == 7
+            assert len(event_types.listing(conn)) == 8  # invoice.paid and the worker's seven
             if role == "webhooks_tenant_admin":
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute("SELECT webhooks.upsert_event_type('invoice.paid', 'mine')")

@@ -211,6 +211,25 @@ def test_a_tenant_admin_without_its_tenant_set_sees_nothing_and_changes_nothing(
     assert snapshot(db, ours) == before
 
 
+def test_a_tenant_admin_reads_its_own_tenants_renamed_names_only(db, tenants):
+    """endpoint_renamed_names (the all-digit names migration 008 renamed) is under row-level
+    security: a tenant's administrator reads its own tenant's old names, never another's, and none
+    without its tenant set; messages carries the restrictive policy the other tenant tables carry."""
+    query(db, "INSERT INTO webhooks.endpoint_renamed_names (name, webhook_id, new_name)"
+              " VALUES ('7', %s, 'ours'), ('8', %s, 'theirs')", (tenants["ours"], tenants["theirs"]))
+    with tenant_admin(db, tenants["acme"]) as conn:
+        assert conn.execute("SELECT name, new_name FROM webhooks.endpoint_renamed_names").fetchall() == [
+            ("7", "ours")]
+        assert conn.execute("SELECT webhooks.endpoint_ref('7')").fetchone() == (None,)  # still refused
+    with tenant_admin(db, None) as conn:
+        assert conn.execute("SELECT count(*) FROM webhooks.endpoint_renamed_names").fetchone() == (0,)
+    assert query(db, "SELECT tablename, permissive, roles::text[] FROM pg_policies"
+                     " WHERE schemaname = 'webhooks' AND policyname = 'tenant_admin_needs_tenant'"
+                     " AND tablename IN ('messages', 'endpoint_renamed_names') ORDER BY 1") == [
+        ("endpoint_renamed_names", "RESTRICTIVE", ["webhooks_tenant_admin"]),
+        ("messages", "RESTRICTIVE", ["webhooks_tenant_admin"])]
+
+
 def test_a_tenant_admins_bulk_replay_replays_its_tenants_dead_letters_only(db, tenants):
     acme = tenants["acme"]
     operation = one(db, acme, "SELECT webhooks.api_start_replay('{}', NULL, NULL, 'acme-admin')")
@@ -261,7 +280,8 @@ def test_the_tenant_admin_role_holds_what_it_needs_and_nothing_of_the_fleet(db):
         "store_endpoint_credentials(bigint,text,jsonb,jsonb,jsonb)", "endpoint_credentials(bigint,integer)",
         "update_endpoint(bigint,jsonb)", "disable_endpoint(bigint,text,text,bigint,integer)",
         "enable_endpoint(bigint,text,text)", "set_circuit(bigint,text,timestamp with time zone,text,text)",
-        "rotate_secret(bigint,text,timestamp with time zone)", "api_delete_endpoint(bigint)",
+        "rotate_secret(bigint,text,timestamp with time zone,text)", "api_delete_endpoint(bigint)",
+        "tenant_destinations(text,bigint)",
         "replay(bigint)", "api_start_replay(jsonb,double precision,integer,text)",
         "api_cancel_operation(bigint,text)",
         "api_publish(text,jsonb,text,text,text,integer,timestamp with time zone,text)",

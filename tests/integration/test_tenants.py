@@ -10,11 +10,14 @@ import pytest
 
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
-from tests.support import add_endpoint, enqueue, eventually, query, statuses, wait_final
+from tests.support import LOOPBACK, add_endpoint, enqueue, eventually, query, statuses, wait_final
 from worker.observability import Metrics
 
 
 def tenant(dsn: str, name: str, **limits: object) -> int:
+    """A tenant whose endpoints may reach the tests' receivers on loopback: the operator grants it
+    the network, as it would grant an internal one (its own allow_networks are not the tenant's)."""
+    limits.setdefault("allow_networks", LOOPBACK)
     return int(query(dsn, "SELECT webhooks.register_tenant(%s, %s)", (name, json.dumps(limits)))[0][0])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.api.forwarded import client_address, networks
+from worker.api.forwarded import client_address, forwarded_origin, networks
 from worker.config import load_config
 from worker.errors import ConfigError
 
@@ -113,3 +113,40 @@ def test_a_bad_trusted_proxy_names_the_key_and_the_problem(tmp_path, value, expe
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, f"api:\n  trusted_proxies: {value}\n"), environ={})
     assert expected in str(caught.value)
+
+
+def test_where_a_client_reached_the_api_is_believed_from_a_trusted_proxy_only():
+    def origin(peer, proto=(), host=(), scheme="http", given="api.internal:8000"):
+        return forwarded_origin(peer, PROXIES, scheme, given, list(proto), list(host))
+
+    assert origin("203.0.113.5", ["https"], ["evil.example.com"]) is None  # anyone may send them
+    assert origin(None, ["https"], ["evil.example.com"]) is None
+    assert origin("10.1.2.3", ["https"], ["hooks.example.com"]) == "https://hooks.example.com"
+    # the nearest proxy's value is the right-most
+    assert origin("10.1.2.3", ["http, https"], ["a.example, hooks.example.com:8443"]) == \
+        "https://hooks.example.com:8443"
+    # without the headers: the scheme and Host it forwarded
+    assert origin("10.1.2.3") == "http://api.internal:8000"
+    assert origin("10.1.2.3", host=["[2001:db8::1]:443"], proto=["HTTPS"]) == "https://[2001:db8::1]:443"
+    for proto, host in ((["ftp"], ["hooks.example.com"]), (["https"], ["hooks.example.com/x"]),
+                        (["https"], ["user@hooks.example.com"]), (["https"], ["a b"])):
+        assert origin("10.1.2.3", proto, host) is None, (proto, host)
+
+
+@pytest.mark.parametrize("value, said", [
+    ("webhooks.example.com", "expected http:// or https://"),
+    ("https://webhooks.example.com/console", "only the scheme, host and port"),
+    ("https://webhooks.example.com/?x=1", "only the scheme, host and port"),
+    ("https://user:pw@webhooks.example.com", "must not carry credentials"),
+    ("https://webhooks.example.com:99999", "not a valid URL"),
+])
+def test_the_public_url_is_an_origin(value, said):
+    with pytest.raises(ConfigError, match=f"^api.public_url: {said}") as refused:
+        load_config(None, {"DATABASE_URL": "postgresql://x/y", "WEBHOOK_WORKER_API__PUBLIC_URL": value})
+    assert "pw" not in str(refused.value)  # a URL is never echoed: it may carry credentials
+
+
+def test_a_public_url_is_kept_as_its_origin():
+    config = load_config(None, {"DATABASE_URL": "postgresql://x/y",
+                                "WEBHOOK_WORKER_API__PUBLIC_URL": "https://webhooks.example.com/"})
+    assert config.api.public_url == "https://webhooks.example.com"

@@ -15,7 +15,9 @@ from worker.destinations import (
     DestinationPolicy,
     address_blocked,
     embedded_ipv4,
+    granted_networks,
     ip_literal,
+    tenant_policy,
     url_problem,
 )
 from worker.policy import AttemptResult, Category, Outcome, classify
@@ -398,3 +400,47 @@ def test_a_legacy_ipv4_literal_in_capitals_is_still_an_address():
 ])
 def test_each_url_problem_reads_in_full(url, policy, problem):
     assert url_problem(url, policy) == problem
+
+
+# --- whose networks -----------------------------------------------------------------------------------
+
+OPERATOR = DestinationPolicy.from_settings(True, ["10.9.0.0/16"], False)
+
+
+def test_the_default_tenants_endpoints_reach_the_operators_networks_and_no_other_tenants_do():
+    ours = tenant_policy(OPERATOR, "default", [])
+    assert ours is OPERATOR and address_blocked("10.9.0.1", ours) is None
+    theirs = tenant_policy(OPERATOR, "acme", [])
+    assert theirs.tenant_scoped and theirs.allow == ()
+    assert address_blocked("10.9.0.1", theirs) == (
+        "destination 10.9.0.1 is not allowed for this tenant: not a public address, nor in a network "
+        "granted to the tenant")
+    assert address_blocked("8.8.8.8", theirs) is None  # public destinations stay open
+    granted = tenant_policy(OPERATOR, "acme", ["10.1.0.0/16"])
+    assert address_blocked("10.1.2.3", granted) is None
+    assert address_blocked("::ffff:10.1.2.3", granted) is None  # the forms that stand for it too
+    assert address_blocked("10.9.0.1", granted) is not None
+    # a grant to the default tenant adds to the operator's
+    both = tenant_policy(OPERATOR, "default", ["10.1.0.0/16"])
+    assert address_blocked("10.1.2.3", both) is None and address_blocked("10.9.0.1", both) is None
+
+
+def test_the_operators_allowances_are_never_a_tenants():
+    anything = DestinationPolicy.from_settings(False, [], True)  # block_private_networks: false
+    assert address_blocked("10.0.0.1", tenant_policy(anything, "default", [])) is None
+    theirs = tenant_policy(anything, "acme", [])
+    assert address_blocked("10.0.0.1", theirs) is not None
+    assert address_blocked("169.254.169.254", tenant_policy(anything, "acme", ["10.0.0.0/8"])) is not None
+    # a restriction holds for everyone
+    assert url_problem("http://hooks.example.test/", theirs) == "https is required (security.require_https)"
+
+
+def test_networks_are_granted_as_networks_and_anything_else_is_refused_naming_it():
+    assert granted_networks(["10.1.2.3/16", " 127.0.0.1", "fd00::1", "10.1.0.0/16"]) == [
+        "10.1.0.0/16", "127.0.0.1/32", "fd00::1/128"]
+    assert granted_networks([]) == []
+    for bad in ("intranet", "10.0.0.0/33", "10.0.0.1/8/8", ""):
+        with pytest.raises(ValueError, match="is not an address or a CIDR"):
+            granted_networks([bad])
+    with pytest.raises(ValueError, match="at most 100 networks"):
+        granted_networks([f"10.0.{i}.0/24" for i in range(101)])

@@ -257,6 +257,8 @@ class Tenant(Answer):
     in_flight: int
     dead_letters: int
     created_at: datetime
+    allow_networks: list[str] = Field(description="the private networks its endpoints may reach besides "
+                                                  "public destinations, granted by the operator")
 
 
 class TenantList(Answer):

@@ -58,8 +58,14 @@ async def settled(work: Awaitable[T]) -> T:
         raise problem(found) from None
 
 
-async def check_destination(url: str | None, config: Config) -> None:
-    """The service's destination rules, in a thread (DNS), before any transaction opens; a name that
-    does not resolve yet is accepted (deliveries fail as `dns` until it does)."""
-    if url is not None:
-        await settled(asyncio.to_thread(service.check_destination, url, config))
+async def check_destination(url: str | None, config: Config, scope: service.DestinationScope | None,
+                            advise: bool) -> None:
+    """The service's destination rules for an endpoint of `scope`'s tenant, in a thread (DNS),
+    before any transaction opens; a name that does not resolve yet is accepted (deliveries fail as
+    `dns` until it does). `advise`: the caller is no tenant's, and a refusal says how to allow the
+    address."""
+    if url is None:
+        return
+    if scope is None:  # an endpoint the caller does not see (answered 404 before this)
+        raise invalid("url", "no endpoint to check the destination for")
+    await settled(asyncio.to_thread(service.check_destination, url, config, scope, advise))

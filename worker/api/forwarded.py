@@ -1,8 +1,10 @@
-"""Which address a request comes from: the peer, or behind a trusted proxy the client it names."""
+"""Which address a request comes from, and where its client reached the API: the peer and the
+request itself, or behind a trusted proxy what the proxy says."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Sequence
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -115,3 +117,30 @@ def _address(text: str) -> Address | None:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+# A Host value: a name or an IPv4 address, or an IPv6 address in brackets, with a port perhaps.
+_HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+                   r"(?::[0-9]{1,5})?$")
+
+
+def forwarded_origin(peer: str | None, trusted: Sequence[Network], scheme: str, host: str | None,
+                     forwarded_proto: Sequence[str], forwarded_host: Sequence[str]) -> str | None:
+    """Where the client reached the API (`scheme://host[:port]`), as a trusted proxy in front says:
+    its X-Forwarded-Proto and X-Forwarded-Host (the right-most value of each, the nearest proxy's),
+    else the scheme and Host header it forwarded. None from a peer that is not a trusted proxy,
+    since anyone may send those headers (a link made from them could point anywhere), or when what
+    the proxy says is no scheme or host."""
+    peer_address = _address(peer) if peer else None
+    if peer_address is None or not _within(peer_address, trusted):
+        return None
+    proto = _last(forwarded_proto) or scheme
+    where = _last(forwarded_host) or host or ""
+    if proto.lower() not in ("http", "https") or _HOST.fullmatch(where) is None:
+        return None
+    return f"{proto.lower()}://{where}"
+
+
+def _last(lines: Sequence[str]) -> str | None:
+    values = [part.strip() for line in lines for part in line.split(",") if part.strip()]
+    return values[-1] if values else None

@@ -8,13 +8,12 @@ from aiohttp import web
 from pydantic import Field
 
 from worker import portal
-from worker.api import queries
+from worker.api import forwarded, queries
 from worker.api.answers import Answer
 from worker.api.context import FLEET_ADMIN, STATE, caller_of, json_response
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.inputs import Body
 from worker.api.problems import not_found
-from worker.console.sessions import cookie_is_secure
 from worker.observability import get_logger
 
 
@@ -29,13 +28,29 @@ class PortalLink(Answer):
     tenant: str
     token_name: str = Field(description="the tenant_admin token behind it: revoking it ends the session")
     expires_at: datetime
+    warning: str | None = Field(default=None, description="set when the link points at the address the "
+                                                          "request arrived at, for want of api.public_url")
 
 
-def base_url(request: web.Request) -> str:
-    """Where the caller reached the API: the link is for a person who reaches it the same way (behind
-    a proxy that says so, over https)."""
-    secure = cookie_is_secure(request.scheme, request.headers.get("X-Forwarded-Proto"))
-    return f"{'https' if secure else 'http'}://{request.host}"
+def base_url(request: web.Request) -> tuple[str, str | None]:
+    """Where people reach the API, the origin of the link, and a warning when it is only a guess:
+    api.public_url; else what a trusted proxy in front says (api.trusted_proxies); else the address
+    this request arrived at, which is the API's own. Never the request's Host header from anyone
+    else: a link made from it could point anywhere (a phishing host, with a valid secret)."""
+    state = request.app[STATE]
+    if state.config.api.public_url is not None:
+        return state.config.api.public_url, None
+    headers = request.headers
+    proxied = forwarded.forwarded_origin(request.remote, state.trusted_proxies, request.scheme,
+                                         headers.get("Host"), headers.getall("X-Forwarded-Proto", []),
+                                         headers.getall("X-Forwarded-Host", []))
+    if proxied is not None:
+        return proxied, None
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    host, port = (sockname[0], sockname[1]) if sockname else (state.config.api.host, state.config.api.port)
+    base = f"{request.scheme}://{f'[{host}]' if ':' in str(host) else host}:{port}"
+    return base, (f"the link points at {base}, where this request arrived; set api.public_url to where "
+                  "people reach the API (or list the proxy in front in api.trusted_proxies)")
 
 
 async def create_portal_link(request: web.Request) -> web.Response:
@@ -46,11 +61,14 @@ async def create_portal_link(request: web.Request) -> web.Response:
         found = await queries.tenant(conn, tenant)  # by name or id, as GET /v1/tenants/{id}
         if found is None:
             raise not_found(f"tenant {tenant}")
-        link = await portal.create_async(conn, str(found["name"]), lifetime, base_url(request))
+        base, warning = base_url(request)
+        link = await portal.create_async(conn, str(found["name"]), lifetime, base)
     get_logger().info("api made a portal link", tenant=link.tenant, token_name=link.token_name,
                       by=caller.name)
+    if warning is not None:
+        get_logger().warning("api portal link without api.public_url", link_origin=base)
     return json_response({"url": link.url, "tenant": link.tenant, "token_name": link.token_name,
-                          "expires_at": link.expires_at}, status=201)
+                          "expires_at": link.expires_at, "warning": warning}, status=201)
 
 
 ROUTE = Route("POST", "/v1/tenants/{id}/portal-link", create_portal_link,

@@ -12,9 +12,10 @@ from psycopg.types.json import Jsonb
 
 from worker import endpoints as endpoint_service
 from worker import event_types as catalogue
+from worker import tenants as tenant_rules
 from worker.api import tokens
 from worker.api.database import fetch_all, fetch_one
-from worker.api.problems import not_found
+from worker.api.problems import conflict, invalid, not_found
 from worker.api.tokens import Caller
 from worker.operator_sql import DEAD_LETTER_ORDER, DEAD_LETTERS_MATCHING, SETTABLE
 
@@ -33,18 +34,35 @@ ATTEMPT_COLUMNS = ("attempt, outcome, failure_category, http_status, latency_ms,
                    "  WHERE d.digest_id = h.digest_id) AS digest_rows")
 
 
-async def endpoint_id(conn: Conn, name_or_id: str) -> int | None:
-    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (name_or_id,))
+async def endpoint_id(conn: Conn, name_or_id: str, field: str | None = None) -> int | None:
+    """The endpoint an id, a name or `tenant/name` names (webhooks.endpoint_ref()); a name several
+    tenants hold, to a caller that is no tenant's, is a conflict (409) asking for the id or
+    `tenant/name`, naming `field` if the name came in one."""
+    try:
+        row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (name_or_id,))
+    except psycopg.errors.TooManyRows as exc:
+        raise conflict(str(exc.diag.message_primary), field=field) from None
     return None if row is None or row["id"] is None else int(row["id"])
 
 
 async def endpoint_named(conn: Conn, name_or_id: str) -> int:
-    """The endpoint a path names, by id or by name (as the CLI's ENDPOINT arguments); one the caller
-    cannot see (another tenant's) is a missing one: 404."""
+    """The endpoint a path names, by id, by name or as `tenant/name` (as the CLI's ENDPOINT
+    arguments); one the caller cannot see (another tenant's) is a missing one: 404."""
     found = await endpoint_id(conn, name_or_id)
     if found is None:
         raise not_found(f"endpoint {name_or_id}")
     return found
+
+
+async def destination_scope(conn: Conn, tenant: str | None = None, endpoint_id: int | None = None
+                            ) -> endpoint_service.DestinationScope | None:
+    """Where an endpoint registered in `tenant`, or the endpoint `endpoint_id`, may deliver
+    (worker.endpoints.destination_scope, on the request's connection)."""
+    try:
+        cur = await conn.execute(endpoint_service.DESTINATION_SCOPE, (tenant, endpoint_id))
+        return endpoint_service.scope_of(await cur.fetchone())
+    except psycopg.errors.NoDataFound:
+        raise invalid("tenant", f"no tenant named {tenant!r} (tenants list shows them)") from None
 
 
 # The publish's statement refused it: the catalogue changed since the version it was checked at
@@ -262,8 +280,7 @@ async def set_config(conn: Conn, changes: dict[str, str | None]) -> None:
         await conn.execute(statement, (value,))
 
 
-TENANT_COLUMNS = ("id, name, rate_limit_per_second, rate_limit_burst, max_in_flight, max_endpoints,"
-                  " max_queued, endpoints, waiting, in_flight, dead_letters, created_at")
+TENANT_COLUMNS = ", ".join(tenant_rules.SUMMARY_COLUMNS)  # the CLI's `tenants show` too
 
 
 async def tenants(conn: Conn) -> list[dict[str, Any]]:
@@ -282,11 +299,11 @@ async def tenant(conn: Conn, name_or_id: str) -> dict[str, Any] | None:
 
 
 async def add_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
-    await conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, Jsonb(limits)))
+    await conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, Jsonb(tenant_rules.stored(limits))))
 
 
 async def update_tenant(conn: Conn, name: str, limits: dict[str, Any]) -> None:
-    await conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, Jsonb(limits)))
+    await conn.execute("SELECT webhooks.update_tenant(%s, %s)", (name, Jsonb(tenant_rules.stored(limits))))
 
 
 async def tenant_id(conn: Conn, name: str) -> int | None:

@@ -52,6 +52,7 @@ from worker.api.inputs import (
 )
 from worker.api.problems import Problem, conflict, invalid, not_found, unauthorized
 from worker.api.tokens import Caller
+from worker.destinations import MAX_GRANTED_NETWORKS, granted_networks
 from worker.observability import get_logger
 from worker.policy import CATEGORIES, RetrySchedule, category_problem
 from worker.shapes import json_default
@@ -141,6 +142,8 @@ def _refusal(sqlstate: str | None, constraint: str | None, message: str | None) 
     batch alike), or None for an error that is no refusal of this message."""
     if sqlstate == "P0002":  # no_data_found
         return invalid("endpoint", "no endpoint with this name or id")
+    if sqlstate == "P0003":  # too_many_rows: a name several tenants hold, to an unscoped caller
+        return conflict(str(message), field="endpoint")
     if sqlstate == "54000":  # program_limit_exceeded
         return Problem(413, "payload-too-large", "The payload is too large", f"payload: {message}",
                        field="payload")
@@ -301,7 +304,7 @@ def _valid_traceparent(value: str) -> bool:
 async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], value: str | None, field: str) -> int | None:
     if value is None:
         return None
-    found = await queries.endpoint_id(conn, value)
+    found = await queries.endpoint_id(conn, value, field)
     if found is None:
         raise invalid(field, "no endpoint with this name or id")
     return found
@@ -490,12 +493,15 @@ async def list_endpoints(request: web.Request) -> web.Response:
 async def create_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
     body = body_of(request, endpoint_rules.EndpointCreate)
-    endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
+    caller = caller_of(request)
+    endpoint_rules.refuse_scoped(body, caller.tenant_id)
     keyring = _keyring(state)
-    await endpoint_rules.check_destination(body.url, state.config)
     try:
+        async with state.db.transaction(caller) as conn:
+            scope = await queries.destination_scope(conn, tenant=body.tenant)
+        await endpoint_rules.check_destination(body.url, state.config, scope, advise=caller.tenant_id is None)
         registered = await endpoint_rules.settled(
-            _sync(state, caller_of(request), lambda conn: endpoint_service.register(conn, body, keyring)))
+            _sync(state, caller, lambda conn: endpoint_service.register(conn, body, keyring)))
     except psycopg.errors.InsufficientPrivilege as exc:  # a tenant not the scoped caller's own
         raise Problem(403, "forbidden", "The token may not do this", str(exc.diag.message_primary),
                       field="tenant") from None
@@ -515,11 +521,14 @@ async def get_endpoint(request: web.Request) -> web.Response:
 async def update_endpoint(request: web.Request) -> web.Response:
     state = _state(request)
     body = body_of(request, endpoint_rules.EndpointPatch)
-    endpoint_rules.refuse_scoped(body, caller_of(request).tenant_id)
+    caller = caller_of(request)
+    endpoint_rules.refuse_scoped(body, caller.tenant_id)
     keyring = _keyring(state)
-    await endpoint_rules.check_destination(body.url, state.config)
-    async with state.db.transaction(caller_of(request)) as conn:
+    async with state.db.transaction(caller) as conn:
         endpoint_id = await queries.endpoint_named(conn, ref_of(request))
+        scope = None if body.url is None else await queries.destination_scope(conn, endpoint_id=endpoint_id)
+    # the endpoint's tenant decides where it may deliver
+    await endpoint_rules.check_destination(body.url, state.config, scope, advise=caller.tenant_id is None)
     await endpoint_rules.settled(
         _sync(state, caller_of(request),
               lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
@@ -601,11 +610,16 @@ async def rotate_secret(request: web.Request) -> web.Response:
     expire_at = None
     if body.expire_old_after_hours is not None:
         expire_at = datetime.now(UTC) + timedelta(hours=body.expire_old_after_hours)
-    async with state.db.transaction(caller_of(request)) as conn:
+    caller = caller_of(request)
+    async with state.db.transaction(caller) as conn:
         endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-    active = await _sync(state, caller_of(request), lambda conn: operator_queries.rotate_secret(
-                                 conn, endpoint_id, secret,
-                                                                             expire_at, keyring))
+    active = await _sync(state, caller, lambda conn: operator_queries.rotate_secret(
+        conn, endpoint_id, secret, expire_at, keyring, _decided_by(caller)))
+    if not active:
+        raise not_found(f"endpoint {request.match_info['id']}")
+    # who rotated which endpoint's secret, never the secret (as a read is logged)
+    get_logger().info("api rotated a signing secret", endpoint_id=endpoint_id, by=caller.name,
+                      role=caller.role, old_expire_at=expire_at)
     return json_response({"endpoint_id": endpoint_id, "signing_secret": secret, "active_secrets": active,
                           "old_expire_at": expire_at})
 
@@ -614,13 +628,22 @@ async def rotate_secret(request: web.Request) -> web.Response:
 
 
 class TenantLimits(Body):
-    """A tenant's limits; a field given as null clears that limit."""
+    """A tenant's limits and granted networks; a field given as null clears it."""
 
     rate_limit_per_second: float | None = Field(default=None, gt=0)
     rate_limit_burst: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
     max_in_flight: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
     max_endpoints: int | None = Field(default=None, ge=0, le=INTEGER_MAX)
     max_queued: int | None = Field(default=None, ge=0, le=BIGINT_MAX)
+    allow_networks: list[str] | None = Field(
+        default=None, max_length=MAX_GRANTED_NETWORKS,
+        description="the private networks (CIDRs) its endpoints may reach besides public destinations; "
+                    "replaces those granted before")
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else granted_networks(value)
 
     def given(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in self.model_fields_set if key in TenantLimits.model_fields}
@@ -855,17 +878,17 @@ ROUTES: list[Route] = [
           headers=(TRACEPARENT_HEADER,), token_checked_by_handler=True),
     *message_history.ROUTES,
     Route("GET", "/v1/deliveries", list_deliveries, "Deliveries, newest first (keyset pages)", READ,
-          {200: A.DeliveryPage}, query=DeliveryQuery),
+          {200: A.DeliveryPage}, query=DeliveryQuery, refusals=(409,)),
     Route("GET", "/v1/deliveries/{id}", get_delivery, "A delivery with every attempt", READ,
           {200: A.DeliveryDetail}, path_id="id", refusals=(404,)),
     Route("POST", "/v1/deliveries/{id}/replay", replay_delivery,
           "Send a dead letter or delivered row again (same webhook-id); 409 when it is neither", ADMIN,
           {202: A.ReplayAccepted}, path_id="id", refusals=(404, 409)),
     Route("GET", "/v1/dead-letters", list_dead_letters, "Dead letters, oldest first (keyset pages)", READ,
-          {200: A.DeliveryPage}, query=DeadLetterQuery),
+          {200: A.DeliveryPage}, query=DeadLetterQuery, refusals=(409,)),
     Route("POST", "/v1/dead-letters/replay", replay_dead_letters,
           "Replay every dead letter matching the filter, in resumable steps: 202 with the operation", ADMIN,
-          {202: A.Operation}, body=BulkReplayBody),
+          {202: A.Operation}, body=BulkReplayBody, refusals=(409,)),
     Route("GET", "/v1/operations/{id}", get_operation, "A bulk operation's progress", READ,
           {200: A.Operation}, path_id="id", refusals=(404,)),
     Route("POST", "/v1/operations/{id}/cancel", cancel_operation,
@@ -877,8 +900,9 @@ ROUTES: list[Route] = [
           "Register an endpoint (the CLI's destination, header and sealing rules); the signing secret is "
           "shown once", ADMIN, {201: A.EndpointCreated}, body=endpoint_rules.EndpointCreate,
           refusals=(409, 503)),
-    Route("GET", "/v1/endpoints/{id}", get_endpoint, "An endpoint, by id or name", READ,
-          {200: A.EndpointDetail}, path_id="ref", refusals=(404,)),
+    Route("GET", "/v1/endpoints/{id}", get_endpoint,
+          "An endpoint, by id, name or tenant/name (409: a name more than one tenant holds)", READ,
+          {200: A.EndpointDetail}, path_id="ref", refusals=(404, 409)),
     Route("PATCH", "/v1/endpoints/{id}", update_endpoint, "Change an endpoint's settings", ADMIN,
           {200: A.EndpointDetail}, body=endpoint_rules.EndpointPatch, path_id="ref",
           refusals=(404, 409, 503)),
@@ -889,20 +913,20 @@ ROUTES: list[Route] = [
           refusals=(404, 409)),
     Route("GET", "/v1/endpoints/{id}/health", endpoint_health,
           "Circuit state and recent attempts by outcome and category", READ, {200: A.EndpointHealth},
-          query=HealthQuery, path_id="ref", refusals=(404,)),
+          query=HealthQuery, path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/circuit", endpoint_circuit,
           "Reset, open (until a time) or close the circuit", ADMIN, {200: A.CircuitChanged},
-          body=CircuitBody, path_id="ref", refusals=(404,)),
+          body=CircuitBody, path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/enable", enable_endpoint,
           "Enable (and reset the circuit); queued rows are sent", ADMIN, {200: A.ActiveChanged},
-          path_id="ref", refusals=(404,)),
+          path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/disable", disable_endpoint,
           "Disable: no new deliveries, queued rows wait", ADMIN, {200: A.ActiveChanged}, body=ReasonBody,
-          body_required=False, path_id="ref", refusals=(404,)),
+          body_required=False, path_id="ref", refusals=(404, 409)),
     Route("POST", "/v1/endpoints/{id}/rotate-secret", rotate_secret,
           "Add a new signing secret (shown once); the old ones stay until expire_old_after_hours", ADMIN,
           {200: A.SecretRotated}, body=endpoint_rules.SecretRotation, body_required=False, path_id="ref",
-          refusals=(404, 503)),
+          refusals=(404, 409, 503)),
     Route("GET", "/v1/tenants", list_tenants, "Tenants, their limits (null: none) and rows", FLEET_ADMIN,
           {200: A.TenantList}),
     Route("POST", "/v1/tenants", create_tenant, "Add a tenant", FLEET_ADMIN, {201: A.Tenant},

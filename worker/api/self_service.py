@@ -328,10 +328,10 @@ ROUTES: list[Route] = [
     Route("GET", "/v1/endpoints/{id}/secret", read_secret,
           "The secrets the endpoint's requests are signed with now, newest first (what its receiver "
           "verifies with); each read is logged, never the secret", ADMIN, {200: SigningSecrets},
-          path_id="ref", refusals=(404, 503)),
+          path_id="ref", refusals=(404, 409, 503)),
     Route("POST", "/v1/endpoints/{id}/test", send_test_event,
           "Send a webhook.test event to this endpoint alone: 202 with its delivery", ADMIN,
-          {202: TestEventSent}, path_id="ref", refusals=(404,)),
+          {202: TestEventSent}, path_id="ref", refusals=(404, 409)),
     Route("GET", "/v1/event-types", list_event_types,
           "The event-type catalogue, and the caller's endpoints' subscriptions that match no current type",
           READ, {200: EventTypeList}),

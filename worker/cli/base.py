@@ -62,7 +62,12 @@ def emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = No
 
 
 def endpoint_ref(conn: psycopg.Connection, name_or_id: str) -> int:
-    endpoint_id = find_endpoint(conn, name_or_id)
+    """The endpoint an ENDPOINT argument names: its id, its name, or TENANT/NAME, which a name held
+    in more than one tenant needs."""
+    try:
+        endpoint_id = find_endpoint(conn, name_or_id)
+    except psycopg.errors.TooManyRows as exc:
+        raise CommandFailed(f"ENDPOINT {first_line(exc)}") from None
     if endpoint_id is None:
         raise CommandFailed(f"ENDPOINT {name_or_id!r}: no endpoint with this name or id")
     return endpoint_id

@@ -84,7 +84,7 @@ def usage(problem: service.EndpointProblem) -> Exception:
     error (exit 1, not 2)."""
     detail = in_options(problem.detail)
     if problem.hint:
-        detail += f"; to deliver there, {problem.hint} given with --config"
+        detail += f"; to deliver there, {_with_config(problem.hint)}"
     message = detail if problem.field == "(body)" else f"{option(problem.field)}: {detail}"
     return CommandFailed(message) if problem.conflict else UsageError(message)
 
@@ -92,7 +92,12 @@ def usage(problem: service.EndpointProblem) -> Exception:
 def allow_networks_hint(problem: str, address: Address | None) -> str:
     """How to allow a refused private address, for a message that says it was refused."""
     hint = service.allow_networks_hint(problem, address)
-    return f"; to deliver there, {hint} given with --config" if hint else ""
+    return f"; to deliver there, {_with_config(hint)}" if hint else ""
+
+
+def _with_config(hint: str) -> str:
+    """A hint that names the config file names the one this command reads."""
+    return f"{hint} given with --config" if hint.endswith("the config file") else hint
 
 
 def _check_routing_key(body_format: str | None, routing_key: str | None, stored_format: str | None = None,
@@ -170,9 +175,11 @@ def _headers(args: argparse.Namespace, inputs: SecretInputs) -> dict[str, str] |
     return headers
 
 
-def verify_endpoint(url: str, secret: str, timeout: float, config: Config) -> str | None:
+def verify_endpoint(url: str, secret: str, timeout: float, config: Config,
+                    scope: service.DestinationScope) -> str | None:
     """POST a signed challenge; None if the receiver echoed it in a 2xx answer, else the problem.
-    Sent by the workers' own HTTP stack, so the same destination rules apply."""
+    Sent by the workers' own HTTP stack, so the same destination rules apply (those of the
+    endpoint's tenant)."""
     from worker.daemon import sender_for
 
     challenge = secrets.token_urlsafe(24)
@@ -190,7 +197,7 @@ def verify_endpoint(url: str, secret: str, timeout: float, config: Config) -> st
         sender = sender_for(config)
         await sender.start()
         try:
-            return await sender.post(url, body, headers, timeout, timeout)
+            return await sender.post(url, body, headers, timeout, timeout, scope.policy(config))
         finally:
             await sender.close()
 
@@ -229,11 +236,12 @@ def _given(args: argparse.Namespace, inputs: SecretInputs) -> dict[str, Any]:
     return data
 
 
-def _check_destination(url: str | None, config: Config) -> None:
+def _check_destination(url: str | None, config: Config, scope: service.DestinationScope) -> None:
     if url is None:
         return
     try:
-        warning = service.check_destination(url, config)
+        # the operator runs the CLI: a refusal says how to allow the address
+        warning = service.check_destination(url, config, scope, advise=True)
     except service.EndpointProblem as problem:
         raise usage(problem) from None
     if warning:
@@ -250,11 +258,14 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         data.pop("operational_all_tenants", None)
     try:
         body = service.parse(service.EndpointCreate, data)
-        _check_destination(body.url, config)
         with operator_sql.connect(config) as conn:
+            scope = service.destination_scope(conn, args.tenant)
+            assert scope is not None  # (a tenant, or NoDataFound: every registration has one)
+            _check_destination(body.url, config, scope)
             registered = service.register(conn, body, keyring, tenant=args.tenant, active=not args.verify)
             if args.verify:
-                problem = verify_endpoint(body.url, registered.signing_secret, timeout=10.0, config=config)
+                problem = verify_endpoint(body.url, registered.signing_secret, timeout=10.0, config=config,
+                                          scope=scope)
                 if problem:
                     print(f"endpoint {registered.id} registered but left disabled: verification failed: "
                           f"{problem}", file=sys.stderr)
@@ -279,9 +290,14 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
         raise UsageError("nothing to change: give at least one option")
     try:
         body = service.parse(service.EndpointUpdate, data)
-        _check_destination(body.url, config)
         with connect(args) as conn:
             endpoint_id = endpoint_ref(conn, args.endpoint)
+            if body.url is not None:
+                # where the endpoint's tenant may deliver
+                scope = service.destination_scope(conn, endpoint_id=endpoint_id)
+                if scope is None:
+                    raise CommandFailed(f"ENDPOINT {args.endpoint!r}: no endpoint with this name or id")
+                _check_destination(body.url, config, scope)
             changed = service.update(conn, endpoint_id, body, keyring)
     except service.EndpointProblem as problem:
         raise usage(problem) from None

@@ -1,4 +1,5 @@
-"""`tenants add|update|list|show`: the teams or customers a deployment serves, and their limits."""
+"""`tenants add|update|list|show`: the teams or customers a deployment serves, their limits, and
+the private networks their endpoints may reach."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ def _limit_value(kind: type) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"expected {'a number' if kind is float else 'an integer'} "
                                              "or none") from None
     return parse
+
+
+def _networks(text: str) -> list[str] | None:
+    """--allow-networks: CIDRs separated by commas; `none` grants none."""
+    if text.strip().lower() == "none":
+        return None
+    return [entry for entry in text.split(",") if entry.strip()] or None
 
 
 def _tenant_limits(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,7 +59,7 @@ def cmd_tenants_update(args: argparse.Namespace) -> int:
 
     limits = _tenant_limits(args)
     if not limits:
-        raise UsageError("nothing to change: give at least one limit")
+        raise UsageError("nothing to change: give at least one limit or --allow-networks")
     with connect(args) as conn:
         try:
             tenants.update(conn, args.name, limits)
@@ -69,7 +77,7 @@ def cmd_tenants_list(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         rows = tenants.listing(conn)
     emit(args, rows, ["id", "name", "rate_limit_per_second", "max_in_flight", "max_endpoints", "max_queued",
-                       "endpoints", "waiting", "in_flight", "dead_letters"])
+                       "endpoints", "waiting", "in_flight", "dead_letters", "allow_networks"])
     return 0
 
 
@@ -87,7 +95,8 @@ def cmd_tenants_show(args: argparse.Namespace) -> int:
 
 def register(cli: Commands) -> None:
     tenant_commands = cli.group("tenants", "tenants: the teams or customers this deployment serves",
-                                "Tenants and their fleet-wide limits (`none` clears a limit).")
+                                "Tenants, their fleet-wide limits (`none` clears a limit) and the private "
+                                "networks their endpoints may reach.")
 
     def tenant_limit_options(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--rate-limit", dest="rate_limit_per_second", type=_limit_value(float),
@@ -102,12 +111,18 @@ def register(cli: Commands) -> None:
         sub.add_argument("--max-queued", type=_limit_value(int), default=_UNSET,
                          help="publishing over the API beyond this many unfinished rows gets 429 "
                               "(SQL producers are never refused)")
+        sub.add_argument("--allow-networks", type=_networks, default=_UNSET, metavar="CIDRS",
+                         help="private networks its endpoints may reach besides public destinations, "
+                              "separated by commas (e.g. 10.1.0.0/16), replacing those granted before; "
+                              "none: public destinations only. security.allow_networks is the "
+                              "operator's and reaches the default tenant's endpoints only")
 
     tenant_add = cli.command(tenant_commands, "add", cmd_tenants_add, "add a tenant; prints its id")
     tenant_add.add_argument("name", metavar="NAME")
     tenant_limit_options(tenant_add)
     tenant_add.add_argument("--json", action="store_true", help="print JSON")
-    tenant_update = cli.command(tenant_commands, "update", cmd_tenants_update, "change a tenant's limits")
+    tenant_update = cli.command(tenant_commands, "update", cmd_tenants_update,
+                                "change a tenant's limits or granted networks")
     tenant_update.add_argument("name", metavar="NAME")
     tenant_limit_options(tenant_update)
     tenant_list = cli.command(tenant_commands, "list", cmd_tenants_list,

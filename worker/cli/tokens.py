@@ -70,11 +70,19 @@ def cmd_tokens_portal_link(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--expires-in: {exc}") from None
     base = args.base_url
-    if base is None:
+    if base is not None:
+        problem = portal.base_url_problem(base)
+        if problem is not None:
+            raise UsageError(f"--base-url: {problem}")
+        base = portal.origin(base)
+    else:
         api = config_of(args).api
-        base = f"http://{'127.0.0.1' if api.host in ('0.0.0.0', '::') else api.host}:{api.port}"
-    elif not base.startswith(("http://", "https://")):
-        raise UsageError(f"--base-url: expected http:// or https:// and the API's host, not {base[:60]!r}")
+        base = api.public_url
+        if base is None:
+            host = "127.0.0.1" if api.host in ("0.0.0.0", "::") else api.host
+            base = f"http://{f'[{host}]' if ':' in host else host}:{api.port}"
+            print(f"warning: the link points at {base} (api.host and api.port): set api.public_url to "
+                  "where people reach the API, or give --base-url", file=sys.stderr)
     with connect(args) as conn:
         try:
             link = portal.create(conn, args.tenant, lifetime, base)
@@ -122,5 +130,5 @@ def register(cli: Commands) -> None:
                              help="the link, and the session it opens, end after this (30m, 1h; at most 1d)")
     portal_link.add_argument("--base-url", metavar="URL",
                              help="where people reach the API, e.g. https://webhooks.example.com "
-                                  "(default: api.host and api.port)")
+                                  "(default: api.public_url, else api.host and api.port)")
     portal_link.add_argument("--json", action="store_true", help="print JSON")

@@ -77,10 +77,14 @@ async def add_endpoint(request: web.Request) -> web.Response:
     fields = forms.endpoint_fields(form, creating=True)
     keyring = _keyring(request)
     state = request.app[STATE]
+    caller = request[CALLER]
     try:
         body = service.parse(service.EndpointCreate, fields)
-        await asyncio.to_thread(service.check_destination, body.url, state.config)
-        registered = await as_caller(state, request[CALLER], lambda c: service.register(c, body, keyring))
+        scope = await as_caller(state, caller, lambda c: service.destination_scope(c, body.tenant))
+        assert scope is not None  # (a tenant, or an error: every registration has one)
+        await asyncio.to_thread(service.check_destination, body.url, state.config, scope,
+                                caller.tenant_id is None)
+        registered = await as_caller(state, caller, lambda c: service.register(c, body, keyring))
     except service.EndpointProblem as found:
         raise _refused(found) from None
     get_logger().info("console endpoint added", name=request[CALLER].name, endpoint_id=registered.id)
@@ -99,11 +103,18 @@ async def edit_endpoint(request: web.Request) -> web.Response:
             return None
         return service.update(conn, endpoint_id, body, keyring)
 
+    caller = request[CALLER]
     try:
         body = service.parse(service.EndpointUpdate, fields)
         if body.url is not None:
-            await asyncio.to_thread(service.check_destination, body.url, state.config)
-        changed = await as_caller(state, request[CALLER], change)
+            # where the endpoint's tenant may deliver
+            scope = await as_caller(state, caller,
+                                    lambda c: service.destination_scope(c, endpoint_id=endpoint_id))
+            if scope is None:
+                return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+            await asyncio.to_thread(service.check_destination, body.url, state.config, scope,
+                                    caller.tenant_id is None)
+        changed = await as_caller(state, caller, change)
     except service.EndpointProblem as found:
         raise _refused(found) from None
     if changed is None:
@@ -119,10 +130,13 @@ async def rotate_secret(request: web.Request) -> web.Response:
     secret = signing.generate_secret()
     old_expire_at = datetime.now(UTC) + timedelta(hours=OLD_SECRET_HOURS)
 
+    caller = request[CALLER]
+
     def rotate(conn: psycopg.Connection[Any]) -> int | None:
         if not _visible(conn, endpoint_id):
             return None
-        return operator_sql.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring)
+        return operator_sql.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring,
+                                          f"{caller.name} (console)")
 
     if await as_caller(request.app[STATE], request[CALLER], rotate) is None:
         return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")

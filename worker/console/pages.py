@@ -337,15 +337,24 @@ async def overview(request: web.Request) -> web.Response:
     return render(request, "overview.html", page="overview", **facts)
 
 
+async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], ref: str | None) -> int | None:
+    """The endpoint a page's filter names (an id, a name or tenant/name), or a FieldError saying
+    why it names none."""
+    if ref is None:
+        return None
+    found = await queries.endpoint_ref(conn, ref)
+    if isinstance(found, str):
+        raise forms.FieldError("endpoint", found)
+    if found is None:
+        raise forms.FieldError("endpoint", f"no endpoint named {ref[:60]!r}")
+    return found
+
+
 async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
     viewer = await _viewer(request)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        webhook_id = None
-        if filters["endpoint"] is not None:
-            webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
-            if webhook_id is None:
-                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+        webhook_id = await _endpoint_filter(conn, filters["endpoint"])
         rows = await queries.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
                                        | {"webhook_id": webhook_id})
         choices = await queries.filter_choices(conn)
@@ -372,11 +381,7 @@ async def deliveries(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         choices = await queries.filter_choices(conn)
         if any(v is not None for v in found.values()):
-            webhook_id = None
-            if found["endpoint"] is not None:
-                webhook_id = await queries.endpoint_ref(conn, found["endpoint"])
-                if webhook_id is None:
-                    raise forms.FieldError("endpoint", f"no endpoint named {found['endpoint'][:60]!r}")
+            webhook_id = await _endpoint_filter(conn, found["endpoint"])
             rows = await queries.search_deliveries(conn, found, webhook_id)
     return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
                   statuses=forms.STATUSES, limit=queries.PAGE_ROWS, query=request.query)
@@ -397,11 +402,7 @@ async def replay_matching(request: web.Request) -> web.Response:
             raise forms.FieldError("tenant", "no tenant with this name")
         viewer = dataclasses.replace(caller, tenant_id=found)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        webhook_id = None
-        if filters["endpoint"] is not None:
-            webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
-            if webhook_id is None:
-                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+        webhook_id = await _endpoint_filter(conn, filters["endpoint"])
         operation_id = await queries.start_replay(
             conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
                    "category": filters["category"]}, f"{caller.name} (console)")

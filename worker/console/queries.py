@@ -151,9 +151,14 @@ async def filter_choices(conn: psycopg.AsyncConnection[Any]) -> dict[str, list[A
     return {"endpoints": names, "tenants": tenants}
 
 
-async def endpoint_ref(conn: psycopg.AsyncConnection[Any], ref: str) -> int | None:
-    """The endpoint a name or id names, as the CLI reads ENDPOINT (None: none the caller sees)."""
-    row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (ref,))
+async def endpoint_ref(conn: psycopg.AsyncConnection[Any], ref: str) -> int | str | None:
+    """The endpoint a name, an id or tenant/name names, as the CLI reads ENDPOINT (None: none the
+    caller sees); for a name held in more than one tenant, why it names none (asking for the id or
+    tenant/name)."""
+    try:
+        row = await fetch_one(conn, "SELECT webhooks.endpoint_ref(%s) AS id", (ref,))
+    except psycopg.errors.TooManyRows as exc:
+        return str(exc.diag.message_primary)
     return None if row is None or row["id"] is None else int(row["id"])
 
 
