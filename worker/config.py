@@ -197,9 +197,13 @@ class ApiConfig(_Section):
     body_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
     keepalive_timeout_seconds: float = Field(default=75.0, gt=0, le=7200)
     # Connections beyond these are answered 503 and closed at once, so one address (or many) cannot
-    # take every file the process may open. Behind a proxy every client shares the proxy's address.
+    # take every file the process may open; an idle keep-alive connection is closed first to make
+    # room. Behind a proxy every client shares the proxy's address. IPv6 clients count per /64.
     max_connections: int = Field(default=1000, ge=1, le=1_000_000)
     max_connections_per_address: int = Field(default=100, ge=1, le=1_000_000)
+    # The metrics port's own budget, apart from the caps above, so that a full public port never
+    # keeps the scrape out; a quarter of it (at least 1) per client address.
+    metrics_max_connections: int = Field(default=16, ge=1, le=1000)
     # A publish of an event type the catalogue (webhooks.event_types) does not hold is refused (422)
     # rather than accepted; off, only catalogued types with a schema are checked (worker/event_types.py).
     require_known_event_types: bool = False
