@@ -244,8 +244,8 @@ def test_a_flood_of_connections_beyond_the_open_file_limit_leaves_other_addresse
         assert all(c.received.startswith(b"HTTP/1.1 503 ") for c in refused)
         status, metrics = fetch(process.metrics_port, "/metrics", source="127.0.0.2")
         assert status == 200
-        refused = f'webhook_api_connections_refused_total{{cap="per_address",port="api"}} {FLOOD - 30}.0'
-        assert refused in metrics
+        counted = f'webhook_api_connections_refused_total{{cap="per_address",port="api"}} {FLOOD - 30}.0'
+        assert counted in metrics
     finally:
         process.kill()
     log = process.log_path.read_text()
