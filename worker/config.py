@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from worker import wording
 from worker.api.forwarded import network_problem
 from worker.errors import ConfigError
 
@@ -144,7 +145,8 @@ class SecurityConfig(_Section):
             try:
                 ipaddress.ip_network(entry, strict=False)
             except ValueError:
-                raise ValueError(f"allow_networks: {entry!r} is not a CIDR such as 10.0.0.0/8") from None
+                raise ValueError(f"allow_networks: {wording.json_text(entry)} is not a CIDR such as "
+                                 "10.0.0.0/8") from None
         return self
 
     @field_validator("ca_bundle_file")
@@ -325,9 +327,9 @@ def _first_error(exc: ValidationError) -> str:
         return f"{key}: unknown key"
     if error["type"] == "missing":
         return f"{key}: missing"
-    message = error["msg"].removeprefix("Value error, ")
+    message = wording.field_message(error)
     value = error.get("input")
     # Never echo a URL: it may carry a password or, for a receiver, its secret.
     if value is None or isinstance(value, dict | list) or "url" in key:
         return f"{key}: {message}"
-    return f"{key}: {message} (got {value!r})"
+    return f"{key}: {message} (got {wording.json_text(value, limit=500)})"

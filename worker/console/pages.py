@@ -13,7 +13,7 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker import portal
+from worker import portal, wording
 from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
@@ -362,7 +362,7 @@ async def dead_letters(request: web.Request) -> web.Response:
         if filters["endpoint"] is not None:
             webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
             if webhook_id is None:
-                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+                raise forms.FieldError("endpoint", f"no endpoint named {wording.quoted(filters['endpoint'])}")
         rows = await queries.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
                                        | {"webhook_id": webhook_id})
         choices = await queries.filter_choices(conn)
@@ -393,7 +393,8 @@ async def deliveries(request: web.Request) -> web.Response:
             if found["endpoint"] is not None:
                 webhook_id = await queries.endpoint_ref(conn, found["endpoint"])
                 if webhook_id is None:
-                    raise forms.FieldError("endpoint", f"no endpoint named {found['endpoint'][:60]!r}")
+                    raise forms.FieldError("endpoint",
+                                           f"no endpoint named {wording.quoted(found['endpoint'])}")
             rows = await queries.search_deliveries(conn, found, webhook_id)
     return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
                   statuses=forms.STATUSES, limit=queries.PAGE_ROWS, query=request.query)
@@ -418,7 +419,7 @@ async def replay_matching(request: web.Request) -> web.Response:
         if filters["endpoint"] is not None:
             webhook_id = await queries.endpoint_ref(conn, filters["endpoint"])
             if webhook_id is None:
-                raise forms.FieldError("endpoint", f"no endpoint named {filters['endpoint'][:60]!r}")
+                raise forms.FieldError("endpoint", f"no endpoint named {wording.quoted(filters['endpoint'])}")
         operation_id = await queries.start_replay(
             conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
                    "category": filters["category"]}, f"{caller.name} (console)")

@@ -22,7 +22,7 @@ function autoRefresh() {
     clearTimeout(timer);
     timer = box.checked ? setTimeout(() => location.reload(), seconds * 1000) : null;
   };
-  box.closest("label").hidden = false;
+  box.closest(".auto-refresh").hidden = false;
   box.checked = sessionStorage.getItem(key) === "on";
   box.addEventListener("change", () => {
     if (box.checked) sessionStorage.setItem(key, "on");
