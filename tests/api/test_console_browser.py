@@ -276,7 +276,7 @@ def accessibility_violations(page: Page) -> list[str]:
 
 
 def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_customer(
-        db, receiver, spawn, console):
+        db, receiver, spawn, console, tmp_path):
     """Every kind of console page, with rows in every state a badge shows, checked by axe-core (WCAG
     2.0 to 2.2, A and AA): as an admin, and as a tenant's customer come through a portal link."""
     assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
@@ -351,8 +351,10 @@ def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_custom
             page.goto(base + path)
             check(f"customer {path}")
         page.get_by_role("button", name="Log out").click()
-        page.wait_for_load_state()
+        page.wait_for_url(base + "/portal-ended?notice=portal_logged_out")
+        assert page.get_by_role("heading", name="Your session has ended").is_visible()
         check("customer logged out")
+        screenshot(page, tmp_path, "console-portal-ended.png")
         # nothing the CSP blocked, no script error: chromium reports only the missing endpoint's 404
         assert problems == ["Failed to load resource: the server responded with a status of 404 (Not Found)"
                             ], problems
