@@ -59,8 +59,8 @@ MAX_REQUEST_LINE_BYTES = 8190
 MAX_HEADER_BYTES = 16384
 MAX_HEADERS = 128
 assert MAX_REQUEST_LINE_BYTES != MAX_HEADER_BYTES
-# A client's share of the metrics port's budget (api.metrics_max_connections).
-METRICS_SHARE_PER_ADDRESS = 4
+# One client may hold a quarter of the metrics port's budget (api.metrics_max_connections).
+METRICS_BUDGET_PARTS = 4
 
 
 def counted_as(address: str) -> str:
@@ -134,7 +134,7 @@ class ConnectionGuard:
         """The metrics port's guard: a budget of its own (api.metrics_max_connections), so that
         connections to the public port never keep the scrape out, and the same metrics."""
         budget = config.metrics_max_connections
-        return ConnectionGuard("metrics", budget, max(1, budget // METRICS_SHARE_PER_ADDRESS), config,
+        return ConnectionGuard("metrics", budget, max(1, budget // METRICS_BUDGET_PARTS), config,
                                self.metrics)
 
     def admit(self, address: str) -> bool:
