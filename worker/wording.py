@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema.exceptions import SchemaError
-from jsonschema.exceptions import ValidationError as PayloadError
-from pydantic_core import ErrorDetails
+if TYPE_CHECKING:  # jsonschema costs half a second to import: the CLI and the worker need it not
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.exceptions import ValidationError as PayloadError
+    from pydantic_core import ErrorDetails
 
 # A value quoted in a message is cut to this many characters: a message names it, it does not carry it.
 QUOTED_CHARS = 60
