@@ -335,7 +335,9 @@ def kept_alive() -> Iterator[list[KeptAlive]]:
 def test_idle_keep_alive_connections_make_room_for_new_clients_at_the_caps(db, clients, kept_alive):
     # Two addresses hold six idle keep-alive connections each: the total cap (12) is reached, as ten
     # addresses holding ten each once kept every other client and the scrape out for 75 s.
-    config = api_config(db, max_connections=12, max_connections_per_address=6, head_timeout_seconds=60)
+    # aiohttp's own keep-alive timer far beyond the test's length: here only the caps close them
+    config = api_config(db, max_connections=12, max_connections_per_address=6, head_timeout_seconds=60,
+                        keepalive_timeout_seconds=1800)
     server = ApiServer(config).start()
     guard = server.guard
     assert guard is not None
