@@ -238,9 +238,12 @@ CONFIG_MEANINGS = {
     "api.body_timeout_seconds": "a body must arrive within it after its head, else 408",
     "api.keepalive_timeout_seconds": "idle keep-alive connections close after it; keep it above the "
                                      "idle timeout of a proxy in front",
-    "api.max_connections": "connections beyond it are answered 503 and closed at once",
-    "api.max_connections_per_address": "the same, per client address (behind a proxy every client "
-                                       "shares its address)",
+    "api.max_connections": "a connection beyond it closes the longest-idle keep-alive connection to "
+                           "make room, or, none idle, is answered 503 and closed at once",
+    "api.max_connections_per_address": "the same, per client address, an IPv6 client's /64 (behind a "
+                                       "proxy every client shares its address)",
+    "api.metrics_max_connections": "the metrics port's own connection budget, a quarter of it per "
+                                   "client address, apart from the public port's caps",
     "logging.level": "the lowest level written",
     "logging.format": "`auto`: JSON lines, or readable output on a terminal",
 }
@@ -342,7 +345,7 @@ def _registries() -> list[tuple[str, Any]]:
     from worker.observability import Metrics
 
     api = ApiMetrics()
-    ConnectionGuard(ApiConfig(), api.registry)
+    ConnectionGuard.public(ApiConfig(), api.registry).for_metrics_port(ApiConfig())
     assert isinstance(api.registry, CollectorRegistry)
     return [("The worker, on `http.port`", Metrics().registry),
             ("The API process, on `api.metrics_port`", api.registry)]

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from worker import wording
 from worker.api.forwarded import network_problem
 from worker.errors import ConfigError
 from worker.portal import base_url_problem, origin
@@ -145,7 +146,8 @@ class SecurityConfig(_Section):
             try:
                 ipaddress.ip_network(entry, strict=False)
             except ValueError:
-                raise ValueError(f"allow_networks: {entry!r} is not a CIDR such as 10.0.0.0/8") from None
+                raise ValueError(f"allow_networks: {wording.json_text(entry)} is not a CIDR such as "
+                                 "10.0.0.0/8") from None
         return self
 
     @field_validator("ca_bundle_file")
@@ -198,9 +200,13 @@ class ApiConfig(_Section):
     body_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
     keepalive_timeout_seconds: float = Field(default=75.0, gt=0, le=7200)
     # Connections beyond these are answered 503 and closed at once, so one address (or many) cannot
-    # take every file the process may open. Behind a proxy every client shares the proxy's address.
+    # take every file the process may open; an idle keep-alive connection is closed first to make
+    # room. Behind a proxy every client shares the proxy's address. IPv6 clients count per /64.
     max_connections: int = Field(default=1000, ge=1, le=1_000_000)
     max_connections_per_address: int = Field(default=100, ge=1, le=1_000_000)
+    # The metrics port's own budget, apart from the caps above, so that a full public port never
+    # keeps the scrape out; a quarter of it (at least 1) per client address.
+    metrics_max_connections: int = Field(default=16, ge=1, le=1000)
     # A publish of an event type the catalogue (webhooks.event_types) does not hold is refused (422)
     # rather than accepted; off, only catalogued types with a schema are checked (worker/event_types.py).
     require_known_event_types: bool = False
@@ -337,9 +343,9 @@ def _first_error(exc: ValidationError) -> str:
         return f"{key}: unknown key"
     if error["type"] == "missing":
         return f"{key}: missing"
-    message = error["msg"].removeprefix("Value error, ")
+    message = wording.field_message(error)
     value = error.get("input")
     # Never echo a URL: it may carry a password or, for a receiver, its secret.
     if value is None or isinstance(value, dict | list) or "url" in key:
         return f"{key}: {message}"
-    return f"{key}: {message} (got {value!r})"
+    return f"{key}: {message} (got {wording.json_text(value, limit=500)})"

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker import coalescing, formats, operator_sql, signing
+from worker import coalescing, formats, operator_sql, signing, wording
 from worker import tenants as tenant_rules
 from worker.config import Config
 from worker.delivery import display_url
@@ -259,7 +259,7 @@ def parse(model: type[EndpointFields], data: dict[str, Any]) -> Any:
             raise EndpointProblem(field, "unknown field") from None
         if error["type"] == "missing":
             raise EndpointProblem(field, "required") from None
-        raise EndpointProblem(field, error["msg"].removeprefix("Value error, ")) from None
+        raise EndpointProblem(field, wording.field_message(error)) from None
 
 
 # --- the destination ------------------------------------------------------------------------------

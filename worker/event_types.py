@@ -13,6 +13,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 from psycopg.rows import dict_row
 
+from worker import wording
+
 # The queue's rule for event types (constraint event_type_printable), and no '*': subscriptions use
 # it as a wildcard. SQL repeats these (constraints event_type_name_form and
 # event_type_description_length of webhooks.event_types).
@@ -99,7 +101,8 @@ def schema_problem(schema: Any) -> str | None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as error:
         where = json_pointer(error.absolute_path)
-        return _short(f"at {where}: {error.message}" if where else error.message)
+        message = wording.schema_error(error)
+        return _short(f"at {where}: {message}" if where else message)
     return None
 
 
@@ -127,7 +130,7 @@ def payload_problem(schema: Any, payload: Any) -> PayloadProblem | None:
     error = best_match(validator.iter_errors(payload))
     if error is None:
         return None
-    return PayloadProblem(json_pointer(error.absolute_path), _short(error.message))
+    return PayloadProblem(json_pointer(error.absolute_path), _short(wording.schema_error(error)))
 
 
 def publish_problem(event_type: str, known: EventType | None, payload: Any,
@@ -137,15 +140,15 @@ def publish_problem(event_type: str, known: EventType | None, payload: Any,
     still accepted: its subscribers still receive it."""
     if known is None:
         if require_known:
-            return PublishProblem("event_type", f"{event_type!r} is not in the event-type catalogue "
-                                  "(api.require_known_event_types refuses unknown types)")
+            return PublishProblem("event_type", f"{wording.quoted(event_type)} is not in the event-type "
+                                  "catalogue (api.require_known_event_types refuses unknown types)")
         return None
     problem = payload_problem(known.schema, payload)
     if problem is None:
         return None
     where = f"at {problem.pointer}: " if problem.pointer else ""
-    return PublishProblem("payload", f"{where}{problem.message} (the schema of event type {event_type!r})",
-                          problem.pointer)
+    of_type = f"(the schema of event type {wording.quoted(event_type)})"
+    return PublishProblem("payload", f"{where}{problem.message} {of_type}", problem.pointer)
 
 
 # --- The catalogue's rows (sql/functions/event_types.sql) -------------------------------------------

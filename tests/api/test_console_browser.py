@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from axe_playwright_python.base import AXE_SCRIPT
 from playwright.sync_api import Page, sync_playwright
 
 from tests.acceptance.test_cli import cli
@@ -49,6 +50,14 @@ def browser_page() -> Iterator[tuple[Page, list[str]]]:
             yield page, problems
         finally:
             browser.close()
+
+
+def watch_until_settled(page: Page) -> None:
+    """Turn on a delivery page's auto-refresh (off by default), unless the row has settled already
+    (then the page has no such control)."""
+    box = page.get_by_label("Refresh every 2 s until it is delivered or a dead letter")
+    if box.count():
+        box.check()
 
 
 def screenshot(page: Page, tmp_path: Path, name: str) -> None:
@@ -101,7 +110,9 @@ def test_a_person_logs_in_finds_a_dead_letter_replays_it_and_sees_it_delivered(
 
         page.get_by_role("button", name="Replay this delivery").focus()
         page.keyboard.press("Enter")  # forms work from the keyboard
-        # the page refreshes itself until the row settles
+        page.wait_for_url("**notice=replayed**")
+        # the person turns on the page's auto-refresh (off by default) and watches the row settle
+        watch_until_settled(page)
         page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
         assert page.get_by_role("status").inner_text() == "1 dead letter(s) put back in the queue."
         history = page.locator("table.history").inner_text()
@@ -172,6 +183,7 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
 
         page.get_by_role("button", name="Send a test event").click()
         page.wait_for_url(f"{base}/deliveries/*")
+        watch_until_settled(page)
         page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
         assert "webhook.test" in page.locator("dl.facts").inner_text()
 
@@ -186,6 +198,8 @@ def test_a_customer_opens_a_portal_link_manages_its_webhooks_and_sees_nothing_of
         assert page.locator(f"#dead-letter-{acme_dead}").count() == 0
         page.locator(f"#dead-letter-{dead}").get_by_role("link", name=f"#{dead}").click()
         page.get_by_role("button", name="Replay this delivery").click()
+        page.wait_for_url("**notice=replayed**")
+        watch_until_settled(page)
         page.wait_for_selector('#status[data-status="delivered"]', timeout=WAIT_MS)
 
         # another tenant's endpoint and dead letter: not listed, and not reachable by URL
@@ -246,3 +260,106 @@ def test_an_admin_adds_a_catalogued_event_type_and_deprecates_it_in_the_browser(
 
     assert query(db, "SELECT description, deprecated FROM webhooks.event_types WHERE name = 'invoice.paid'"
                  ) == [("An invoice was paid", True)]
+
+
+# axe-core's rules for WCAG 2.0, 2.1 and 2.2, levels A and AA
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22a", "wcag22aa"]
+
+
+def accessibility_violations(page: Page) -> list[str]:
+    """axe-core's WCAG 2 A and AA violations on the page as it is shown, one line per element. The
+    script is handed to the browser through its debugging protocol, which the page's CSP does not
+    govern: the console serves nothing of it and its CSP stays as served."""
+    page.evaluate(AXE_SCRIPT)
+    results = page.evaluate("options => axe.run(document, options)",
+                            {"runOnly": {"type": "tag", "values": AXE_TAGS}, "resultTypes": ["violations"]})
+    return [f"{violation['id']} ({violation['impact']}) {' '.join(map(str, node['target']))}: "
+            f"{node['failureSummary']}" for violation in results["violations"] for node in violation["nodes"]]
+
+
+def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_customer(
+        db, receiver, spawn, console, tmp_path):
+    """Every kind of console page, with rows in every state a badge shows, checked by axe-core (WCAG
+    2.0 to 2.2, A and AA): as an admin, and as a tenant's customer come through a portal link."""
+    assert Path(CHROMIUM).exists(), "chromium is needed for this test: scripts/bootstrap.sh installs it"
+    acme = query(db, "SELECT webhooks.register_tenant('acme')")[0][0]
+    receiver.script("/down", Reply(503, body=b"upstream database is down"))
+    receiver.script("/refuses", Reply(400, body=b"acme refuses"))
+    failing = add_endpoint(db, receiver.url("/down"), name="pagerduty", max_attempts=1)
+    billing = add_endpoint(db, receiver.url("/down"), name="billing", max_attempts=1)
+    healthy = add_endpoint(db, receiver.url("/ok"), name="slack")
+    customers = add_endpoint(db, receiver.url("/refuses"), name="acme-orders", max_attempts=1)
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = %s WHERE id = %s", (acme, customers))
+    query(db, "SELECT webhooks.set_circuit(%s, 'open', NULL, 'on-call', 'receiver down')", (failing,))
+    query(db, "SELECT webhooks.set_circuit(%s, 'close', NULL, 'on-call', 'receiver back')", (failing,))
+    worker = spawn(db)
+    [dead] = enqueue(db, failing, {"alert": "disk full"}, event_type="alert.created")
+    delivered = enqueue(db, healthy, {"alert": "cpu high"}, count=3)
+    [customer_dead] = enqueue(db, customers, {"order": 7}, event_type="order.created")
+    replayed = enqueue(db, billing, {"invoice": 9}, event_type="invoice.paid", count=2)
+    eventually(lambda: statuses(db, [dead, customer_dead, *delivered, *replayed]) ==
+               {dead: "dead_letter", customer_dead: "dead_letter", **dict.fromkeys(replayed, "dead_letter"),
+                **dict.fromkeys(delivered, "delivered")},
+               message="dead letters and deliveries")
+    worker.stop()
+    query(db, "SELECT webhooks.upsert_event_type('invoice.paid', 'An invoice was paid',"
+              " '{\"type\": \"object\", \"required\": [\"invoice_id\"]}', false)")
+    # a bulk replay of billing's dead letters that stays running (a row every thousand seconds), with
+    # its Cancel button; the row it puts back waits (no worker runs now), its page not settled
+    query(db, "SELECT webhooks.api_start_replay(jsonb_build_object('webhook_id', %s::bigint), 0.001, NULL,"
+              " 'on-call')", (billing,))
+    eventually(lambda: "pending" in statuses(db, replayed).values(), message="a row replayed")
+    [waiting] = [delivery for delivery, status in statuses(db, replayed).items() if status == "pending"]
+    admin = make_token(db, "admin", name="on-call")
+    base = f"http://127.0.0.1:{console.port}/console"
+    pages = ["/", "/deliveries", "/deliveries?endpoint=pagerduty", "/dead-letters", f"/deliveries/{dead}",
+             f"/deliveries/{delivered[0]}", f"/deliveries/{waiting}", "/endpoints", f"/endpoints/{failing}",
+             f"/endpoints/{healthy}", "/operations", "/event-types", "/event-types/invoice.paid",
+             "/endpoints/999999"]
+    found: dict[str, list[str]] = {}
+
+    with browser_page() as (page, problems):
+
+        def check(name: str) -> None:
+            found[name] = accessibility_violations(page)
+
+        page.goto(base + "/login")
+        check("login")
+        page.get_by_label("API token").fill(admin)
+        page.keyboard.press("Enter")
+        page.wait_for_url(base + "/")
+        for path in pages:
+            page.goto(base + path)
+            check(f"admin {path}")
+        page.goto(f"{base}/deliveries/{waiting}")
+        assert page.get_by_label("Refresh every 2 s until it is delivered or a dead letter").is_visible()
+        page.goto(base + "/operations")
+        assert page.get_by_role("button", name="Cancel").is_visible()
+        page.goto(base + "/dead-letters")
+        assert page.locator(f"#dead-letter-{dead}").is_visible()
+        page.get_by_role("button", name="Log out").click()
+        page.wait_for_url("**/login?notice=logged_out")
+        check("logged out")
+
+        made = cli("tokens", "portal-link", "--tenant", "acme", "--base-url",
+                   f"http://127.0.0.1:{console.port}", env={"DATABASE_URL": db})
+        assert made.returncode == 0, made.stderr
+        page.goto(made.stdout.strip())
+        check("portal link")
+        page.get_by_role("button", name="Open the console").click()
+        page.wait_for_url(base + "/")
+        for path in ["/", "/deliveries", "/dead-letters", f"/deliveries/{customer_dead}", "/endpoints",
+                     f"/endpoints/{customers}", "/operations", "/event-types", "/event-types/invoice.paid"]:
+            page.goto(base + path)
+            check(f"customer {path}")
+        page.get_by_role("button", name="Log out").click()
+        page.wait_for_url(base + "/portal-ended?notice=portal_logged_out")
+        assert page.get_by_role("heading", name="Your session has ended").is_visible()
+        check("customer logged out")
+        screenshot(page, tmp_path, "console-portal-ended.png")
+        # nothing the CSP blocked, no script error: chromium reports only the missing endpoint's 404
+        assert problems == ["Failed to load resource: the server responded with a status of 404 (Not Found)"
+                            ], problems
+
+    failures = {name: lines for name, lines in found.items() if lines}
+    assert not failures, "\n".join(f"{name}:\n  " + "\n  ".join(lines) for name, lines in failures.items())

@@ -95,7 +95,7 @@ def test_an_admin_adds_edits_and_deprecates_an_event_type(console, db, capfd):
     answer = admin.post("/console/event-types", {"csrf": admin.csrf(), "name": "invoice.paid",
                                                  "description": "clobbered", "schema": "true"})
     assert answer.status == 409
-    assert "name: the event type &#39;invoice.paid&#39; exists" in answer.body.decode()
+    assert "name: the event type &#34;invoice.paid&#34; exists" in answer.body.decode()
     assert stored(db, "invoice.paid") == [("Paid", None, True)]
     # nothing of either: a type that is not there, a deprecate button's value that is neither
     assert admin.post("/console/event-types/nothing.here", {"csrf": admin.csrf()}).status == 404

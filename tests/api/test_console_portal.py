@@ -77,9 +77,9 @@ def test_the_session_ends_when_the_link_expires_or_its_token_is_revoked(console,
     assert person.get("/console/").status == 200
     query(db, "UPDATE webhooks.api_tokens SET expires_at = now() - interval '1 second'")
     ended = person.get("/console/")
-    assert ended.status == 303 and ended.headers["location"] == "/console/login?notice=session_ended"
-    login = person.get(ended.headers["location"]).body.decode()
-    assert "Your session ended" in login
+    assert ended.status == 303
+    assert ended.headers["location"] == "/console/portal-ended?notice=portal_session_ended"
+    assert "Your session ended" in person.get(ended.headers["location"]).body.decode()
 
     other = Browserless(console)
     made = json.loads(cli("tokens", "portal-link", "--tenant", "globex", "--json",
@@ -88,6 +88,46 @@ def test_the_session_ends_when_the_link_expires_or_its_token_is_revoked(console,
     assert other.get("/console/").status == 200
     assert cli("tokens", "revoke", made["token_name"], env={"DATABASE_URL": db}).returncode == 0
     assert other.get("/console/").status == 303
+
+
+def test_a_customer_whose_session_ended_is_shown_a_page_for_customers_not_the_operators_login(
+        console, db, two_tenants):
+    def ended_page(person: Browserless, answer: Answer, notice: str) -> str:
+        assert answer.status == 303, answer.body
+        assert answer.headers["location"] == f"/console/portal-ended?notice={notice}"
+        page = person.get(answer.headers["location"])
+        assert page.status == 200
+        text = page.body.decode()
+        assert "ask the service that sent you the link for a new one" in text
+        assert "Paste an API token" not in text and 'name="token"' not in text
+        return text
+
+    # logging out
+    person = Browserless(console)
+    assert open_link(person, portal_link(db, "globex")).status == 303
+    home = person.get("/console/")
+    logged_out = person.post("/console/logout", {"csrf": hidden(home, "csrf")})
+    assert "You are logged out." in ended_page(person, logged_out, "portal_logged_out")
+    # and later visits land there too, not on the login page
+    assert person.get("/console/").headers["location"] == "/console/portal-ended"
+
+    # the link expiring, or its token revoked
+    for end in ("UPDATE webhooks.api_tokens SET expires_at = now() - interval '1 second'"
+                " WHERE name LIKE 'portal:%%' AND revoked_at IS NULL",
+                "UPDATE webhooks.api_tokens SET revoked_at = now() WHERE name LIKE 'portal:%%'"):
+        person = Browserless(console)
+        assert open_link(person, portal_link(db, "globex")).status == 303
+        assert person.get("/console/").status == 200
+        query(db, end)
+        text = ended_page(person, person.get("/console/endpoints"), "portal_session_ended")
+        assert "the link that opened it expired or was revoked" in text
+
+    # an operator who logs in with a token in that browser is an operator again
+    login = person.get("/console/login")
+    admin = make_token(db, "admin")
+    assert person.post("/console/login", {"csrf": hidden(login, "csrf"), "token": admin}).status == 303
+    assert person.post("/console/logout", {"csrf": hidden(person.get("/console/"), "csrf")}
+                       ).headers["location"] == "/console/login?notice=logged_out"
 
 
 def test_an_expired_link_opens_nothing(console, db, two_tenants):

@@ -363,3 +363,10 @@ def test_the_config_read_can_be_sent_back_with_durations_in_seconds(api, role_to
         k: v for k, v in read.items() if k != "updated_at"}
     in_seconds = api.request("PATCH", "/v1/config", role_tokens["admin"], {"log_retention": 86400 * 3})
     assert in_seconds.status == 200 and in_seconds.json["log_retention"] == 3 * 86400
+
+
+def test_a_refused_choice_is_told_in_json_s_words_not_python_s(api, role_tokens, db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/hook", name="hook")
+    answer = api.post(f"/v1/endpoints/{endpoint}/circuit", role_tokens["admin"], {"action": "shut"})
+    assert answer.status == 422 and answer.json["field"] == "action", answer.body
+    assert answer.json["detail"] == 'action: Input should be "reset", "open" or "close"', answer.json

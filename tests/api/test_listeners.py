@@ -3,7 +3,9 @@ connections capped per address and in total, and /metrics only on its own port."
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import json
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 
 from tests.api.server import ApiProcess, ApiServer, api_config, make_token
 from tests.support import ROOT, eventually
+from worker.api.serving import counted_as
 
 SLOW_CLIENTS = 30  # of each kind
 DEADLINE = 1.5  # seconds, for heads and bodies alike
@@ -185,8 +188,8 @@ def test_connections_beyond_a_cap_are_refused_at_once_and_other_addresses_are_se
             client.close()
         eventually(lambda: guard.open == 0, message="every connection released")
         metrics = server.metrics()
-        assert 'webhook_api_connections_refused_total{cap="per_address"} 1.0' in metrics
-        assert 'webhook_api_connections_refused_total{cap="total"} 1.0' in metrics
+        assert 'webhook_api_connections_refused_total{cap="per_address",port="api"} 1.0' in metrics
+        assert 'webhook_api_connections_refused_total{cap="total",port="api"} 1.0' in metrics
     finally:
         server.stop()
 
@@ -241,7 +244,8 @@ def test_a_flood_of_connections_beyond_the_open_file_limit_leaves_other_addresse
         assert all(c.received.startswith(b"HTTP/1.1 503 ") for c in refused)
         status, metrics = fetch(process.metrics_port, "/metrics", source="127.0.0.2")
         assert status == 200
-        assert f'webhook_api_connections_refused_total{{cap="per_address"}} {FLOOD - 30}.0' in metrics
+        counted = f'webhook_api_connections_refused_total{{cap="per_address",port="api"}} {FLOOD - 30}.0'
+        assert counted in metrics
     finally:
         process.kill()
     log = process.log_path.read_text()
@@ -290,3 +294,215 @@ def test_the_rest_of_a_body_that_missed_its_deadline_is_not_counted_as_a_slow_he
                            'webhook_api_request_timeouts_total{part="body"} 1.0'], counted
     finally:
         server.stop()
+
+
+class KeptAlive:
+    """A keep-alive HTTP/1.1 client from a source address of its own that has had one answer and
+    keeps its connection open, idle."""
+
+    def __init__(self, port: int, source: str, path: str = "/health") -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+        self.conn.request("GET", path)
+        response = self.conn.getresponse()
+        assert response.status == 200 and response.read()
+        assert self.conn.sock is not None  # kept open for the next request
+        self.sock: socket.socket = self.conn.sock
+
+    def closed_by_server(self) -> bool:
+        """Whether the server has closed the connection (an EOF waits to be read); never blocks."""
+        self.sock.setblocking(False)
+        try:
+            return self.sock.recv(1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        finally:
+            self.sock.setblocking(True)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def kept_alive() -> Iterator[list[KeptAlive]]:
+    opened: list[KeptAlive] = []
+    yield opened
+    for client in opened:
+        client.close()
+
+
+def test_idle_keep_alive_connections_make_room_for_new_clients_at_the_caps(db, clients, kept_alive):
+    # Two addresses hold six idle keep-alive connections each: the total cap (12) is reached, as ten
+    # addresses holding ten each once kept every other client and the scrape out for 75 s.
+    # aiohttp's own keep-alive timer far beyond the test's length: here only the caps close them
+    config = api_config(db, max_connections=12, max_connections_per_address=6, head_timeout_seconds=60,
+                        keepalive_timeout_seconds=1800)
+    server = ApiServer(config).start()
+    guard = server.guard
+    assert guard is not None
+    try:
+        reader = make_token(db, "reader")
+        for source in ("127.0.0.2", "127.0.0.3"):
+            kept_alive.extend(KeptAlive(server.port, source) for _ in range(6))
+        eventually(lambda: len(guard.idle) == 12 and guard.open == 12, message="twelve idle connections")
+
+        # a third address is served: the longest-idle connection (127.0.0.2's first) made room
+        assert get(server.port, "/v1/token", reader, source="127.0.0.4") == 200
+        eventually(kept_alive[0].closed_by_server, message="the longest-idle connection closed")
+        assert not any(client.closed_by_server() for client in kept_alive[1:])
+        # the scrape is served, whatever the public port holds
+        assert get(server.metrics_port, "/metrics", source="127.0.0.5") == 200
+
+        # at its own cap (6), an address's new connection closes that address's longest-idle one, not
+        # another address's
+        eventually(lambda: guard.by_address["127.0.0.2"] == 5, message="127.0.0.2 down to five")
+        kept_alive.append(KeptAlive(server.port, "127.0.0.2"))
+        kept_alive.append(KeptAlive(server.port, "127.0.0.2"))
+        eventually(kept_alive[1].closed_by_server, message="127.0.0.2's longest-idle connection closed")
+        assert not any(client.closed_by_server() for client in kept_alive[2:6] + kept_alive[6:12])
+
+        # a connection whose next request has begun is not idle: at a cap of busy ones, 503
+        for client in kept_alive[6:12]:  # 127.0.0.3's: requests begun that never end
+            client.sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        eventually(lambda: not any(c.address == "127.0.0.3" for c in guard.idle),
+                   message="127.0.0.3's connections busy")
+        over = RawClient(server.port, source="127.0.0.3")
+        clients.append(over)
+        assert over.read_until_closed().startswith(b"HTTP/1.1 503 ")
+        assert not any(client.closed_by_server() for client in kept_alive[6:12])
+
+        closed = [line for line in server.metrics().splitlines()
+                  if line.startswith("webhook_api_idle_connections_closed_total")]
+        assert closed == ['webhook_api_idle_connections_closed_total{port="api"} 2.0',
+                          'webhook_api_idle_connections_closed_total{port="metrics"} 0.0'], closed
+    finally:
+        server.stop()
+
+
+def test_the_metrics_port_has_a_budget_of_its_own(db, clients):
+    # the public port full of connections that are not idle (heads that never end) ...
+    config = api_config(db, max_connections=4, max_connections_per_address=4, head_timeout_seconds=60,
+                        metrics_max_connections=8)
+    server = ApiServer(config).start()
+    guard = server.guard
+    assert guard is not None
+    try:
+        for _ in range(4):
+            client = RawClient(server.port)
+            clients.append(client)
+            client.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        eventually(lambda: guard.open == 4, message="the public port full")
+        refused = RawClient(server.port, source="127.0.0.2")
+        clients.append(refused)
+        assert refused.read_until_closed().startswith(b"HTTP/1.1 503 ")
+        # ... the scrape is still served
+        assert get(server.metrics_port, "/metrics") == 200
+
+        # the metrics port's own budget: a quarter of it (2) per address, then 503 for that address only
+        for _ in range(2):
+            client = RawClient(server.metrics_port, source="127.0.0.3")
+            clients.append(client)
+            client.send(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        over = RawClient(server.metrics_port, source="127.0.0.3")
+        clients.append(over)
+        assert over.read_until_closed().startswith(b"HTTP/1.1 503 ")
+        status, metrics = fetch(server.metrics_port, "/metrics", source="127.0.0.4")
+        assert status == 200
+        assert 'webhook_api_connections_refused_total{cap="per_address",port="metrics"} 1.0' in metrics
+        assert 'webhook_api_connections_refused_total{cap="total",port="api"} 1.0' in metrics
+        assert 'webhook_api_connections{port="api"} 4.0' in metrics
+    finally:
+        server.stop()
+
+
+def test_ipv6_clients_count_per_64():
+    assert counted_as("2001:db8:1:2:aaaa::1") == counted_as("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert counted_as("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert counted_as("fe80::1%eth0") == "fe80::/64"
+    assert counted_as("::ffff:192.0.2.7") == "192.0.2.7"  # an IPv4-mapped address counts as the IPv4 one
+    assert counted_as("192.0.2.7") == "192.0.2.7"
+    assert counted_as("::1") == "::/64"
+
+
+def ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this kernel has no IPv6 loopback (::1)")
+def test_ipv6_connections_are_capped_per_64_on_a_real_listener(db):
+    config = api_config(db, host="::1", max_connections_per_address=2, head_timeout_seconds=60)
+    server = ApiServer(config).start()
+    guard = server.guard
+    assert guard is not None
+    held = []
+    try:
+        for _ in range(2):
+            sock = socket.create_connection(("::1", server.port), timeout=10)
+            held.append(sock)
+        eventually(lambda: dict(guard.by_address) == {"::/64": 2}, message="two connections from ::/64")
+        with socket.create_connection(("::1", server.port), timeout=10) as over:
+            answer = b""
+            while chunk := over.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def raw_answer(port: int, request: bytes) -> bytes:
+    """What the server answers to these bytes, read until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def problem_of(answer: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in header_lines)}
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def test_a_request_too_long_to_read_is_answered_with_a_problem_document_that_does_not_echo_it(api):
+    cases = [
+        # a request target over 8,190 bytes: 414
+        (b"GET /v1/deliveries?event_type=" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414,
+         "/v1/problems/uri-too-long"),
+        # a header over 16 KiB: 431
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 17000 + b"\r\n\r\n", 431,
+         "/v1/problems/header-too-large"),
+        # more than 128 headers: 431
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: c\r\n" % i for i in range(200)) + b"\r\n",
+         431, "/v1/problems/header-too-large"),
+        # not HTTP at all: 400
+        (b"GET\x01 /dddd HTTP/1.1\r\n\r\n", 400, "/v1/problems/unreadable-request"),
+    ]
+    for request, status, kind in cases:
+        answer = raw_answer(api.port, request)
+        got, headers, problem = problem_of(answer)
+        assert (got, problem["type"], problem["status"]) == (status, kind, status), answer[:300]
+        assert headers["content-type"] == "application/problem+json"
+        assert headers["cache-control"] == "no-store" and headers["x-content-type-options"] == "nosniff"
+        for echoed in (b"aaaa", b"bbbb", b"X-1", b"dddd"):
+            assert echoed not in answer, answer[:300]
+    # a request target of 8,000 bytes is still read
+    assert raw_answer(api.port, b"GET /health?" + b"e" * 8000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close"
+                      b"\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+    metrics = api.metrics()
+    for status in (400, 414):
+        assert f'webhook_api_unreadable_requests_total{{status="{status}"}} 1.0' in metrics
+    assert 'webhook_api_unreadable_requests_total{status="431"} 2.0' in metrics

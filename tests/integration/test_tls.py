@@ -3,6 +3,7 @@ private CA is trusted only when security.ca_bundle_file names it."""
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -93,4 +94,5 @@ def test_a_ca_bundle_that_cannot_be_loaded_is_named_at_start(tmp_path):
         with pytest.raises(ConfigError) as caught:
             load_config(None, environ={"DATABASE_URL": "postgresql://db/x",
                                        "WEBHOOK_WORKER_SECURITY__CA_BUNDLE_FILE": str(path)})
-        assert str(caught.value) == f"security.ca_bundle_file: cannot be loaded: {reason} (got {str(path)!r})"
+        said = f"security.ca_bundle_file: cannot be loaded: {reason} (got {json.dumps(str(path))})"
+        assert str(caught.value) == said

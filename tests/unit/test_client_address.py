@@ -104,8 +104,8 @@ def test_trusted_proxies_are_read_from_the_config(tmp_path):
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("[10.0.0.0/33]", "api.trusted_proxies: '10.0.0.0/33' is not an address or a CIDR"),
-        ("[proxy.internal]", "api.trusted_proxies: 'proxy.internal' is not an address or a CIDR"),
+        ("[10.0.0.0/33]", 'api.trusted_proxies: "10.0.0.0/33" is not an address or a CIDR'),
+        ("[proxy.internal]", 'api.trusted_proxies: "proxy.internal" is not an address or a CIDR'),
         ("10.0.0.0/8", "api.trusted_proxies: Input should be a valid list"),
     ],
 )

@@ -21,7 +21,7 @@ from worker.api.context import CALLER, CREDENTIAL, DOCUMENT, STATE, ApiState, Cr
 from worker.api.database import READY_TIMEOUT_SECONDS, Database, login_problems
 from worker.api.declare import Route, route_of
 from worker.api.limits import FailedAuthLimiter
-from worker.api.problems import Problem, forbidden
+from worker.api.problems import ANSWER_HEADERS, Problem, forbidden
 from worker.api.replay_runner import run_operations
 from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
@@ -42,9 +42,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # its own login and sessions). /metrics is served on a port of its own (create_metrics_app).
 API_PREFIX = "/v1/"
 CONSOLE_PREFIX = "/console"
-# On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
-# no cache keeps it, and a browser must not read a JSON document as HTML or script.
-ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 def _route_label(request: web.Request) -> str:
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
@@ -207,7 +204,7 @@ def create_app(
     app = web.Application(middlewares=middlewares, client_max_size=state.config.api.max_body_bytes)
     app[STATE] = state
     app[DOCUMENT] = openapi.document()
-    app[serving.GUARD] = serving.ConnectionGuard(state.config.api, state.metrics.registry)
+    app[serving.GUARD] = serving.ConnectionGuard.public(state.config.api, state.metrics.registry)
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
     routes.add_routes(app)

@@ -7,6 +7,8 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 
+from worker import wording
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 UNKNOWN = "unknown"
@@ -17,7 +19,7 @@ def network_problem(entry: str) -> str | None:
     try:
         ipaddress.ip_network(entry.strip(), strict=False)
     except ValueError:
-        return f"{entry!r} is not an address or a CIDR such as 10.0.0.0/8 or fd00::/8"
+        return f"{wording.json_text(entry)} is not an address or a CIDR such as 10.0.0.0/8 or fd00::/8"
     return None
 
 

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from worker import wording
 from worker.api.problems import Problem, bad_request, invalid, unsupported_media_type
 
 MAX_PAGE = 1000
@@ -132,7 +133,7 @@ def field_problem(exc: ValidationError, prefix: str = "") -> Problem:
         return invalid(field, "unknown field")
     if error["type"] == "missing":
         return invalid(field, "required")
-    return invalid(field, error["msg"].removeprefix("Value error, "))
+    return invalid(field, wording.field_message(error))
 
 
 # the member of a union an error is about (`endpoint.constrained-int`): not a field of the request

@@ -17,6 +17,7 @@ from worker.api.answers import ProblemDocument
 from worker.api.declare import Route
 from worker.api.inputs import MAX_ID, NO_CONTROL
 from worker.api.routes import ROUTES
+from worker.api.serving import MAX_HEADER_BYTES, MAX_HEADERS, MAX_REQUEST_LINE_BYTES
 
 REF = "#/components/schemas/{model}"
 ID = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
@@ -37,9 +38,12 @@ ERRORS = {
     408: "the body did not arrive within api.body_timeout_seconds",
     409: "the current state refuses this",
     413: "the body exceeds api.max_body_bytes (or the payload max_payload_bytes)",
+    414: f"the request's path and query exceed {MAX_REQUEST_LINE_BYTES} bytes (the connection closes)",
     415: "the body is not sent as application/json",
     422: "a field, parameter or header is invalid: the problem names it",
     429: "too many failed authentications from this address (or the tenant's queue is full)",
+    431: f"a header's name and value exceed {MAX_HEADER_BYTES} bytes, or there are more than {MAX_HEADERS} "
+         "headers (the connection closes)",
     503: "the database is unreachable (or the API has no encryption keys)",
 }
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}}}
@@ -123,7 +127,8 @@ def _responses(route: Route, refs: dict[Any, Any]) -> dict[str, Any]:
             answer["headers"] = {"Location": {"description": "where what was made can be read",
                                               "schema": {"type": "string"}}}
         responses[str(status)] = answer
-    errors = set(route.refusals) | {422}  # every route refuses a query parameter it does not know
+    # every route refuses a query parameter it does not know, and a request head too large to read
+    errors = set(route.refusals) | {414, 422, 431}
     if not route.public:
         errors |= {401, 403, 429, 503}
     if route.takes_body:

@@ -10,6 +10,9 @@ from aiohttp import web
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Relative type URIs: documented in docs/reference/http-api.md ("Errors"), stable for clients to switch on.
 TYPE_BASE = "/v1/problems/"
+# On every answer (the console sets its own, stricter set): an answer may carry a caller's data, so
+# no cache keeps it, and a browser must not read a JSON document as HTML or script.
+ANSWER_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
 class Problem(Exception):

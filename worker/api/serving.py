@@ -1,11 +1,13 @@
 """The API's listening sockets: deadlines for request heads and bodies, caps on connections in total
-and per client address, and the separate port for /metrics."""
+and per client (idle keep-alive connections make room first), the separate port for /metrics with a
+budget of its own, and problem documents for requests too malformed to reach a route."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import os
 import resource
 import socket
@@ -14,10 +16,13 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from worker import runtime
+from worker.api.problems import ANSWER_HEADERS, Problem
 from worker.config import ApiConfig
 from worker.errors import ConfigError
 from worker.observability import get_logger
@@ -37,50 +42,122 @@ RESERVED_FILES = 32
 BACKLOG = 128
 METRICS_BACKLOG = 8  # one scraper at a time
 # Connections accepted per turn of the event loop, so that a flood does not starve requests. A
-# refused one is answered and closed as it is accepted: it never holds a file past that moment.
+# refused one is answered and closed as it is accepted: it never holds a file past that moment. An
+# idle connection closed to make room for one holds its file until the loop's next turn, so the
+# open-file budget keeps this many spare.
 ACCEPT_PER_TURN = 64
 # After accept() found no file left (which the caps should prevent): accept again after this long.
 ACCEPT_RETRY_SECONDS = 1.0
 # After an answer sent before the whole body was read (a 401, a 408, a 413), aiohttp reads and drops
 # the rest for this long at most, so the client can read the answer before the connection closes.
 MAX_LINGER_SECONDS = 5.0
+# What aiohttp reads of a request head before it gives up: a request target (path and query) up to
+# this many bytes, beyond it 414; a header's name and value up to MAX_HEADER_BYTES and at most
+# MAX_HEADERS headers, beyond them 431. aiohttp's failure names the limit it passed, which tells a
+# request line from a header only while the two limits differ.
+MAX_REQUEST_LINE_BYTES = 8190
+MAX_HEADER_BYTES = 16384
+MAX_HEADERS = 128
+assert MAX_REQUEST_LINE_BYTES != MAX_HEADER_BYTES
+# One client may hold a quarter of the metrics port's budget (api.metrics_max_connections).
+METRICS_BUDGET_PARTS = 4
 
 
-class ConnectionGuard:
-    """Counts the open connections, in total and per client address, for both ports; holds the
-    deadlines every connection keeps, and their metrics."""
+def counted_as(address: str) -> str:
+    """The client a connection counts against: its IPv4 address, or the /64 its IPv6 address is in.
+    A host is usually given a whole /64, so counting IPv6 per address would let one host open as
+    many connections as it likes (an IPv4-mapped address counts as the IPv4 one)."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])  # a link-local peer's zone is no part of it
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
-    def __init__(self, config: ApiConfig, registry: CollectorRegistry) -> None:
-        self.max_connections = config.max_connections
-        self.max_per_address = config.max_connections_per_address
-        self.head_timeout = config.head_timeout_seconds
-        self.body_timeout = config.body_timeout_seconds
-        self.open = 0
-        self.by_address: Tally[str] = Tally()
-        gauge = Gauge("webhook_api_connections", "Client connections open (both ports).", registry=registry)
-        gauge.set_function(lambda: self.open)
+
+class ListenerMetrics:
+    """The listeners' metrics, labelled by port (api, metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.open = Gauge("webhook_api_connections", "Client connections open, by port (api, metrics).",
+                          ["port"], registry=registry)
         self.refused = Counter("webhook_api_connections_refused",
-                               "Connections answered 503 and closed at once, by the cap they would "
-                               "have passed (total, per_address).", ["cap"], registry=registry)
+                               "Connections answered 503 and closed at once, by port and the cap they "
+                               "would have passed (total, per_address).", ["port", "cap"], registry=registry)
+        self.idle_closed = Counter("webhook_api_idle_connections_closed",
+                                   "Idle keep-alive connections closed to make room for a new one at a "
+                                   "cap, by port.", ["port"], registry=registry)
         self.timeouts = Counter("webhook_api_request_timeouts",
                                 "Requests whose head or body did not arrive in time, by part (head, body).",
                                 ["part"], registry=registry)
-        for cap in ("total", "per_address"):
-            self.refused.labels(cap)
+        self.unreadable = Counter("webhook_api_unreadable_requests",
+                                  "Requests answered before any route because their head could not be "
+                                  "read, by status (400, 414, 431).", ["status"], registry=registry)
         for part in ("head", "body"):
             self.timeouts.labels(part)
+        for status in ("400", "414", "431"):
+            self.unreadable.labels(status)
+
+
+class ConnectionGuard:
+    """Counts one port's open connections, in total and per client (counted_as), closes idle
+    keep-alive connections to make room for new ones, and holds the deadlines every connection keeps."""
+
+    def __init__(self, port: str, max_connections: int, max_per_address: int, config: ApiConfig,
+                 metrics: ListenerMetrics) -> None:
+        self.port = port
+        self.max_connections = max_connections
+        self.max_per_address = max_per_address
+        self.head_timeout = config.head_timeout_seconds
+        self.body_timeout = config.body_timeout_seconds
+        self.metrics = metrics
+        self.timeouts = metrics.timeouts
+        self.open = 0
+        self.by_address: Tally[str] = Tally()
+        # connections between an answer and the next request's first byte, longest idle first
+        self.idle: dict[GuardedConnection, None] = {}
+        metrics.open.labels(port).set_function(lambda: self.open)
+        for cap in ("total", "per_address"):
+            metrics.refused.labels(port, cap)
+        metrics.idle_closed.labels(port)
+
+    @classmethod
+    def public(cls, config: ApiConfig, registry: CollectorRegistry) -> ConnectionGuard:
+        """The public port's guard (api.max_connections, api.max_connections_per_address)."""
+        return cls("api", config.max_connections, config.max_connections_per_address, config,
+                   ListenerMetrics(registry))
+
+    def for_metrics_port(self, config: ApiConfig) -> ConnectionGuard:
+        """The metrics port's guard: a budget of its own (api.metrics_max_connections), so that
+        connections to the public port never keep the scrape out, and the same metrics."""
+        budget = config.metrics_max_connections
+        return ConnectionGuard("metrics", budget, max(1, budget // METRICS_BUDGET_PARTS), config,
+                               self.metrics)
 
     def admit(self, address: str) -> bool:
-        """Count a new connection from this address, unless it would pass a cap."""
-        if self.open >= self.max_connections:
-            self.refused.labels("total").inc()
+        """Count a new connection from this client, unless it would pass a cap that no idle
+        connection can make room under: the client's own longest-idle one for its cap, anyone's
+        for the total."""
+        if self.by_address[address] >= self.max_per_address and not self._make_room(address):
+            self.metrics.refused.labels(self.port, "per_address").inc()
             return False
-        if self.by_address[address] >= self.max_per_address:
-            self.refused.labels("per_address").inc()
+        if self.open >= self.max_connections and not self._make_room(None):
+            self.metrics.refused.labels(self.port, "total").inc()
             return False
         self.open += 1
         self.by_address[address] += 1
         return True
+
+    def _make_room(self, address: str | None) -> bool:
+        for connection in self.idle:  # longest idle first
+            if address is None or connection.address == address:
+                connection.close_idle()
+                self.metrics.idle_closed.labels(self.port).inc()
+                return True
+        return False
 
     def release(self, address: str) -> None:
         self.open -= 1
@@ -99,18 +176,19 @@ class GuardedConnection(asyncio.Protocol):
     by the keep-alive timer (3630 s by default), so a few hundred of them exhaust the process's
     files. The wrapper starts the head's clock when the connection opens and when the first byte of
     a later request arrives (as Go's ReadHeaderTimeout does), and stops it when a request reaches the
-    application (`track_requests` tells it). Between requests an idle connection is aiohttp's
-    keep-alive timer's (api.keepalive_timeout_seconds). Wrapping rather than subclassing keeps
-    aiohttp's handler exactly as aiohttp builds it; everything is passed on.
+    application (`track_requests` tells it). Between an answer and the next request's first byte the
+    connection is idle: aiohttp's keep-alive timer closes it (api.keepalive_timeout_seconds), and
+    the guard closes it sooner when a new connection needs its place. Wrapping rather than
+    subclassing keeps aiohttp's protocol as aiohttp drives it; everything is passed on.
     """
 
     def __init__(self, inner: RequestHandler, guard: ConnectionGuard, address: str) -> None:
-        """For a connection the guard has admitted (counted) from this address."""
+        """For a connection the guard has admitted (counted) from this client."""
         self._inner = inner
         self._guard = guard
         self._transport: asyncio.Transport | None = None
-        self._address = address
-        self._admitted = True
+        self.address = address
+        self._counted = True
         self._head_clock: asyncio.TimerHandle | None = None
         self._in_request = False
         self._answered = 0
@@ -124,31 +202,27 @@ class GuardedConnection(asyncio.Protocol):
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self._admitted:
-            return
-        if not self._in_request and self._head_clock is None and not self._body_abandoned:
-            self._start_head_clock()
+        if not self._in_request:
+            self._guard.idle.pop(self, None)  # a next request's first bytes: no longer idle
+            if self._head_clock is None and not self._body_abandoned:
+                self._start_head_clock()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         # aiohttp's answer is None (close the transport once the peer has finished sending)
-        if self._admitted:
-            self._inner.eof_received()
+        self._inner.eof_received()
         return None
 
     def pause_writing(self) -> None:
-        if self._admitted:
-            self._inner.pause_writing()
+        self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._admitted:
-            self._inner.resume_writing()
+        self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_clock()
-        if self._admitted:
-            self.release()
-            self._inner.connection_lost(exc)
+        self.release()
+        self._inner.connection_lost(exc)
 
     def abandon(self) -> bool:
         """Uncount a connection whose transport was never made; whether it was such a one."""
@@ -159,20 +233,40 @@ class GuardedConnection(asyncio.Protocol):
 
     def release(self) -> None:
         """Uncount the connection (once)."""
-        if self._admitted:
-            self._admitted = False
-            self._guard.release(self._address)
+        self._guard.idle.pop(self, None)
+        if self._counted:
+            self._counted = False
+            self._guard.release(self.address)
+
+    def close_idle(self) -> None:
+        """Close an idle connection to make room: uncounted at once, its place taken by the new one.
+        Closing sends what was written before (the last answer) first."""
+        self.release()
+        if self._transport is not None:
+            self._transport.close()
 
     def request_started(self) -> None:
         self._in_request = True
+        self._guard.idle.pop(self, None)
         self._stop_head_clock()
 
     def body_abandoned(self) -> None:
         self._body_abandoned = True
 
+    def count_unreadable(self, status: int) -> None:
+        self._guard.metrics.unreadable.labels(str(status)).inc()
+
     def request_finished(self) -> None:
+        """The answer is handed to aiohttp, which writes it before its task lets any other run; from
+        then until a next request's first byte the connection is idle. (A request pipelined behind
+        this one, already read, could be dropped if the connection is closed to make room before
+        aiohttp starts it: clients that pipeline retry on a closed connection.)"""
         self._in_request = False
         self._answered += 1
+        transport = self._transport
+        closing = transport is None or transport.is_closing()
+        if self._counted and not self._body_abandoned and not closing:
+            self._guard.idle[self] = None
 
     def _start_head_clock(self) -> None:
         loop = asyncio.get_running_loop()
@@ -193,6 +287,46 @@ class GuardedConnection(asyncio.Protocol):
             # nothing was written on this connection yet, so the 408 cannot land inside an answer
             transport.write(TOO_SLOW)
         transport.close()
+
+
+class AnsweringHandler(RequestHandler):
+    """aiohttp's protocol, answering a request whose head it could not read (a request target or a
+    header over its limit, too many headers, bytes that are not HTTP) with a problem document like
+    every other refusal, rather than aiohttp's plain text that echoes the request back."""
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status != 400 or not isinstance(exc, HttpProcessingError) or request.writer.output_size:
+            return super().handle_error(request, status, exc, message)
+        problem = unreadable(exc, self.max_line_size)
+        # never the request's bytes: a path may hold a portal link's secret, a header a token
+        get_logger().info("api request unreadable", status=problem.status, kind=problem.kind)
+        transport = self.transport
+        protocol = transport.get_protocol() if transport is not None else None
+        if isinstance(protocol, GuardedConnection):
+            protocol.count_unreadable(problem.status)
+        response = problem.response()
+        response.force_close()
+        return response
+
+
+def unreadable(exc: HttpProcessingError, line_limit: int) -> Problem:
+    """The answer to a request head aiohttp could not read; aiohttp's message is not repeated (it
+    quotes the request)."""
+    if isinstance(exc, LineTooLong):
+        # LineTooLong(line, limit): the limit passed names what was too long (MAX_REQUEST_LINE_BYTES)
+        if len(exc.args) > 1 and str(exc.args[1]) == str(line_limit):
+            return Problem(414, "uri-too-long", "The request target is too long",
+                           f"the request's path and query exceed {line_limit} bytes",
+                           headers=ANSWER_HEADERS)
+        return Problem(431, "header-too-large", "A request header is too large",
+                       f"a header's name and value exceed {MAX_HEADER_BYTES} bytes", headers=ANSWER_HEADERS)
+    if "Too many headers" in exc.message:
+        return Problem(431, "header-too-large", "Too many request headers",
+                       f"the request has more than {MAX_HEADERS} headers", headers=ANSWER_HEADERS)
+    return Problem(400, "unreadable-request", "The request cannot be read",
+                   "the request is not HTTP/1.1 that can be read (its method, target, version or headers)",
+                   headers=ANSWER_HEADERS)
 
 
 class GuardedSite(web.BaseSite):
@@ -277,7 +411,7 @@ class Accepting(asyncio.AbstractServer):
                 self._loop.remove_reader(sock.fileno())
                 self._loop.call_later(ACCEPT_RETRY_SECONDS, self._resume, sock)
                 return
-            address = str(peer[0]) if peer else "unknown"
+            address = counted_as(str(peer[0])) if peer else "unknown"
             if not self._guard.admit(address):
                 with contextlib.suppress(OSError):
                     conn.send(BUSY)  # a few bytes into an empty send buffer: it does not block
@@ -295,7 +429,9 @@ class Accepting(asyncio.AbstractServer):
     async def _open(self, conn: socket.socket, address: str) -> None:
         server = self._runner.server
         assert server is not None  # BaseSite refuses a runner that was not set up
-        protocol = GuardedConnection(server(), self._guard, address)
+        # aiohttp's handler as server() makes it, answering unreadable requests with a problem document
+        handler = AnsweringHandler(server, loop=self._loop, **server._kwargs)
+        protocol = GuardedConnection(handler, self._guard, address)
         try:
             await self._loop.connect_accepted_socket(lambda: protocol, conn)
         except BaseException as exc:
@@ -394,14 +530,16 @@ def fit_to_open_files(wanted: int, reserved: int) -> int:
 
 class Listeners:
     """The public port (api.port) and the metrics port (api.metrics_port), started and stopped
-    together; one guard counts the connections of both."""
+    together, each with a guard of its own: the public port's caps, the metrics port's budget."""
 
     def __init__(self, config: ApiConfig, app: web.Application, metrics_app: web.Application,
                  reserved_files: int = RESERVED_FILES) -> None:
         self._config = config
-        self._apps = ((app, config.port, "api.port", BACKLOG),
-                      (metrics_app, config.metrics_port, "api.metrics_port", METRICS_BACKLOG))
-        self._guard = app[GUARD]
+        self.guard = app[GUARD]
+        self.metrics_guard = self.guard.for_metrics_port(config)
+        self._apps = ((app, config.port, "api.port", BACKLOG, self.guard),
+                      (metrics_app, config.metrics_port, "api.metrics_port", METRICS_BACKLOG,
+                       self.metrics_guard))
         self._reserved_files = reserved_files
         self._runners: list[web.AppRunner] = []
         self.port = 0
@@ -409,16 +547,20 @@ class Listeners:
 
     async def start(self) -> None:
         config = self._config
-        reserved = self._reserved_files + 1  # the connection being refused as it is accepted
-        self._guard.max_connections = fit_to_open_files(config.max_connections, reserved)
+        # besides the process's own files: the connection being refused as it is accepted, idle
+        # ones closed to make room that hold their files until the loop's next turn, the metrics port
+        reserved = self._reserved_files + 1 + ACCEPT_PER_TURN + config.metrics_max_connections
+        self.guard.max_connections = fit_to_open_files(config.max_connections, reserved)
         ports = []
-        for app, port, key, backlog in self._apps:
+        for app, port, key, backlog, guard in self._apps:
             runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                    keepalive_timeout=config.keepalive_timeout_seconds,
-                                   lingering_time=min(config.body_timeout_seconds, MAX_LINGER_SECONDS))
+                                   lingering_time=min(config.body_timeout_seconds, MAX_LINGER_SECONDS),
+                                   max_line_size=MAX_REQUEST_LINE_BYTES, max_field_size=MAX_HEADER_BYTES,
+                                   max_headers=MAX_HEADERS)
             await runner.setup()
             self._runners.append(runner)
-            site = GuardedSite(runner, config.host, port, self._guard, backlog)
+            site = GuardedSite(runner, config.host, port, guard, backlog)
             try:
                 await site.start()
             except OSError as exc:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import psycopg
 from aiohttp import web
 
-from worker import event_types
+from worker import event_types, wording
 from worker.api.context import FLEET_ADMIN, READ, STATE
 from worker.api.tokens import Caller
 from worker.console import forms, queries
@@ -54,6 +54,10 @@ def _schema_text(schema: Any) -> str:
     return "" if schema is None else json.dumps(schema, indent=2, ensure_ascii=False)
 
 
+def _not_catalogued(request: web.Request, name: str) -> web.Response:
+    return error_page(request, 404, "Not found", f"event type {wording.quoted(name)}: not in the catalogue")
+
+
 async def catalogue(request: web.Request, typed: dict[str, Any] | None = None, error: str | None = None,
                     status: int = 200) -> web.Response:
     """The list; after a refused add, again with the form as it was typed and the error."""
@@ -77,7 +81,7 @@ async def event_type_page(request: web.Request, typed: dict[str, Any] | None = N
         found = await event_types.get_async(conn, name)
         subscriptions = [] if found is None else await queries.event_type_subscriptions(conn, name)
     if found is None:
-        return error_page(request, 404, "Not found", f"event type {name!r}: not in the catalogue")
+        return _not_catalogued(request, name)
     if typed is None:
         typed = {"name": found.name, "description": found.description, "schema": _schema_text(found.schema),
                  "deprecated": found.deprecated}
@@ -110,8 +114,8 @@ async def add_event_type(request: web.Request) -> web.Response:
     except event_types.EventTypeError as exc:
         return await catalogue(request, typed, str(exc), 422)
     except _Exists:
-        return await catalogue(request, typed, f"name: the event type {name!r} exists; change it on its page",
-                               409)
+        exists = f"name: the event type {wording.quoted(name)} exists; change it on its page"
+        return await catalogue(request, typed, exists, 409)
     get_logger().info("console event type added", name=caller.name, event_type=name)
     return see_other(path_of(name), notice="event_type_added")
 
@@ -139,7 +143,7 @@ async def edit_event_type(request: web.Request) -> web.Response:
             raise forms.FieldError(field, problem) from None
         return await event_type_page(request, typed, str(exc), 422)
     if not changed:
-        return error_page(request, 404, "Not found", f"event type {name!r}: not in the catalogue")
+        return _not_catalogued(request, name)
     get_logger().info("console event type changed", name=caller.name, event_type=name)
     return see_other(path_of(name), notice="event_type_edited")
 
@@ -157,7 +161,7 @@ async def deprecate_event_type(request: web.Request) -> web.Response:
     except event_types.EventTypeError as exc:
         raise forms.FieldError("name", str(exc).partition(": ")[2]) from None
     if not found:
-        return error_page(request, 404, "Not found", f"event type {name!r}: not in the catalogue")
+        return _not_catalogued(request, name)
     get_logger().info("console event type deprecated", name=caller.name, event_type=name,
                       deprecated=deprecated)
     return see_other(path_of(name), notice="event_type_deprecated" if deprecated else "event_type_current")

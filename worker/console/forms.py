@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from worker import wording
 from worker.console.queries import ENDPOINT_ACTIONS, PAGE_ROWS
 from worker.endpoints import MAX_REASON_CHARS
 from worker.policy import category_problem
@@ -25,7 +26,7 @@ class FieldError(ValueError):
 def identifier(field: str, text: str) -> int:
     text = text.strip()
     if not text.isascii() or not text.isdigit() or not 0 < int(text) <= MAX_ID:
-        raise FieldError(field, f"must be a positive whole number, not {text[:40]!r}")
+        raise FieldError(field, f"must be a positive whole number, not {wording.json_text(text, 40)}")
     return int(text)
 
 
@@ -55,7 +56,8 @@ def _moment(field: str, text: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise FieldError(field, f"expected a time such as 2026-11-27T04:00, not {text[:40]!r}") from None
+        raise FieldError(field, f"expected a time such as 2026-11-27T04:00, not {wording.json_text(text, 40)}"
+                         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 

@@ -13,7 +13,7 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker import portal
+from worker import portal, wording
 from worker.api.context import STATE, ApiState, client_address
 from worker.api.problems import Problem
 from worker.api.tokens import Caller
@@ -35,8 +35,8 @@ TENANT_NAME = web.RequestKey("webhook_console_tenant_name", str)
 # The roles whose sessions may change things; a tenant_admin's changes are kept to its tenant by
 # PostgreSQL (webhooks_tenant_admin under row-level security), not by the console.
 CHANGERS = ("admin", "tenant_admin")
-# Pages that need no session: the login form and the files it uses.
-PUBLIC = ("/console/login", "/console/portal", "/console/static/")
+# Pages that need no session: the login form, the portal link's pages and the files they use.
+PUBLIC = ("/console/login", "/console/portal", "/console/portal-ended", "/console/static/")
 # No inline script or style anywhere, nothing from elsewhere, no framing, forms post only here.
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -60,6 +60,8 @@ NOTICES = {
     "secret_rotated": "Endpoint {id}: a new signing secret; the old one keeps signing for 24 hours.",
     "test_sent": "A webhook.test event is queued to the endpoint: delivery {id}.",
     "session_ended": "Your session ended: it expired, or its token or link was revoked. Log in again.",
+    "portal_logged_out": "You are logged out.",
+    "portal_session_ended": "Your session ended: the link that opened it expired or was revoked.",
     "operation_started": "Operation {id} started: it replays each dead letter the filter matched, once.",
     "operation_cancelled": "Operation {id} cancelled: it stops after the step it is in.",
     "operation_finished": "Operation {id} had already ended: nothing to cancel.",
@@ -178,8 +180,11 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
                                                lambda: _session_caller(state, session_id))
         caller = verdict.found
     if caller is None:
-        # A revoked or expired token lands here on its very next request, told why.
-        response = see_other("/login", notice="session_ended") if session_id else see_other("/login")
+        # A revoked or expired token lands here on its very next request, told why; a portal
+        # link's customer on the page meant for them.
+        customer = bool(request.cookies.get(sessions.PORTAL_COOKIE))
+        said = ({"notice": "portal_session_ended" if customer else "session_ended"} if session_id else {})
+        response = see_other("/portal-ended" if customer else "/login", **said)
         if session_id:
             response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
         return response
@@ -254,13 +259,17 @@ async def login(request: web.Request) -> web.Response:
     response.set_cookie(sessions.COOKIE, session_id, **sessions.cookie_options(
         _secure(request), int(sessions.LIFETIME.total_seconds())))
     response.del_cookie(sessions.LOGIN_COOKIE, path=sessions.COOKIE_PATH)
+    response.del_cookie(sessions.PORTAL_COOKIE, path=sessions.COOKIE_PATH)
     return response
 
 
 async def logout(request: web.Request) -> web.Response:
     async with request.app[STATE].db.connection() as conn:
         await sessions.end(conn, request[SESSION])
-    response = see_other("/login", notice="logged_out")
+    if request.cookies.get(sessions.PORTAL_COOKIE):
+        response = see_other("/portal-ended", notice="portal_logged_out")
+    else:
+        response = see_other("/login", notice="logged_out")
     response.del_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
     return response
 
@@ -310,8 +319,16 @@ async def portal_open(request: web.Request) -> web.Response:
     response = see_other("/")
     response.set_cookie(sessions.COOKIE, session_id, **sessions.cookie_options(
         _secure(request), int(portal.MAX_LIFETIME.total_seconds())))
+    response.set_cookie(sessions.PORTAL_COOKIE, "1", **sessions.cookie_options(
+        _secure(request), int(sessions.PORTAL_COOKIE_AGE.total_seconds())))
     response.del_cookie(sessions.LOGIN_COOKIE, path=sessions.COOKIE_PATH)
     return response
+
+
+async def portal_ended(request: web.Request) -> web.Response:
+    """Where a portal link's customer lands once the session it opened has ended: what to do next
+    (ask for a new link), not the operators' token login."""
+    return render(request, "portal_ended.html")
 
 
 # --- pages ----------------------------------------------------------------------------------------
@@ -346,7 +363,7 @@ async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], ref: str | None) 
     if isinstance(found, str):
         raise forms.FieldError("endpoint", found)
     if found is None:
-        raise forms.FieldError("endpoint", f"no endpoint named {ref[:60]!r}")
+        raise forms.FieldError("endpoint", f"no endpoint named {wording.quoted(ref[:60])}")
     return found
 
 
@@ -485,6 +502,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/logout", logout)
     app.router.add_get("/portal/{link}", portal_page)
     app.router.add_post("/portal", portal_open)
+    app.router.add_get("/portal-ended", portal_ended)
     app.router.add_get("/dead-letters", dead_letters)
     app.router.add_post("/dead-letters/replay", replay_selected)
     app.router.add_post("/dead-letters/replay-matching", replay_matching)

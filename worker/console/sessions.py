@@ -20,6 +20,11 @@ COOKIE = "webhook_console"
 # matching form field (login CSRF would otherwise log a victim into an attacker's session).
 LOGIN_COOKIE = "webhook_console_login"
 COOKIE_PATH = "/console"
+# Set when a portal link opens a session: once that session ends (logout, expiry, revocation) the
+# browser is shown the page for customers (ask for a new link) rather than the operators' login.
+# It holds no secret and chooses only which of two public pages is shown; a token login clears it.
+PORTAL_COOKIE = "webhook_console_portal"
+PORTAL_COOKIE_AGE = timedelta(days=30)
 # A session ends this long after login whatever happens; its token's revocation ends it sooner.
 LIFETIME = timedelta(hours=12)
 SESSION_BYTES = 32
