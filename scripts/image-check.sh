@@ -33,7 +33,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "installing podman, runc, slirp4netns and mmdebstrap with apt-get"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        podman runc slirp4netns uidmap mmdebstrap >/dev/null
+        podman runc slirp4netns mmdebstrap >/dev/null
 fi
 
 mkdir -p "$STATE"
@@ -77,15 +77,13 @@ stamp=$STATE/base.recipe
 if ! podman image exists "$BASE_IMAGE" || [ "$(cat "$stamp" 2>/dev/null)" != "$recipe" ]; then
     say "making $BASE_IMAGE from Debian's packages (mmdebstrap); kept for later runs"
     mark=$SECONDS
-    tarball=$STATE/base.tar
+    # streamed: the tarball never touches the disk
     mmdebstrap --quiet --variant=minbase --include=python3,python3-pip,python-is-python3 \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
-        bookworm "$tarball"
-    podman import --quiet "$tarball" "$BASE_IMAGE" >/dev/null
-    rm -f "$tarball"
+        --format=tar bookworm - | podman import --quiet - "$BASE_IMAGE" >/dev/null
     echo "$recipe" >"$stamp"
     say "base image made in $((SECONDS - mark)) s"
 fi
