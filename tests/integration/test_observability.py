@@ -158,8 +158,9 @@ def test_a_worker_whose_claims_are_blocked_is_not_ready(db, spawn):
         taking = threading.Thread(target=holder.execute, args=(
             "SELECT pg_advisory_lock(webhooks.worker_lock_key('blocked'))",))
         taking.start()
-        eventually(lambda: query(db, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                                     " AND NOT granted") == [(1,)], message="the lock asked for")
+        waiting = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                   " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+        eventually(lambda: query(db, waiting) == [(1,)], message="the lock asked for")
         query(db, "SELECT pg_terminate_backend(%s)", (pid,))
         taking.join(HANG_SECONDS)
         blocked = eventually(lambda: (r := worker.get("/ready"))[0] == 503 and json.loads(r[1]),
