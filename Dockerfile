@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-
 # Build stage: the project wheel plus wheels for every dependency, so the final stage needs no
 # network and no build tools.
 FROM python:3.11-slim AS build
@@ -14,12 +12,14 @@ RUN pip wheel --wheel-dir /wheels .
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-RUN groupadd --system --gid 10001 webhook \
- && useradd --system --uid 10001 --gid webhook --no-create-home --shell /usr/sbin/nologin webhook
-# A bind mount keeps the wheels out of the image's layers.
-ARG VERSION=0.1.0
+# Not --system: system accounts are numbered below 1000, and useradd warns at a uid outside that range.
+RUN groupadd --gid 10001 webhook \
+ && useradd --uid 10001 --gid webhook --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin webhook
+# A bind mount keeps the wheels out of the image's layers; the build stage made one wheel of the
+# project, whatever its version (worker/__init__.py has it), so it is named by its file.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels "webhook-worker==${VERSION}"
+    pip install --no-index --find-links /wheels /wheels/webhook_worker-*.whl
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 # Probes and /metrics (http.port).

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from uuid import UUID
 
 import psycopg
 
@@ -96,7 +97,7 @@ class Worker:
         self._in_flight: dict[InFlight, asyncio.Task[None]] = {}
         self.metrics = Metrics(tenant_label_limit=config.http.endpoint_label_limit)
         self.finisher = Finisher(queue, self.worker_id, self.metrics, self.log, self.wake)
-        self.liveness = Liveness(queue, self.worker_id, self.log, self.wake)
+        self.liveness = Liveness(queue, self.worker_id, self.log, self.wake, held=self.held_leases)
         # Set once the effective settings are known (run()).
         self._executor: Executor | None = None
         self.metrics.in_flight.set_function(lambda: len(self._in_flight))
@@ -112,12 +113,19 @@ class Worker:
     def wake(self) -> None:
         self._wake.set()
 
+    def held_leases(self) -> set[UUID]:
+        """The leases this process answers for: its requests in flight, and outcomes not yet written."""
+        held = self.finisher.unwritten_leases()
+        held.update(row.lease_token for flight in self._in_flight for row in flight.members)
+        return held
+
     def notified(self) -> None:
         self._notified = True
         self._wake.set()
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready: started, not shutting down, the database reachable with a schema we support."""
+        """Ready: started, not shutting down, the database reachable with a schema we support, and
+        claiming (registered: claims wait while the liveness registration is lost)."""
         if self._stopping.is_set():
             return False, {"reason": "shutting down"}
         if self.effective is None:
@@ -134,7 +142,11 @@ class Worker:
         if not supported:
             details["reason"] = (f"schema version {version} outside "
                                  f"{schema.MIN_SUPPORTED_VERSION}-{schema.MAX_SUPPORTED_VERSION}")
-        return supported, details
+            return False, details
+        if not self.liveness.alive.is_set():
+            details["reason"] = "claims blocked: the worker's liveness registration is not held"
+            return False, details
+        return True, details
 
     async def run(self) -> None:
         """Deliver until stop() is called, then shut down gracefully."""
@@ -277,32 +289,21 @@ class Worker:
             self._wake.clear()
             by_notify, self._notified = self._notified, False
             try:
-                claim = self.queue.acquire(self.worker_id, want, self.effective.lease_seconds)
-                claim_started = loop.time()
-                rows = await self._unless_stopped(claim)
-                if rows is None:
-                    return  # stopped while waiting for the database; anything claimed returns after its lease
-                self.metrics.database_call_duration.labels("claim").observe(loop.time() - claim_started)
+                rows = await self._claim_and_start(executor, want)
             except DATABASE_ERRORS as exc:
                 self.metrics.database_errors.labels("claim").inc()
                 delay = backoff.next()
                 self.log.warning("claim failed; retrying", error=brief(exc), retry_in=delay)
                 await self._sleep(delay)
                 continue
+            if rows is None:
+                return  # stopped: rows claimed meanwhile were released, or return after their lease
             backoff.reset()
-            if self._stopping.is_set():
-                await self._release(rows, "claimed during shutdown")
-                return
             if rows:
                 self.metrics.claim_batch.observe(len(rows))
                 quiet = 0.0  # rows found: the next wake-up after an empty claim is not held
             if self._debug:
                 self.log.debug("claimed batch", rows=len(rows), wanted=want)
-            for members in coalescing.requests(rows):
-                flight = InFlight(members)
-                # unnamed: a name costs a string and a call per delivery, and _in_flight already
-                # maps each task to its request
-                self._in_flight[flight] = asyncio.create_task(executor.run(flight))
             if len(rows) < want:
                 claimed_at = loop.time()
                 quiet = quiet_after_claim(quiet, found_rows=bool(rows), by_notify=by_notify)
@@ -313,6 +314,29 @@ class Worker:
                     quiet = 0.0  # a quiet spell, not a storm: the next wake-up is answered at once
                 elif (hold := claimed_at + quiet - loop.time()) > 0:
                     await self._sleep(hold)  # wake-ups meanwhile are merged into the next claim
+
+    async def _claim_and_start(self, executor: Executor, want: int) -> list[Claimed] | None:
+        """Claim up to `want` rows and start their requests; None if stop() came first. Holds
+        liveness.claims until the rows are in _in_flight: a registration made again meanwhile gives
+        back the rows leased under this id that it does not see held (Liveness.register)."""
+        assert self.effective is not None
+        loop = asyncio.get_running_loop()
+        async with self.liveness.claims:
+            claim_started = loop.time()
+            rows = await self._unless_stopped(
+                self.queue.acquire(self.worker_id, want, self.effective.lease_seconds))
+            if rows is None:  # stopped while waiting: anything claimed returns after its lease
+                return None
+            self.metrics.database_call_duration.labels("claim").observe(loop.time() - claim_started)
+            if self._stopping.is_set():
+                await self._release(rows, "claimed during shutdown")
+                return None
+            for members in coalescing.requests(rows):
+                flight = InFlight(members)
+                # unnamed: a name costs a string and a call per delivery, and _in_flight already
+                # maps each task to its request
+                self._in_flight[flight] = asyncio.create_task(executor.run(flight))
+        return rows
 
     async def _idle_seconds(self) -> float:
         """Sleep until the earliest due retry or lease expiry, capped by the polling interval."""

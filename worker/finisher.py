@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -27,9 +29,15 @@ class Finisher:
         self.log = log
         self._written = written  # called after each batch is written
         self._waiting: asyncio.Queue[Finished | None] = asyncio.Queue()
+        # The leases of outcomes given and not yet written (or dropped): still this process's.
+        self._unwritten: Counter[UUID] = Counter()
 
     def put(self, finished: Finished) -> None:
+        self._unwritten[finished.lease_token] += 1
         self._waiting.put_nowait(finished)
+
+    def unwritten_leases(self) -> set[UUID]:
+        return set(self._unwritten)
 
     def close(self) -> None:
         """No more outcomes: run() writes what it holds and returns."""
@@ -65,6 +73,13 @@ class Finisher:
                 await self._write(batch)
             except Exception:  # the finisher must survive anything: these rows return after their lease
                 self.log.exception("writing outcomes failed", outcomes=len(batch))
+            finally:
+                for finished in batch:
+                    left = self._unwritten[finished.lease_token] - 1
+                    if left > 0:
+                        self._unwritten[finished.lease_token] = left
+                    else:
+                        del self._unwritten[finished.lease_token]
 
     async def _write(self, batch: list[Finished]) -> None:
         """Write a batch, retrying while the database is unreachable. A batch the database rejects

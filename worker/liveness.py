@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 
@@ -24,24 +24,40 @@ MAX_BACKOFF_SECONDS = 1.0
 class Liveness:
     """Holds this process's registration (sql/functions/liveness.sql) while it runs: `alive` is set
     while it is held, and claims wait for it, since rows claimed without it could be reclaimed by
-    other workers."""
+    other workers.
 
-    def __init__(self, queue: Queue, worker_id: str, log: Any, reclaimed: Callable[[], None]) -> None:
+    Registering again (the liveness connection was lost), it gives back every row leased under its
+    id that the process does not hold (`held`: the leases of its requests in flight and of outcomes
+    not yet written). After a failover to a standby that was behind, the new primary shows rows
+    `delivering` whose outcomes went to the old primary; nobody would finish them, and they would
+    fill their endpoints' max_in_flight until their leases ran out. `claims` is held by the claim
+    loop while a claim runs, so no claim commits between the snapshot of `held` and the release."""
+
+    def __init__(self, queue: Queue, worker_id: str, log: Any, reclaimed: Callable[[], None],
+                 held: Callable[[], Collection[UUID]] = frozenset) -> None:
         self.queue = queue
         self.worker_id = worker_id
         self.log = log
         self._reclaimed = reclaimed  # called when lost workers' rows came back: claim again
+        self._held = held
+        self.claims = asyncio.Lock()
         self.alive = asyncio.Event()
         # This process, as opposed to another process under the same worker id.
         self._instance = uuid4()
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._registered_before = False
 
     async def register(self) -> Registration:
-        """Open a liveness connection and register this process on it."""
+        """Open a liveness connection and register this process on it; registering again, give back
+        the rows leased under this id that the process does not hold."""
         await self.close()
         conn = await self.queue.liveness_connection()
         try:
-            registration = await self.queue.register_worker(conn, self.worker_id, self._instance)
+            async with self.claims:
+                registration = await self.queue.register_worker(conn, self.worker_id, self._instance)
+                released = 0
+                if registration.registered and self._registered_before:
+                    released = await self._release_unheld(conn)
         except BaseException:
             await conn.close()
             raise
@@ -49,11 +65,24 @@ class Liveness:
             await conn.close()
             return registration
         self._conn = conn
+        self._registered_before = True
         self.alive.set()
         if registration.reclaimed:
             self.log.warning("reclaimed the rows an earlier process under this worker id left in flight",
                              rows=registration.reclaimed)
+        if released:
+            self.log.warning("gave back rows leased under this worker id that it does not hold (their "
+                             "outcomes were lost, as in a failover to a standby that was behind)",
+                             rows=released)
         return registration
+
+    async def _release_unheld(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        try:
+            return await self.queue.release_unheld_leases(conn, self.worker_id, self._held())
+        except psycopg.errors.UndefinedFunction:
+            # definitions older than this worker (`migrate` not run yet): its rows wait for their lease
+            self.log.warning("webhooks.release_unheld_leases() is missing: run `webhook-worker migrate`")
+            return 0
 
     async def run(self) -> None:
         """Keep this process registered and reclaim lost workers' rows, every INTERVAL_SECONDS,

@@ -91,6 +91,24 @@ class LocalPostgres:
         """Stop the server but keep its data, so start() brings the same cluster back."""
         self._run(_find_binary("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
+    def standby_of(self, primary: LocalPostgres, application_name: str) -> None:
+        """Make this (unstarted) cluster a streaming standby of `primary`: a base backup, and
+        standby.signal with primary_conninfo naming it `application_name` (what the primary's
+        synchronous_standby_names names). start() then starts it in recovery."""
+        self._run(
+            _find_binary("pg_basebackup"), "-D", str(self.data), "-h", "127.0.0.1",
+            "-p", str(primary.port), "-U", "postgres", "--wal-method=stream", "--checkpoint=fast",
+            "--no-sync", "--write-recovery-conf",
+        )
+        conninfo = make_conninfo(host="127.0.0.1", port=str(primary.port), user="postgres",
+                                 application_name=application_name)
+        with open(self.data / "postgresql.auto.conf", "a") as conf:  # read after what -R wrote
+            conf.write(f"primary_conninfo = '{conninfo}'\n")
+
+    def promote(self) -> None:
+        """`pg_ctl promote`, waiting until the standby accepts writes."""
+        self._run(_find_binary("pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
+
     def stop(self) -> None:
         if self.data.exists():
             subprocess.run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -287,6 +287,15 @@ class Queue:
         assert row is not None
         return Registration(registered=bool(row["registered"]), holder_pid=row["holder_pid"],
                             holder_since=row["holder_since"], reclaimed=int(row["reclaimed"] or 0))
+
+    @staticmethod
+    async def release_unheld_leases(conn: psycopg.AsyncConnection[Any], worker_id: str,
+                                    held: Collection[UUID]) -> int:
+        """Give back every row leased under worker_id but not in `held`, on the connection that has
+        just registered it again (sql/functions/liveness.sql)."""
+        cur = await conn.execute("SELECT webhooks.release_unheld_leases(%s, %s)", (worker_id, list(held)))
+        row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
 
     @staticmethod
     async def reclaim_lost_workers(conn: psycopg.AsyncConnection[Any], grace_seconds: float) -> int:

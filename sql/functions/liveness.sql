@@ -10,6 +10,11 @@
 -- again well within it). A worker alive but stuck still holds its lock: the lease applies to it.
 -- A new process under an id whose previous process died reclaims that process's rows when it
 -- registers; a second live process under an id in use cannot take the lock and is refused.
+-- A process that registers again (its liveness connection was lost: a restart, a failover) names
+-- the leases it still holds, and every other row leased under its id goes back to the queue at once
+-- (release_unheld_leases): after a failover to a standby that was behind, the new primary still
+-- shows rows `delivering` whose outcomes the process wrote to the old one and forgot, and they would
+-- count against their endpoints' max_in_flight, with nobody to finish them, until their leases ran out.
 
 -- The advisory lock key of a worker id: the same in every session and every release.
 CREATE OR REPLACE FUNCTION webhooks.worker_lock_key(p_worker_id text) RETURNS bigint
@@ -139,3 +144,44 @@ BEGIN
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.reclaim_lost_workers(double precision) TO webhooks_worker;
+
+-- Called by a process that has just registered again (register_worker on this same session, which
+-- holds the id's lock): every row `delivering` under its worker id whose lease is not one of
+-- p_held goes back to the queue as an expired lease does (end_leases(), claim.sql): its attempt
+-- counts, as its request may have been sent. Such rows are leases the process no longer holds:
+-- finished on a primary that failed before the standby received the outcome, or claimed by a
+-- commit whose answer never arrived. Rows locked by a transaction in progress (an outcome being
+-- written) are left alone. Returns how many rows went back; idle workers are woken.
+CREATE OR REPLACE FUNCTION webhooks.release_unheld_leases(p_worker_id text, p_held uuid[])
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_key bigint := webhooks.worker_lock_key(p_worker_id);
+    v_count integer;
+BEGIN
+    -- Only the live process of the id may say what it holds: the session holding the id's lock.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                     AND l.pid = pg_backend_pid()
+                     AND l.classid::bigint = (v_key >> 32) & 4294967295
+                     AND l.objid::bigint = v_key & 4294967295) THEN
+        RAISE EXCEPTION 'worker id % is not registered on this session', p_worker_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    v_count := webhooks.end_leases(
+        ARRAY(SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+              WHERE q.status = 'delivering' AND q.locked_by = p_worker_id
+                AND q.lease_token <> ALL (coalesce(p_held, '{}'))
+              FOR UPDATE SKIP LOCKED),
+        'its worker no longer holds it', 'its worker no longer holds it (its outcome was lost, e.g. in a failover)');
+    IF v_count > 0 THEN
+        PERFORM pg_notify('webhooks_queue', '');
+    END IF;
+    RETURN v_count;
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.release_unheld_leases(text, uuid[]) TO webhooks_worker;

@@ -5,15 +5,21 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import jsonschema
+import psycopg
 import pytest
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 
-from tests.support import ROOT
+from scripts.image_check import can_read, secret_file
+from tests.support import ROOT, add_endpoint, query
+from worker import __version__
 from worker.config import LEASE_MARGIN_SECONDS, WorkerConfig
 from worker.daemon import FINAL_FLUSH_SECONDS, RELEASE_SECONDS
+from worker.localpg import login_role
 from worker.observability import Metrics
 
 K8S = ROOT / "k8s"
@@ -23,6 +29,9 @@ CORE = ["configmap.yaml", "deployment.yaml", "service.yaml", "pdb.yaml", "hpa.ya
 CUSTOM = {"base/keda/scaledobject.yaml": ["ScaledObject", "TriggerAuthentication"],
           "servicemonitor.yaml": ["ServiceMonitor"], "prometheusrule.yaml": ["PrometheusRule"]}
 OPERATOR_API = "monitoring.coreos.com/"
+# What `kubectl apply -k` applies: each kustomization's output, as kustomize renders it.
+KUSTOMIZATIONS = ["", "base", "api"]
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 
 
 def tool(name: str) -> str:
@@ -158,3 +167,128 @@ def test_the_readme_names_the_oldest_compose_that_reads_the_compose_file():
     inline_configs = any("content" in config for config in compose.get("configs", {}).values())
     oldest = "v2.23.1" if inline_configs else "v2"  # configs.*.content arrived in Compose 2.23.1
     assert f"Docker Compose **{oldest} or later**" in (ROOT / "README.md").read_text()
+
+
+def kustomize(directory: Path) -> list[dict]:
+    """What `kubectl apply -k DIRECTORY` would apply, rendered by kustomize (kubectl's own)."""
+    found = shutil.which("kustomize") or shutil.which("kubectl")
+    assert found, "kubectl (or kustomize) is needed to render the kustomizations"
+    verb = ["build"] if found.endswith("kustomize") else ["kustomize"]
+    result = subprocess.run([found, *verb, str(directory)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_the_kustomize_output_validates_against_the_schemas(directory, tmp_path):
+    documents = kustomize(K8S / directory)
+    core = [d for d in documents if not d["apiVersion"].startswith(OPERATOR_API)]
+    output = tmp_path / "rendered.yaml"
+    output.write_text(yaml.safe_dump_all(core))
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", "--quiet", str(output)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for document in documents:
+        if document["apiVersion"].startswith(OPERATOR_API):
+            schema = json.loads((ROOT / "tests" / "schemas" / f"{document['kind']}.json").read_text())
+            jsonschema.validate(document, schema)
+    assert sorted((d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in documents) == rendered(
+        K8S / directory)
+
+
+def pods() -> list[tuple[str, dict]]:
+    """Every pod template the kustomizations apply, by workload name."""
+    found = {}
+    for directory in KUSTOMIZATIONS:
+        for document in kustomize(K8S / directory):
+            if document["kind"] in WORKLOADS:
+                found[document["metadata"]["name"]] = document["spec"]["template"]["spec"]
+    return sorted(found.items())
+
+
+def test_every_non_root_pod_can_read_the_secrets_it_mounts():
+    # Kubernetes makes a Secret volume's files root-owned with the volume's defaultMode; only an
+    # fsGroup puts them in a group the pod's user is in. Mounted 0400 without one, uid 10001 could
+    # not read the keys and the worker exited 2.
+    checked = 0
+    for name, pod in pods():
+        pod_context = pod.get("securityContext", {})
+        secrets = {v["name"]: v for v in pod.get("volumes", []) if "secret" in v}
+        for container in pod["containers"]:
+            context = {**pod_context, **container.get("securityContext", {})}
+            uid = context.get("runAsUser")
+            assert context.get("runAsNonRoot") and uid not in (None, 0), (name, container["name"])
+            groups = {context.get("runAsGroup", 0), *pod_context.get("supplementalGroups", [])}
+            if "fsGroup" in pod_context:
+                groups.add(pod_context["fsGroup"])
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] in secrets:
+                    file = secret_file(pod, secrets[mount["name"]])
+                    assert can_read(uid, groups, file), (name, mount["name"], oct(file[2]), file[:2])
+                    assert not file[2] & 0o007, (name, mount["name"], "readable by every user")
+                    checked += 1
+    assert checked >= 2  # the workers' and the API's keys
+
+
+def test_the_secret_file_model_follows_the_kubelet():
+    pod = {"securityContext": {"runAsUser": 10001}}
+    assert secret_file(pod, {"secret": {"defaultMode": 0o400}}) == (0, 0, 0o400)
+    assert not can_read(10001, {10001}, (0, 0, 0o400))
+    with_group = {"securityContext": {"runAsUser": 10001, "fsGroup": 10001}}
+    assert secret_file(with_group, {"secret": {"defaultMode": 0o400}}) == (0, 10001, 0o440)
+    assert can_read(10001, {10001}, (0, 10001, 0o440))
+    assert secret_file(pod, {"secret": {}}) == (0, 0, 0o644)
+
+
+def test_the_scalers_login_can_read_what_its_query_reads(db):
+    # KEDA runs the ScaledObject's query with the connection string of the TriggerAuthentication's
+    # Secret key; the login there must be granted what the query reads. The workers' login may read
+    # no table, which is why the scaler has a reader's login of its own.
+    scaled, trigger_auth = yaml.safe_load_all((BASE / "keda" / "scaledobject.yaml").read_text())
+    [trigger] = scaled["spec"]["triggers"]
+    [reference] = trigger_auth["spec"]["secretTargetRef"]
+    assert reference["parameter"] == "connection"
+    secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all((BASE / "secret.yaml").read_text())}
+    url = secrets[reference["name"]]["stringData"][reference["key"]]
+    user = conninfo_to_dict(url)["user"]
+    comments = " ".join(line.lstrip("# ") for line in (BASE / "secret.yaml").read_text().splitlines())
+    [groups] = re.findall(rf"CREATE ROLE {user} LOGIN PASSWORD '…' IN ROLE ([\w, ]+);", comments)
+    groups = [g.strip() for g in groups.split(",")]
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/keda")
+    query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, next_retry_at)"
+              " SELECT %s, 'keda.test', '{}', now() + make_interval(secs => n - 3)"
+              " FROM generate_series(1, 5) n", (endpoint,))  # 3 due, 2 later
+    # the workers' login, which the TriggerAuthentication named before, for comparison
+    worker_user = conninfo_to_dict(secrets[reference["name"]]["stringData"]["url"])["user"]
+    [worker_groups] = re.findall(rf"CREATE ROLE {worker_user} LOGIN PASSWORD '…' IN ROLE ([\w, ]+);",
+                                 comments)
+    suffix = uuid.uuid4().hex[:8]
+    scaler, worker = f"keda_test_{suffix}", f"keda_test_worker_{suffix}"
+    try:
+        as_scaler = login_role(db, scaler, tuple(groups), "keda-test-only")
+        with psycopg.connect(as_scaler, autocommit=True) as conn:
+            assert conn.execute(trigger["metadata"]["query"]).fetchone() == (3,)
+        worker_roles = tuple(g.strip() for g in worker_groups.split(","))
+        as_worker = login_role(db, worker, worker_roles, "keda-test-only")
+        with psycopg.connect(as_worker, autocommit=True) as conn, \
+                pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(trigger["metadata"]["query"])
+    finally:
+        query(db, f"DROP ROLE IF EXISTS {scaler}")
+        query(db, f"DROP ROLE IF EXISTS {worker}")
+
+
+def test_both_kustomizations_can_point_at_a_pushed_image(tmp_path):
+    # README: `kustomize edit set image webhook-worker=REGISTRY/webhook-worker:TAG` in k8s/base and
+    # k8s/api. That writes newName and newTag into the images entry named like the manifests' image.
+    for directory in ("base", "api"):
+        copy = tmp_path / directory
+        shutil.copytree(K8S / directory, copy)
+        kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+        [entry] = kustomization["images"]
+        assert entry == {"name": "webhook-worker", "newTag": __version__}  # the package's version
+        entry.update(newName="registry.example.com/webhook-worker", newTag="9.9.9")
+        (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        images = {c["image"] for d in kustomize(copy) if d["kind"] in WORKLOADS
+                  for c in d["spec"]["template"]["spec"]["containers"]}
+        assert images == {"registry.example.com/webhook-worker:9.9.9"}, (directory, images)

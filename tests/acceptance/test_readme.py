@@ -48,6 +48,8 @@ NOT_RUN = {
     "bash scripts/bench.sh": "the benchmark takes about 20 minutes",
     "docker ": "needs a Docker engine, and none runs here (test_deploy.py checks the Compose file offline)",
     "kubectl ": "needs a Kubernetes cluster (test_deploy.py checks the manifests offline)",
+    "(cd k8s/": "kustomize edit changes the checked-in kustomization (test_deploy.py checks that its "
+                "images entry names the manifests' image)",
     "open ": "opens a browser on Prometheus, which runs only under Docker Compose",
 }
 # SQL that docs/ shows and that cannot run here, by how the statement starts.

@@ -2,7 +2,9 @@
 
 import json
 import re
+import threading
 
+import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receiver import Reply
@@ -141,6 +143,33 @@ def test_without_a_database_a_worker_is_started_and_alive_but_not_ready(unstarte
     schema.migrate(unstarted_pg.url)
     worker_dsn(unstarted_pg.url)
     eventually(lambda: worker.get("/ready")[0] == 200, message="ready")
+
+
+def test_a_worker_whose_claims_are_blocked_is_not_ready(db, spawn):
+    # Claims wait while the worker's liveness registration is lost; /ready says so, even though the
+    # database answers. Here another session takes the worker id's lock as the liveness session ends.
+    worker = spawn(db, "blocked")
+    wait_started([worker])
+    eventually(lambda: worker.get("/ready")[0] == 200, message="ready")
+    with psycopg.connect(db, autocommit=True) as holder:
+        [(pid,)] = query(db, "SELECT pid FROM pg_stat_activity"
+                             " WHERE application_name LIKE '%blocked liveness'")
+        # queued behind the liveness session's lock before that session ends, so it is ours next
+        taking = threading.Thread(target=holder.execute, args=(
+            "SELECT pg_advisory_lock(webhooks.worker_lock_key('blocked'))",))
+        taking.start()
+        waiting = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                   " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+        eventually(lambda: query(db, waiting) == [(1,)], message="the lock asked for")
+        query(db, "SELECT pg_terminate_backend(%s)", (pid,))
+        taking.join(HANG_SECONDS)
+        blocked = eventually(lambda: (r := worker.get("/ready"))[0] == 503 and json.loads(r[1]),
+                             message="unready while claims are blocked")
+        assert blocked["reason"] == "claims blocked: the worker's liveness registration is not held"
+    eventually(lambda: worker.get("/ready")[0] == 200, message="ready again once registered")
+    # meanwhile it said, as it should, that another session held its id
+    worker.expect_errors(*{line["event"] for line in worker.log_lines()
+                           if str(line.get("event")).startswith("worker.id: 'blocked' is already in use")})
 
 
 def test_sigterm_makes_the_worker_unready_at_once(db, receiver, spawn):

@@ -549,6 +549,41 @@ def test_rows_reclaimed_from_a_lost_worker_keep_their_place_ahead_of_the_backlog
     assert {row(db, d, "attempts, locked_by") for d in lost_rows} == {(2, "b")}
 
 
+def test_a_worker_registered_again_gives_back_the_leases_it_does_not_hold_and_keeps_the_others(db):
+    # After a failover to a standby that was behind, the new primary shows rows `delivering` under a
+    # live worker that finished them on the old primary: nobody would finish them, and they filled
+    # their endpoints' max_in_flight until their leases ran out.
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10)
+    enqueue(db, endpoint, count=3)
+    other = enqueue(db, endpoint)
+    with psycopg.connect(worker_dsn(db), autocommit=True) as liveness:
+        liveness.execute("SELECT registered FROM webhooks.register_worker('a', gen_random_uuid())")
+        (held_id, held_token, _), (forgotten, _, _), (forgotten_too, _, _) = acquire(db, "a", batch=3)
+        [(other_id, _, _)] = acquire(db, "b", batch=1)
+        assert other_id == other[0]
+        released = liveness.execute("SELECT webhooks.release_unheld_leases('a', %s)", ([held_token],))
+        assert released.fetchone() == (2,)
+    assert row(db, held_id, "status, locked_by, lease_token") == ("delivering", "a", held_token)
+    assert row(db, other_id, "status, locked_by") == ("delivering", "b")  # another worker's lease
+    for delivery_id in (forgotten, forgotten_too):  # as a lost worker's: the attempt counts, in its place
+        assert row(db, delivery_id, "status, attempts, locked_by, last_error") == (
+            "retrying", 1, None, "lease expired: its worker no longer holds it")
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_log WHERE outcome = 'lease_expired'"
+                     " AND error LIKE '%no longer holds it (its outcome was lost%'") == [(2,)]
+
+
+def test_only_the_session_holding_a_worker_id_may_give_back_its_leases(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10)
+    enqueue(db, endpoint)
+    with psycopg.connect(worker_dsn(db), autocommit=True) as liveness:
+        liveness.execute("SELECT webhooks.register_worker('a', gen_random_uuid())")
+        [(claimed, _, _)] = acquire(db, "a", batch=1)
+        with psycopg.connect(worker_dsn(db), autocommit=True) as stranger, \
+                pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="not registered"):
+            stranger.execute("SELECT webhooks.release_unheld_leases('a', '{}')")
+    assert row(db, claimed, "status, locked_by") == ("delivering", "a")
+
+
 def test_rows_released_at_shutdown_keep_their_place_ahead_of_the_backlog(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=10_000)
     backlog = enqueue(db, endpoint, count=2_000)
