@@ -56,6 +56,9 @@ class EventTypeAnswer(Answer):
     # `schema` is a BaseModel attribute: the field is named apart and written as `schema`
     json_schema: JsonValue = Field(alias="schema", description="the JSON Schema of its payloads; null: any")
     deprecated: bool
+    problem: str | None = Field(description="why its schema cannot be used (stored before the rules a "
+                                            "schema is written by): publishes of the type are refused "
+                                            "until it is replaced; null: none")
 
 
 class CataloguedType(EventTypeAnswer):
@@ -217,7 +220,7 @@ def _type_name(request: web.Request) -> str:
 
 def _event_type(found: event_types.EventType) -> dict[str, Any]:
     return {"name": found.name, "description": found.description, "schema": found.schema,
-            "deprecated": found.deprecated}
+            "deprecated": found.deprecated, "problem": found.problem}
 
 
 def _where(name: str) -> str:
@@ -229,6 +232,8 @@ async def list_event_types(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
         items = await queries.event_types(conn)
         unmatched = await queries.unmatched_subscriptions(conn)
+    for item in items:
+        item["problem"] = event_types.from_row(item).problem
     return json_response({"items": items, "unmatched_subscriptions": unmatched})
 
 
