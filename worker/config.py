@@ -203,6 +203,11 @@ class ApiConfig(_Section):
     # A publish of an event type the catalogue (webhooks.event_types) does not hold is refused (422)
     # rather than accepted; off, only catalogued types with a schema are checked (worker/event_types.py).
     require_known_event_types: bool = False
+    # A publish's payloads are checked against their types' JSON Schemas in processes of their own
+    # (worker/api/schema_checks.py): this many, and a request's checks may take this long together;
+    # past it the process is killed, and the payloads not checked by then are refused (422).
+    schema_validation_processes: int = Field(default=1, ge=1, le=64)
+    schema_validation_budget_seconds: float = Field(default=1.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _ports_and_caps(self) -> ApiConfig:

@@ -123,3 +123,17 @@ def test_a_tenant_admin_token_needs_a_tenant_and_an_admin_token_cannot_have_one(
         "an admin token is every tenant's; a tenant's administrator is role tenant_admin")
     assert tokens.scope_problem("admin", None) is None
     assert tokens.scope_problem("reader", "acme") is None and tokens.scope_problem("producer", None) is None
+
+
+@pytest.mark.parametrize(("key", "value"), [("schema_validation_budget_seconds", "0"),
+                                            ("schema_validation_budget_seconds", "forever"),
+                                            ("schema_validation_processes", "0")])
+def test_the_schema_checks_settings_are_bounded_and_a_wrong_value_names_the_key(tmp_path, key, value):
+    path = tmp_path / "config.yaml"
+    path.write_text("database:\n  url: postgresql://x/y\n")
+    api = load_config(path, {}).api
+    assert (api.schema_validation_budget_seconds, api.schema_validation_processes) == (1.0, 1)
+    path.write_text(f"database:\n  url: postgresql://x/y\napi:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert f"api.{key}" in str(caught.value)

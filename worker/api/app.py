@@ -263,6 +263,7 @@ async def _stop_background(app: web.Application) -> None:
     app[STATE].operations_wakeup.set()
     background: list[asyncio.Task[None]] = app[BACKGROUND]
     await cancel_and_wait(background)
+    await app[STATE].schema_checks.close()
     await app[STATE].db.close()
 
 
