@@ -24,6 +24,9 @@ from referencing.exceptions import NoSuchResource
 # Deeper ones once crashed the check with a RecursionError.
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 64
+# Schemas a check may visit with every $ref followed: a 2 KB schema whose $defs each named the one
+# before twice (allOf) took 9.7 s a publish at 18 levels, 2^18 schemas.
+MAX_EXPANDED_SCHEMAS = 10_000
 # The one dialect: draft 2020-12. A `$schema` naming another is refused.
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # A problem quotes the offending value, which may be large: a message carries this much.
@@ -38,6 +41,7 @@ _IN_VALUE = ("additionalProperties", "contains", "contentSchema", "else", "if", 
              "propertyNames", "then", "unevaluatedItems", "unevaluatedProperties")
 _IN_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
 _IN_OBJECT = ("$defs", "definitions", "dependentSchemas", "patternProperties", "properties")
+_DEFINITIONS = ("$defs", "definitions")
 
 
 @dataclass(frozen=True)
@@ -163,27 +167,55 @@ def _depth(document: Any) -> int:
     return deepest
 
 
-def _subschemas(schema: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], Any]]:
-    """Every schema within a schema (itself first) with its path: what draft 2020-12 reads as a
-    schema, not the data of `const`, `enum`, `default` or `examples`, nor unknown keywords."""
-    stack = [(path, schema)]
+Path = tuple[str | int, ...]
+
+
+def _children(where: Path, schema: Any) -> Iterator[tuple[Path, Any]]:
+    """The schemas directly within a schema, with their paths: what draft 2020-12 reads as a schema,
+    not the data of `const`, `enum`, `default` or `examples`, nor unknown keywords."""
+    if not isinstance(schema, dict):
+        return
+    for keyword in _IN_VALUE:
+        if keyword in schema:
+            yield (*where, keyword), schema[keyword]
+    for keyword in _IN_LIST:
+        if isinstance(schema.get(keyword), list):
+            yield from (((*where, keyword, i), each) for i, each in enumerate(schema[keyword]))
+    for keyword in _IN_OBJECT:
+        if isinstance(schema.get(keyword), dict):
+            yield from (((*where, keyword, key), each) for key, each in schema[keyword].items())
+
+
+def _subschemas(schema: Any) -> Iterator[tuple[Path, Any]]:
+    """Every schema within a schema, itself first, with its path."""
+    stack: list[tuple[Path, Any]] = [((), schema)]
     while stack:
         where, found = stack.pop()
         yield where, found
-        if not isinstance(found, dict):
-            continue
-        for keyword in _IN_VALUE:
-            if keyword in found:
-                stack.append(((*where, keyword), found[keyword]))
-        for keyword in _IN_LIST:
-            if isinstance(found.get(keyword), list):
-                stack.extend(((*where, keyword, i), each) for i, each in enumerate(found[keyword]))
-        for keyword in _IN_OBJECT:
-            if isinstance(found.get(keyword), dict):
-                stack.extend(((*where, keyword, key), each) for key, each in found[keyword].items())
+        stack.extend(_children(where, found))
 
 
-def _reference_problem(reference: str, places: set[str], anchors: set[str]) -> str | None:
+def _expansion(edges: dict[str, list[str]]) -> int:
+    """How many schemas a check may visit with every reference followed: each schema counts itself,
+    the schemas within it and those its references name, as often as it is reached; a reference back
+    into one being expanded (a recursive schema, bounded by the payload's depth) counts once. Past
+    MAX_EXPANDED_SCHEMAS the count stops growing."""
+    cost: dict[str, int] = {}
+    on_path: set[str] = set()
+    stack: list[tuple[str, bool]] = [("", False)]
+    while stack:
+        node, finished = stack.pop()
+        if finished:
+            on_path.discard(node)
+            cost[node] = min(MAX_EXPANDED_SCHEMAS + 1, 1 + sum(cost.get(each, 1) for each in edges[node]))
+        elif node not in cost and node not in on_path:
+            on_path.add(node)
+            stack.append((node, True))
+            stack.extend((each, False) for each in edges[node] if each not in cost and each not in on_path)
+    return cost[""]
+
+
+def _reference_problem(reference: str, places: set[str], anchors: dict[str, str]) -> str | None:
     """Why a `$ref` or `$dynamicRef` does not name a part of the schema it is in, or None."""
     if reference not in ("", "#") and not reference.startswith("#"):
         return (f"{reference!r} points outside the schema, and nothing outside it is ever fetched: refer to "
@@ -197,16 +229,27 @@ def _reference_problem(reference: str, places: set[str], anchors: set[str]) -> s
     return None
 
 
+def _target(reference: str, anchors: dict[str, str]) -> str:
+    """The JSON pointer of the schema a local reference (checked by _reference_problem) names."""
+    fragment = unquote(reference[1:])
+    return fragment if fragment.startswith("/") or fragment == "" else anchors[fragment]
+
+
 def _content_problem(schema: Any) -> str | None:
-    """The first `$id`, `$schema`, reference or pattern a catalogue schema may not hold, naming where."""
-    found = list(_subschemas(schema))
+    """The first `$id`, `$schema`, reference or pattern a catalogue schema may not hold, naming where,
+    or the references that make it expand past MAX_EXPANDED_SCHEMAS."""
+    found = sorted(_subschemas(schema), key=lambda item: json_pointer(item[0]))
     places = {json_pointer(path) for path, _ in found}
-    anchors = {each[keyword] for _, each in found if isinstance(each, dict)
+    anchors = {each[keyword]: json_pointer(path) for path, each in found if isinstance(each, dict)
                for keyword in ("$anchor", "$dynamicAnchor") if isinstance(each.get(keyword), str)}
-    for path, each in sorted(found, key=lambda item: json_pointer(item[0])):
+    edges: dict[str, list[str]] = {}
+    for path, each in found:
+        where = json_pointer(path)
+        # definitions are visited only where a reference names them
+        edges[where] = [json_pointer(child) for child, _ in _children(path, each)
+                        if child[len(path)] not in _DEFINITIONS]
         if not isinstance(each, dict):
             continue
-        where = json_pointer(path)
         if "$id" in each:
             return (f"at {where}/$id: a catalogue schema declares no $id: it would name the schema as a "
                     "resource of its own, and references stay within the schema (use $defs and "
@@ -218,6 +261,7 @@ def _content_problem(schema: Any) -> str | None:
                 problem = _reference_problem(each[keyword], places, anchors)
                 if problem is not None:
                     return f"at {where}/{keyword}: {problem}"
+                edges[where].append(_target(each[keyword], anchors))
         if isinstance(each.get("pattern"), str):
             problem = pattern_problem(each["pattern"])
             if problem is not None:
@@ -226,6 +270,10 @@ def _content_problem(schema: Any) -> str | None:
             problem = pattern_problem(pattern)
             if problem is not None:
                 return f"at {json_pointer((*path, 'patternProperties', pattern))}: {problem}"
+    if _expansion(edges) > MAX_EXPANDED_SCHEMAS:
+        return (f"its references expand it to more than {MAX_EXPANDED_SCHEMAS} schemas (each $ref counts "
+                "the schema it names every time it is met), which a check may have to visit for each "
+                "payload")
     return None
 
 
@@ -233,7 +281,8 @@ def schema_problem(schema: Any) -> str | None:
     """What is wrong with a JSON Schema (draft 2020-12) as the catalogue holds one, naming where in it,
     or None: the rule the CLI, the API and the console write a schema by, and publishes read one by.
     Besides being a JSON Schema: at most MAX_SCHEMA_BYTES of JSON and MAX_SCHEMA_DEPTH deep; no `$id`;
-    every `$ref` and `$dynamicRef` a part of the schema itself; every pattern one RE2 takes."""
+    every `$ref` and `$dynamicRef` a part of the schema itself, together expanding it to at most
+    MAX_EXPANDED_SCHEMAS schemas; every pattern one RE2 takes."""
     if not isinstance(schema, (dict, bool)):
         return "a JSON Schema is an object or a boolean"
     depth = _depth(schema)

@@ -152,7 +152,14 @@ def test_a_schema_nested_too_deep_is_refused_with_422_and_the_cli_exits_2_withou
     large = api.request("PUT", "/v1/event-types/large.type", role_tokens["admin"],
                         {"schema": {"enum": [f"value-{i:06d}" for i in range(10_000)]}})
     assert large.status == 422 and "bytes of JSON text; at most 65536" in large.json["detail"], large.body
-    assert catalogued(db, "deep.type") == [] and catalogued(db, "large.type") == []
+    doubling: dict[str, object] = {"l0": {"type": "string"}}
+    for i in range(1, 19):  # 2 KB; took 9.7 s a publish
+        doubling[f"l{i}"] = {"allOf": [{"$ref": f"#/$defs/l{i - 1}"}, {"$ref": f"#/$defs/l{i - 1}"}]}
+    expanding = api.request("PUT", "/v1/event-types/doubling.type", role_tokens["admin"],
+                            {"schema": {"$defs": doubling, "$ref": "#/$defs/l18"}})
+    assert expanding.status == 422 and "its references expand it to more than 10000 schemas" in \
+        expanding.json["detail"], expanding.body
+    assert [catalogued(db, t) for t in ("deep.type", "large.type", "doubling.type")] == [[], [], []]
 
 
 def _health_while(server: ApiServer, publish: dict[str, object], token: str) -> tuple[Answer, list[float]]:

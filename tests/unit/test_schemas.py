@@ -109,6 +109,31 @@ def test_a_schema_deeper_or_larger_than_the_bounds_is_refused_and_never_recursed
     assert schema_problem({"enum": ["x" * (MAX_SCHEMA_BYTES - 13)]}) is None
 
 
+def doubling(levels: int) -> dict[str, object]:
+    """2 KB at 18 levels: each definition names the one before twice, 2^levels schemas to visit."""
+    definitions: dict[str, object] = {"l0": {"type": "string"}}
+    for i in range(1, levels + 1):
+        definitions[f"l{i}"] = {"allOf": [{"$ref": f"#/$defs/l{i - 1}"}, {"$ref": f"#/$defs/l{i - 1}"}]}
+    return {"$defs": definitions, "$ref": f"#/$defs/l{levels}"}
+
+
+def test_a_schema_whose_references_expand_it_past_the_bound_is_refused():
+    expands = (f"its references expand it to more than {schemas.MAX_EXPANDED_SCHEMAS} schemas (each $ref "
+               "counts the schema it names every time it is met), which a check may have to visit for "
+               "each payload")
+    assert schema_problem(doubling(18)) == expands  # took 9.7 s a publish
+    assert schema_problem(doubling(12)) == expands
+    assert schema_problem(doubling(10)) is None and payload_problem(doubling(10), "x") is None
+    # definitions no reference names cost nothing; a recursive schema counts its recursion once
+    assert schema_problem({"$defs": {f"d{i}": {"type": "string"} for i in range(2000)}}) is None
+    tree = {"$defs": {"node": {"type": "object", "properties": {
+        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}, "next": {"$ref": "#/$defs/node"}}}},
+        "$ref": "#/$defs/node"}
+    assert schema_problem(tree) is None
+    assert payload_problem(tree, {"children": [{"next": {"children": 1}}]}) == PayloadProblem(
+        "/children/0/next/children", "1 is not of type 'array'")
+
+
 def test_patterns_run_on_re2_in_every_keyword_that_uses_one():
     # \p{Lu} is RE2's (and ECMA 262's) and not Python's re, which raises "bad escape \p": each
     # keyword's answer shows the pattern ran on RE2
