@@ -40,7 +40,8 @@ ERRORS = {
     415: "the body is not sent as application/json",
     422: "a field, parameter or header is invalid: the problem names it",
     429: "too many failed authentications from this address (or the tenant's queue is full)",
-    503: "the database is unreachable (or the API has no encryption keys)",
+    503: "the database is unreachable (or the API has no encryption keys, or a publish's schema checks "
+         "could not run)",
 }
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}}}
 ERROR_HEADERS: dict[int, dict[str, Any]] = {

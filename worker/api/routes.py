@@ -150,7 +150,8 @@ async def _refusals(request: web.Request, messages: Sequence[tuple[MessageBody, 
             wanted.append((i, Check(known.schema_text, payload)))
     try:
         verdicts = await checks.verdicts(wanted)
-    except ChecksFailed:
+    except ChecksFailed as exc:
+        get_logger().error("api could not check payloads against their schemas", reason=str(exc))
         raise Problem(503, "schema-checks-unavailable", "Payloads cannot be checked against their schemas",
                       "try again", headers={"Retry-After": "1"}) from None
     over_budget: set[int] = set()

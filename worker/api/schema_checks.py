@@ -81,11 +81,15 @@ class _Process:
         return self._process is not None and self._process.returncode is None
 
     async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", __name__, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-        async with asyncio.timeout(START_TIMEOUT_SECONDS):
-            if await self.receive() != _READY:
-                raise ChecksFailed("a schema-check process started with an unexpected answer")
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", __name__, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            async with asyncio.timeout(START_TIMEOUT_SECONDS):
+                ready = await self.receive()
+        except (OSError, TimeoutError) as exc:
+            raise ChecksFailed(f"a schema-check process did not start: {type(exc).__name__}") from None
+        if ready != _READY:
+            raise ChecksFailed("a schema-check process started with an unexpected answer")
 
     def send(self, message: bytes) -> None:
         assert self._process is not None and self._process.stdin is not None
