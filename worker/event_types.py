@@ -12,6 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from worker.schemas import (
+    MAX_SCHEMA_DEPTH,
     PayloadProblem,
     SchemaUnusable,
     json_pointer,
@@ -101,6 +102,9 @@ def schema_from_text(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise EventTypeError(f"schema: not JSON ({exc})") from None
+    except RecursionError:
+        raise EventTypeError(f"schema: nested more than {MAX_SCHEMA_DEPTH} deep (objects and arrays "
+                             "within each other)") from None
 
 
 def type_problem(event_type: str, known: EventType | None, require_known: bool) -> PublishProblem | None:

@@ -10,12 +10,14 @@ from worker.config import load_config
 from worker.errors import ConfigError
 from worker.event_types import (
     EventType,
+    EventTypeError,
     PayloadProblem,
     PublishProblem,
     json_pointer,
     name_problem,
     payload_problem,
     publish_problem,
+    schema_from_text,
     schema_problem,
 )
 
@@ -137,3 +139,9 @@ def test_the_schema_checks_settings_are_bounded_and_a_wrong_value_names_the_key(
     with pytest.raises(ConfigError) as caught:
         load_config(path, {})
     assert f"api.{key}" in str(caught.value)
+
+
+def test_a_schema_text_nested_past_what_json_reads_is_refused_as_too_deep():
+    with pytest.raises(EventTypeError) as caught:
+        schema_from_text("[" * 100_000 + "]" * 100_000)
+    assert str(caught.value) == "schema: nested more than 64 deep (objects and arrays within each other)"
