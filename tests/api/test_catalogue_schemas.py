@@ -11,40 +11,24 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 from markupsafe import escape
 
 from tests.acceptance.test_cli import cli
-from tests.api.console_client import ConsoleServer
+from tests.api import test_console
 from tests.api.server import Answer, ApiServer, api_config, make_token
 from tests.api.test_console import logged_in
-from tests.receiver import Reply
 from tests.support import add_endpoint, query
+from tests.unit import test_schemas
+from tests.unit.test_schemas import SECRET
 
-SECRET = "hunter2-TOPSECRET"
+# the fixtures: the API with the console; a URL and a file a schema could name, each holding a secret
+console = test_console.console
+outside = test_schemas.outside
+
 # jsonschema compares unhashable items pairwise: 20,000 distinct objects are 2e8 comparisons, minutes
 UNIQUE = {"type": "array", "uniqueItems": True}
 HOSTILE = [{"n": i} for i in range(20_000)]
-
-
-@pytest.fixture
-def console(db: str) -> Iterator[ConsoleServer]:
-    server = ConsoleServer(api_config(db)).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def outside(receiver, tmp_path):
-    """A URL on 127.0.0.1 and a file a schema could name, each holding a schema with a secret in it:
-    were either fetched, the receiver would count it and the secret would show in a refusal."""
-    receiver.script("/schema.json", Reply(body=json.dumps({"enum": [SECRET]}).encode(),
-                                          headers={"Content-Type": "application/json"}))
-    secret_file = tmp_path / "creds.json"
-    secret_file.write_text(json.dumps({"enum": [SECRET]}))
-    return receiver.url("/schema.json"), secret_file.as_uri()
 
 
 def catalogued(db: str, name: str) -> list[tuple[object, ...]]:
