@@ -232,6 +232,12 @@ CONFIG_MEANINGS = {
     "api.require_known_event_types": "refuse (422) a publish whose event type is not in the catalogue "
                                      "(`webhooks.event_types`); off, only catalogued types are checked, "
                                      "against their JSON Schema",
+    "api.schema_validation_processes": "processes that check published payloads against their types' "
+                                       "JSON Schemas, off the event loop (one request's checks at a time "
+                                       "each)",
+    "api.schema_validation_budget_seconds": "what one publish request's schema checks may take together; "
+                                            "past it the checking process is killed and started again, and "
+                                            "the payloads not checked are refused (422)",
     "api.metrics_port": "the API's `/metrics`, on `api.host`, not on `api.port`; 0 picks a free one",
     "api.head_timeout_seconds": "a request head must arrive whole within it, else 408 and the "
                                 "connection closes",

@@ -215,6 +215,11 @@ class ApiConfig(_Section):
     # address the request arrived at, never from a Host header anyone can send; the CLI from
     # host and port.
     public_url: str | None = None
+    # A publish's payloads are checked against their types' JSON Schemas in processes of their own
+    # (worker/api/schema_checks.py): this many, and a request's checks may take this long together;
+    # past it the process is killed, and the payloads not checked by then are refused (422).
+    schema_validation_processes: int = Field(default=1, ge=1, le=64)
+    schema_validation_budget_seconds: float = Field(default=1.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _ports_and_caps(self) -> ApiConfig:

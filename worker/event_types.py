@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property
 from typing import Any
 
 import psycopg
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
 from psycopg.rows import dict_row
 
 from worker import wording
+from worker.schemas import (
+    MAX_SCHEMA_DEPTH,
+    PayloadProblem,
+    SchemaUnusable,
+    json_pointer,
+    payload_problem,
+    schema_problem,
+    schema_text,
+    stored_schema_problem,
+)
+
+__all__ = ["EventType", "EventTypeError", "PayloadProblem", "PublishProblem", "SchemaUnusable",
+           "json_pointer", "payload_problem", "publish_problem", "schema_problem"]
 
 # The queue's rule for event types (constraint event_type_printable), and no '*': subscriptions use
 # it as a wildcard. SQL repeats these (constraints event_type_name_form and
@@ -22,12 +33,6 @@ MAX_NAME_BYTES = 256
 MAX_DESCRIPTION_CHARS = 2000
 # The worker's own types: catalogued by the migrations, changed by no caller.
 RESERVED_PREFIX = "webhook."
-# A validation message quotes the offending value, which may be large: an answer carries this much.
-MAX_MESSAGE_CHARS = 300
-# Compiled validators kept, by the schema's text: a publish looks its type up every time, and
-# compiling a schema costs far more than checking a payload against it.
-_VALIDATORS_KEPT = 256
-
 _COLUMNS = "name, description, schema, deprecated"
 
 
@@ -42,18 +47,25 @@ class EventType:
     schema: Any | None  # a JSON Schema (draft 2020-12): an object or a boolean; None: any payload
     deprecated: bool
 
+    @cached_property
+    def schema_text(self) -> str | None:
+        """The schema as JSON text: what its compiled validator is kept by."""
+        return None if self.schema is None else schema_text(self.schema)
 
-@dataclass(frozen=True)
-class PayloadProblem:
-    """Why a payload does not follow its type's schema: where (an RFC 6901 JSON pointer into the
-    payload, '' for the payload itself) and what."""
+    @property
+    def problem(self) -> str | None:
+        """Why its schema cannot be used (stored before the rules worker.schemas applies when one is
+        written, or written around them in SQL): publishes of the type are refused until it is
+        replaced. None for a schema that can, or none."""
+        return None if self.schema_text is None else stored_schema_problem(self.schema_text)
 
-    pointer: str
-    message: str
 
-    def __str__(self) -> str:
-        where = f"payload at {self.pointer}" if self.pointer else "payload"
-        return f"{where}: {self.message}"
+async def with_problems(entries: list[EventType]) -> list[EventType]:
+    """The entries, each one's problem worked out in a thread first: jsonschema's own check of a large
+    stored schema takes up to a second of CPU, which the API's and the console's pages do not spend
+    on their event loop (the result is kept, by the schema's text)."""
+    await asyncio.to_thread(lambda: [entry.problem for entry in entries])
+    return entries
 
 
 @dataclass(frozen=True)
@@ -84,28 +96,6 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def json_pointer(path: Iterable[str | int]) -> str:
-    """The RFC 6901 pointer of a path of keys and indexes ('' for the document itself)."""
-    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in path)
-
-
-def _short(message: str) -> str:
-    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
-
-
-def schema_problem(schema: Any) -> str | None:
-    """What is wrong with a JSON Schema (draft 2020-12), naming where in it, or None."""
-    if not isinstance(schema, (dict, bool)):
-        return "a JSON Schema is an object or a boolean"
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as error:
-        where = json_pointer(error.absolute_path)
-        message = wording.schema_error(error)
-        return _short(f"at {where}: {message}" if where else message)
-    return None
-
-
 def schema_from_text(text: str) -> Any:
     """A JSON Schema written as text (the CLI's --schema, the console's form): the JSON it holds, or
     EventTypeError naming the field when it is not JSON. upsert() checks that it is a JSON Schema."""
@@ -113,42 +103,47 @@ def schema_from_text(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise EventTypeError(f"schema: not JSON ({exc})") from None
+    except RecursionError:
+        raise EventTypeError(f"schema: nested more than {MAX_SCHEMA_DEPTH} deep (objects and arrays "
+                             "within each other)") from None
 
 
-@lru_cache(maxsize=_VALIDATORS_KEPT)
-def _validator(schema_text: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(schema_text))
+def type_problem(event_type: str, known: EventType | None, require_known: bool) -> PublishProblem | None:
+    """Whether a publish of this type may go ahead before its payload is looked at: the catalogue's
+    entry for the type (None: not catalogued) and the setting api.require_known_event_types decide.
+    A deprecated type is still accepted: its subscribers still receive it."""
+    if known is None and require_known:
+        return PublishProblem("event_type", f"{wording.quoted(event_type)} is not in the event-type "
+                              "catalogue (api.require_known_event_types refuses unknown types)")
+    return None
 
 
-def payload_problem(schema: Any, payload: Any) -> PayloadProblem | None:
-    """The first error of a payload against a schema (the one jsonschema's best_match ranks first:
-    the deepest, most specific one), or None when it follows it. The schema is one the catalogue
-    holds, checked by schema_problem() when it was stored."""
-    if schema is None:
-        return None
-    validator = _validator(json.dumps(schema, sort_keys=True))
-    error = best_match(validator.iter_errors(payload))
-    if error is None:
-        return None
-    return PayloadProblem(json_pointer(error.absolute_path), _short(wording.schema_error(error)))
+def unusable_schema(event_type: str, problem: str) -> PublishProblem:
+    """The refusal of a publish whose type's stored schema breaks the rules (EventType.problem,
+    SchemaUnusable)."""
+    return PublishProblem("event_type", f"the schema of event type {wording.quoted(event_type)} cannot "
+                          f"be used ({problem}); an administrator must replace it (event-types set)")
+
+
+def payload_refusal(event_type: str, problem: PayloadProblem) -> PublishProblem:
+    """The refusal of a payload that does not follow its type's schema, naming where."""
+    where = f"at {problem.pointer}: " if problem.pointer else ""
+    of_type = f"(the schema of event type {wording.quoted(event_type)})"
+    return PublishProblem("payload", f"{where}{problem.message} {of_type}", problem.pointer)
 
 
 def publish_problem(event_type: str, known: EventType | None, payload: Any,
                     require_known: bool) -> PublishProblem | None:
-    """Whether a publish of this type and payload may go ahead: the catalogue's entry for the type
-    (None: not catalogued) and the setting api.require_known_event_types decide. A deprecated type is
-    still accepted: its subscribers still receive it."""
-    if known is None:
-        if require_known:
-            return PublishProblem("event_type", f"{wording.quoted(event_type)} is not in the event-type "
-                                  "catalogue (api.require_known_event_types refuses unknown types)")
-        return None
-    problem = payload_problem(known.schema, payload)
-    if problem is None:
-        return None
-    where = f"at {problem.pointer}: " if problem.pointer else ""
-    of_type = f"(the schema of event type {wording.quoted(event_type)})"
-    return PublishProblem("payload", f"{where}{problem.message} {of_type}", problem.pointer)
+    """type_problem(), then the payload checked against the type's schema here and now (the API checks
+    payloads in processes of their own, within a time budget: worker.api.schema_checks)."""
+    refused = type_problem(event_type, known, require_known)
+    if refused is not None or known is None:
+        return refused
+    try:
+        problem = payload_problem(known.schema, payload)
+    except SchemaUnusable as exc:
+        return unusable_schema(event_type, str(exc))
+    return None if problem is None else payload_refusal(event_type, problem)
 
 
 # --- The catalogue's rows (sql/functions/event_types.sql) -------------------------------------------

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,15 @@ PG_CPU_RATIO_TARGET = 2.0
 ROUND_TRIPS_TARGET = 2.0
 # How long the round-trip counter watches an idle API, for its own background round trips.
 IDLE_SECONDS = 3.0
+# With --api-schema, the published type's catalogue entry: a schema every bench payload follows, so
+# each publish is checked against it (bench.common.payload_json).
+PAYLOAD_SCHEMA = {
+    "type": "object", "required": ["alert_id", "title", "severity"],
+    "properties": {"alert_id": {"type": "integer", "minimum": 0},
+                   "title": {"type": "string", "maxLength": 200},
+                   "severity": {"enum": ["info", "warning", "critical"]},
+                   "source": {"type": "string", "pattern": "^[a-z]+$"}, "pad": {"type": "string"}},
+}
 
 
 def options(group: argparse._ArgumentGroup) -> None:
@@ -57,13 +67,19 @@ def options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--api-batch-clients", type=int, default=4, help="concurrent batch publishers (4)")
     group.add_argument("--api-rt-publishes", type=int, default=300,
                        help="publishes through the round-trip counter, after the timed rounds (300)")
+    group.add_argument("--api-schema", action="store_true",
+                       help="catalogue the published type with a JSON Schema, so every publish is checked")
+    group.add_argument("--api-baseline", metavar="DIR", type=Path,
+                       help="a checkout of another version (e.g. `git archive` of an earlier commit): its "
+                            "API runs beside this one's on the same database, the rounds alternating, for "
+                            "figures side by side in one run")
 
 
 class ApiProcess:
     """`python -m worker api --config FILE` (what `webhook-worker api` runs), logged in as a login of
     its own that holds only the API's group roles, as docs/security.md deploys it."""
 
-    def __init__(self, dsn: str, workdir: Path, name: str) -> None:
+    def __init__(self, dsn: str, workdir: Path, name: str, source: Path = ROOT) -> None:
         config = {
             "database": {"url": dsn},
             "api": {"host": "127.0.0.1", "port": 0, "metrics_port": 0},
@@ -75,8 +91,9 @@ class ApiProcess:
         self.log_path = workdir / f"{name}.log"
         with open(self.log_path, "wb") as out:
             self.process = subprocess.Popen(
+                # `-m` imports the worker package of its working directory: this checkout, or another
                 [sys.executable, "-m", "worker", "api", "--config", str(self.config_path)],
-                stdout=out, stderr=subprocess.STDOUT, env=worker_env(), cwd=ROOT)
+                stdout=out, stderr=subprocess.STDOUT, env=worker_env(), cwd=source)
         self.port = eventually(self._port, timeout=120, message="api listening")
 
     def _port(self) -> int | None:
@@ -88,7 +105,17 @@ class ApiProcess:
         return None
 
     def cpu(self) -> float:
-        return proc_cpu(self.process.pid)
+        """CPU seconds of the API process and of the processes it started (its schema checks): those
+        still running, and those it has reaped."""
+        pid = self.process.pid
+        try:
+            reaped = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[13:15]
+            children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                        for child in (task / "children").read_text().split()]
+        except OSError:
+            return 0.0
+        return (proc_cpu(pid) + sum(proc_cpu(child) for child in children)
+                + sum(int(ticks) for ticks in reaped) / os.sysconf("SC_CLK_TCK"))
 
     def stop(self) -> None:
         self.process.terminate()
@@ -300,26 +327,40 @@ def run(ctx: Context) -> dict[str, Any]:
     (endpoint_id,) = register_endpoints(dsn, [ctx.sink.url("/ok/api")])
     with psycopg.connect(dsn, autocommit=True) as conn:
         token = tokens.create(conn, "bench-producer", "producer", None)
+        if ctx.args.api_schema:
+            conn.execute("SELECT webhooks.upsert_event_type(%s, '', %s::jsonb)",
+                         (EVENT_TYPE, json.dumps(PAYLOAD_SCHEMA)))
     api_dsn = login_role(dsn, API_LOGIN, API_GROUPS, LOGIN_PASSWORD, inherit=False)
+    baseline_dir: Path | None = ctx.args.api_baseline
     out: dict[str, Any] = {"load_average_before": machine_load(), "clients": ctx.args.api_clients,
-                           "batch_size": ctx.args.api_batch_size, "batch_clients": ctx.args.api_batch_clients}
-    api = ApiProcess(api_dsn, ctx.workdir, "api-bench")
-    runs: dict[str, list[dict[str, Any]]] = {"sql": [], "single": [], "batch": []}
+                           "batch_size": ctx.args.api_batch_size, "batch_clients": ctx.args.api_batch_clients,
+                           "schema": PAYLOAD_SCHEMA if ctx.args.api_schema else None,
+                           "baseline": None if baseline_dir is None else str(baseline_dir)}
+    apis = {"": ApiProcess(api_dsn, ctx.workdir, "api-bench")}
+    if baseline_dir is not None:
+        apis["baseline_"] = ApiProcess(api_dsn, ctx.workdir, "api-bench-baseline", source=baseline_dir)
+    runs: dict[str, list[dict[str, Any]]] = {"sql": [], **{f"{which}{side}": [] for which in apis
+                                                           for side in ("single", "batch")}}
     try:
-        asyncio.run(_publishers(api.port, token, ctx.args.api_clients, 0, 200, 30, "warm"))
+        for which, api in apis.items():
+            asyncio.run(_publishers(api.port, token, ctx.args.api_clients, 0, 200, 30, f"warm{which}"))
         for i in range(MEDIAN_RUNS):
-            log(f"api: round {i + 1} of {MEDIAN_RUNS}: direct SQL insert, API publish, API batch publish")
+            log(f"api: round {i + 1} of {MEDIAN_RUNS}: direct SQL insert, API publish, API batch publish"
+                + (" (this checkout's API, then the baseline's)" if baseline_dir is not None else ""))
             runs["sql"].append(_sql_side(ctx, dsn, endpoint_id, f"r{i}"))
-            runs["single"].append(_api_side(ctx, dsn, api, token, 0, f"s{i}"))
-            runs["batch"].append(_api_side(ctx, dsn, api, token, ctx.args.api_batch_size, f"b{i}"))
+            for which, api in apis.items():
+                runs[f"{which}single"].append(_api_side(ctx, dsn, api, token, 0, f"{which}s{i}"))
+                runs[f"{which}batch"].append(_api_side(ctx, dsn, api, token, ctx.args.api_batch_size,
+                                                       f"{which}b{i}"))
     finally:
-        api.stop()
+        for api in apis.values():
+            api.stop()
     out["runs"] = runs
-    out["api_process_log"] = str(api.log_path)
+    out["api_process_log"] = str(apis[""].log_path)
     sql_cpu = [r["postgres_cpu_ms_per_message"] for r in runs["sql"]]
     out["sql"] = {"per_second": median_of([r["per_second"] for r in runs["sql"]]),
                   "postgres_cpu_ms_per_message": median_of(sql_cpu)}
-    for side in ("single", "batch"):
+    for side in [f"{which}{side}" for which in apis for side in ("single", "batch")]:
         rs = runs[side]
         out[side] = {key: median_of([r[key] for r in rs])
                      for key in ("per_second", "p50_ms", "p99_ms", "api_cpu_ms_per_message",
@@ -352,6 +393,14 @@ def figures(a: dict[str, Any]) -> Figures:
                       f"({three(s['postgres_cpu_over_sql'])} × the direct insert's); "
                       f"{three(s['statements_per_message'], fmt='{:.3f}')} statements, "
                       f"{rt['per_message']} round trips ({rt['per_request']} per request)"))
+        if f"baseline_{side}" in a:
+            b = a[f"baseline_{side}"]
+            lines.append((f"api: {what}, per message, the baseline's API ({a['baseline']})",
+                          f"API CPU {three(b['api_cpu_ms_per_message'], fmt='{:.3f}')} ms; PostgreSQL CPU "
+                          f"{three(b['postgres_cpu_ms_per_message'], fmt='{:.3f}')} ms; "
+                          f"{three(b['per_second'], fmt='{:,.0f}')} messages/s"))
+    if a.get("schema") is not None:
+        lines.append(("api: every publish checked against its type's JSON Schema (--api-schema)", "yes"))
     lines.append(("api: load average before, after",
                   f"{a['load_average_before']}, {a['load_average_after']}"))
     return lines

@@ -25,7 +25,7 @@ def test_the_catalogue_is_set_listed_deprecated_and_its_unmatched_subscriptions_
                                            "schema": INVOICE_SCHEMA, "deprecated": False, "created": False}
     listed = json.loads(cli("event-types", "list", "--json", env=env).stdout)
     assert {"name": "invoice.paid", "description": "Paid", "schema": INVOICE_SCHEMA,
-            "deprecated": False} in listed
+            "deprecated": False, "problem": None} in listed
     table = cli("event-types", "list", env=env).stdout
     assert "invoice.paid" in table and "webhook.test" in table
     assert cli("event-types", "deprecate", "invoice.paid", env=env).returncode == 0

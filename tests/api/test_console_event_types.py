@@ -64,7 +64,7 @@ def test_an_admin_adds_edits_and_deprecates_an_event_type(console, db, capfd):
     reader = make_token(db, "reader")
     assert console.get("/v1/event-types/invoice.paid", reader).json == {
         "name": "invoice.paid", "description": "An invoice was paid", "schema": INVOICE_SCHEMA,
-        "deprecated": False}
+        "deprecated": False, "problem": None}
 
     # edit: the form shows what is stored; an empty schema field is no schema; CRLF is a line break
     edit = form_of(page, "/console/event-types/invoice.paid")

@@ -168,7 +168,7 @@ def test_the_event_type_catalogue_over_http(api, db, role_tokens, receiver):
     assert created.status == 201, created.body
     assert created.headers["location"] == "/v1/event-types/invoice.paid"
     assert created.json == {"name": "invoice.paid", "description": "An invoice was paid",
-                            "schema": INVOICE_SCHEMA, "deprecated": False}
+                            "schema": INVOICE_SCHEMA, "deprecated": False, "problem": None}
     replaced = api.request("PUT", "/v1/event-types/invoice.paid", admin, {"description": "Paid"})
     assert replaced.status == 200 and replaced.json["schema"] is None
     assert api.get("/v1/event-types/invoice.paid", reader).json["description"] == "Paid"

@@ -10,12 +10,14 @@ from worker.config import load_config
 from worker.errors import ConfigError
 from worker.event_types import (
     EventType,
+    EventTypeError,
     PayloadProblem,
     PublishProblem,
     json_pointer,
     name_problem,
     payload_problem,
     publish_problem,
+    schema_from_text,
     schema_problem,
 )
 
@@ -123,3 +125,23 @@ def test_a_tenant_admin_token_needs_a_tenant_and_an_admin_token_cannot_have_one(
         "an admin token is every tenant's; a tenant's administrator is role tenant_admin")
     assert tokens.scope_problem("admin", None) is None
     assert tokens.scope_problem("reader", "acme") is None and tokens.scope_problem("producer", None) is None
+
+
+@pytest.mark.parametrize(("key", "value"), [("schema_validation_budget_seconds", "0"),
+                                            ("schema_validation_budget_seconds", "forever"),
+                                            ("schema_validation_processes", "0")])
+def test_the_schema_checks_settings_are_bounded_and_a_wrong_value_names_the_key(tmp_path, key, value):
+    path = tmp_path / "config.yaml"
+    path.write_text("database:\n  url: postgresql://x/y\n")
+    api = load_config(path, {}).api
+    assert (api.schema_validation_budget_seconds, api.schema_validation_processes) == (1.0, 1)
+    path.write_text(f"database:\n  url: postgresql://x/y\napi:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert f"api.{key}" in str(caught.value)
+
+
+def test_a_schema_text_nested_past_what_json_reads_is_refused_as_too_deep():
+    with pytest.raises(EventTypeError) as caught:
+        schema_from_text("[" * 100_000 + "]" * 100_000)
+    assert str(caught.value) == "schema: nested more than 64 deep (objects and arrays within each other)"

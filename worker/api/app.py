@@ -125,12 +125,15 @@ async def _authenticate(request: web.Request, declared: Route | None) -> None:
 
 async def _answer_checking_token_in_handler(request: web.Request, handler: Handler, credential: Credential,
                                           declared: Route) -> web.StreamResponse:
-    """A route whose token is checked with what it reads first (Route.token_checked_by_handler). What
-    the token is answered comes first, as on any route: a handler that refused its input, or
-    answered, before it checked the token has the token checked on its own first."""
+    """A route whose token is checked with what it reads first (Route.token_checked_by_handler), when
+    the token passed within the failed-authentication window; any other is checked on its own first,
+    before anything of the request is read. What the token is answered comes first, as on any route:
+    a handler that refused its input, or answered, before it checked the token has the token checked
+    on its own first."""
     request[CREDENTIAL] = credential
-    if request.app[STATE].limiter.needs_its_turn(credential.address, credential.token_hash):
-        # a locked-out address's guesses are looked up one at a time, on one connection
+    if not request.app[STATE].limiter.passed_recently(credential.token_hash):
+        # A made-up token of the right shape gets its 401 before its body is read, parsed or checked
+        # against a schema; a locked-out address's guesses are looked up one at a time (check()).
         await _authenticate(request, declared)
         credential.settled = True
     try:
@@ -257,6 +260,7 @@ async def _stop_background(app: web.Application) -> None:
     app[STATE].operations_wakeup.set()
     background: list[asyncio.Task[None]] = app[BACKGROUND]
     await cancel_and_wait(background)
+    await app[STATE].schema_checks.close()
     await app[STATE].db.close()
 
 

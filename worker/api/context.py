@@ -20,6 +20,7 @@ from worker.api import forwarded, queries, tokens
 from worker.api.database import Database
 from worker.api.limits import FailedAuthLimiter, Verdict
 from worker.api.problems import forbidden, too_many_failed_authentications, unauthorized
+from worker.api.schema_checks import SchemaChecks
 from worker.api.tokens import Caller
 from worker.config import Config
 from worker.encryption import Keyring
@@ -54,6 +55,10 @@ class ApiMetrics:
             ["reason"], registry=r)
         for reason in ("missing", "invalid", "rate_limited"):
             self.failed_authentications.labels(reason)
+        self.schema_checks_over_budget = Counter(
+            "webhook_api_schema_checks_over_budget",
+            "Publish requests whose payloads' schema checks ran past api.schema_validation_budget_seconds "
+            "(the checking process was killed; the payloads not checked were refused).", registry=r)
 
 
 @dataclass
@@ -72,9 +77,13 @@ class ApiState:
     trusted_proxies: tuple[forwarded.Network, ...] = field(init=False)
     # the event-type catalogue's entries publishes read, at the catalogue's version
     catalogue: Catalogue = field(default_factory=lambda: Catalogue())
+    # the processes publishes' payloads are checked against their types' schemas in
+    schema_checks: SchemaChecks = field(init=False)
 
     def __post_init__(self) -> None:
         self.trusted_proxies = forwarded.networks(self.config.api.trusted_proxies)
+        self.schema_checks = SchemaChecks(self.config.api.schema_validation_processes,
+                                          self.metrics.schema_checks_over_budget)
 
     async def check_credential(self, address: str, key: bytes | None,
                                lookup: Callable[[], Awaitable[T | None]],

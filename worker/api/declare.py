@@ -73,9 +73,10 @@ class Route:
     headers: tuple[Header, ...] = ()
     # no token needed (the document itself)
     public: bool = False
-    # the token is checked by the handler, in the round trip that reads what it needs first
-    # (ApiState.publishing()), rather than in one of its own before it; a handler that ends otherwise
-    # (a refusal of its input) has it checked before it answers, as any route does
+    # a token that passed within the failed-authentication window is checked by the handler, in the
+    # round trip that reads what it needs first (ApiState.publishing()), rather than in one of its own
+    # before it (any other token is checked first, as on every route, before the body is read); a
+    # handler that ends otherwise (a refusal of its input) has it checked before it answers
     token_checked_by_handler: bool = False
 
     @property

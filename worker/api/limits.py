@@ -97,18 +97,12 @@ class FailedAuthLimiter:
         locked = self.retry_after(address) is not None
         found: T | None = None
         if key is not None:
-            if locked and not self._passed_recently(key):
+            if locked and not self.passed_recently(key):
                 async with self._one_at_a_time(address):
                     found = await lookup()
             else:
                 found = await lookup()
         return self.verdict(address, key, found, locked)
-
-    def needs_its_turn(self, address: str, key: bytes) -> bool:
-        """Whether a lookup of this credential from this address waits its turn in check() (the
-        address is locked out and the credential did not pass recently): a caller that looks a
-        credential up some other way (with what its request reads first) does so only when not."""
-        return self.retry_after(address) is not None and not self._passed_recently(key)
 
     def verdict(self, address: str, key: bytes | None, found: T | None, locked: bool) -> Verdict[T]:
         """The verdict on a credential looked up from `address` (`locked`: whether the address was
@@ -117,6 +111,8 @@ class FailedAuthLimiter:
             assert key is not None
             self._remember_passed(key)
             return Verdict(found)
+        if key is not None:
+            self._passed.pop(key, None)  # revoked or expired since: no longer one that passed
         self.failed(address)
         return Verdict(None, self.retry_after(address) if locked else None)
 
@@ -124,7 +120,8 @@ class FailedAuthLimiter:
         """A credential checked some other way passed (it skips a locked-out address's queue)."""
         self._remember_passed(key)
 
-    def _passed_recently(self, key: bytes) -> bool:
+    def passed_recently(self, key: bytes) -> bool:
+        """Whether this credential passed within the window (and has not failed since)."""
         when = self._passed.get(key)
         return when is not None and when > self._clock() - self.window
 

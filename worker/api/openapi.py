@@ -44,7 +44,8 @@ ERRORS = {
     429: "too many failed authentications from this address (or the tenant's queue is full)",
     431: f"a header's name and value exceed {MAX_HEADER_BYTES} bytes, or there are more than {MAX_HEADERS} "
          "headers (the connection closes)",
-    503: "the database is unreachable (or the API has no encryption keys)",
+    503: "the database is unreachable (or the API has no encryption keys, or a publish's schema checks "
+         "could not run)",
 }
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}}}
 ERROR_HEADERS: dict[int, dict[str, Any]] = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
@@ -51,10 +51,12 @@ from worker.api.inputs import (
     one_field_given,
 )
 from worker.api.problems import Problem, conflict, invalid, not_found, unauthorized
+from worker.api.schema_checks import Check, ChecksFailed, OverBudget, RequestChecks
 from worker.api.tokens import Caller
 from worker.destinations import MAX_GRANTED_NETWORKS, granted_networks
 from worker.observability import get_logger
 from worker.policy import CATEGORIES, RetrySchedule, category_problem
+from worker.schemas import SchemaUnusable
 from worker.shapes import json_default
 
 T = TypeVar("T")
@@ -122,19 +124,54 @@ def _payload_text(body: MessageBody) -> str:
     return payload
 
 
+def _schema_checks(request: web.Request) -> RequestChecks:
+    """The request's schema checks, within its budget (api.schema_validation_budget_seconds)."""
+    state = _state(request)
+    return state.schema_checks.for_request(state.config.api.schema_validation_budget_seconds)
+
+
 class _ReadAfresh(Exception):
     """Entries of the catalogue kept from an earlier read refused a message: read them again before
     refusing it (they may be stale)."""
 
 
-def _check_type(request: web.Request, body: MessageBody, pub: Publishing) -> None:
-    """Refuse a message its type's catalogue entry (or api.require_known_event_types) refuses."""
-    refused = event_types.publish_problem(body.event_type, pub.known.get(body.event_type), body.payload,
-                                          _state(request).config.api.require_known_event_types)
-    if refused is not None:
-        if pub.kept:
-            raise _ReadAfresh()
-        raise invalid(refused.field, refused.message)
+async def _refusals(request: web.Request, messages: Sequence[tuple[MessageBody, str]], pub: Publishing,
+                    checks: RequestChecks) -> list[Problem | None]:
+    """What each message (with its payload's JSON text) is refused for by its type's catalogue entry
+    (or api.require_known_event_types), or None. Payloads are checked against their types' schemas
+    off the event loop, within the request's budget (worker/api/schema_checks.py)."""
+    require_known = _state(request).config.api.require_known_event_types
+    refusals: list[Problem | None] = []
+    wanted: list[tuple[int, Check]] = []
+    for i, (message, payload) in enumerate(messages):
+        known = pub.known.get(message.event_type)
+        refused = event_types.type_problem(message.event_type, known, require_known)
+        refusals.append(None if refused is None else invalid(refused.field, refused.message))
+        if refused is None and known is not None and known.schema_text is not None:
+            wanted.append((i, Check(known.schema_text, payload)))
+    try:
+        verdicts = await checks.verdicts(wanted)
+    except ChecksFailed as exc:
+        get_logger().error("api could not check payloads against their schemas", reason=str(exc))
+        raise Problem(503, "schema-checks-unavailable", "Payloads cannot be checked against their schemas",
+                      "try again", headers={"Retry-After": "1"}) from None
+    over_budget: set[int] = set()
+    for (i, _check), verdict in zip(wanted, verdicts, strict=True):
+        event_type = messages[i][0].event_type
+        if isinstance(verdict, OverBudget):
+            over_budget.add(i)
+            refusals[i] = invalid("payload", f"not checked against the schema of event type {event_type!r} "
+                                  "within api.schema_validation_budget_seconds "
+                                  f"({checks.budget.seconds:g} s, for the request's payloads together)")
+        elif verdict is not None:
+            refused = event_types.unusable_schema(event_type, str(verdict)) \
+                if isinstance(verdict, SchemaUnusable) else event_types.payload_refusal(event_type, verdict)
+            refusals[i] = invalid(refused.field, refused.message)
+    # entries kept from an earlier read may be stale: what they refuse is refused once read afresh
+    # (a check that ran out of budget is not run again: the budget is the request's)
+    if pub.kept and any(refusal is not None and i not in over_budget for i, refusal in enumerate(refusals)):
+        raise _ReadAfresh()
+    return refusals
 
 
 def _refusal(sqlstate: str | None, constraint: str | None, message: str | None) -> Problem | None:
@@ -213,9 +250,12 @@ async def publish(request: web.Request) -> web.Response:
     traceparent = _traceparent(request)
     payload = _payload_text(body)
     endpoint = None if body.endpoint is None else str(body.endpoint)
+    checks = _schema_checks(request)
 
     async def send(pub: Publishing) -> list[dict[str, Any]]:
-        _check_type(request, body, pub)
+        [refused] = await _refusals(request, [(body, payload)], pub, checks)
+        if refused is not None:
+            raise refused
         return await queries.publish_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
                                         pub.catalogue_version, body.event_type, payload, endpoint,
                                         body.idempotency_key, body.ordering_key, body.priority,
@@ -244,17 +284,23 @@ async def publish_batch(request: web.Request) -> web.Response:
     traceparent = _traceparent(request)
     results: list[dict[str, Any]] = []
     sent: list[tuple[int, MessageBody]] = []  # the messages sent to the database: ordinal - 1, index
+    checks = _schema_checks(request)
 
     async def send(pub: Publishing) -> list[dict[str, Any]]:
         results[:] = [{} for _ in body.messages]
         sent.clear()
         items: list[dict[str, Any]] = []
+        payloads: list[tuple[int, MessageBody, str]] = []
         for i, message in enumerate(body.messages):
             try:
-                payload = _payload_text(message)
-                _check_type(request, message, pub)
+                payloads.append((i, message, _payload_text(message)))
             except Problem as problem:
                 results[i] = problem.document()
+        refusals = await _refusals(request, [(message, payload) for _, message, payload in payloads], pub,
+                                   checks)
+        for (i, message, payload), refused in zip(payloads, refusals, strict=True):
+            if refused is not None:
+                results[i] = refused.document()
                 continue
             sent.append((i, message))
             items.append(_batch_item(message, payload))

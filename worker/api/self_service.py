@@ -56,6 +56,9 @@ class EventTypeAnswer(Answer):
     # `schema` is a BaseModel attribute: the field is named apart and written as `schema`
     json_schema: JsonValue = Field(alias="schema", description="the JSON Schema of its payloads; null: any")
     deprecated: bool
+    problem: str | None = Field(description="why its schema cannot be used (stored before the rules a "
+                                            "schema is written by): publishes of the type are refused "
+                                            "until it is replaced; null: none")
 
 
 class CataloguedType(EventTypeAnswer):
@@ -215,9 +218,10 @@ def _type_name(request: web.Request) -> str:
     return name
 
 
-def _event_type(found: event_types.EventType) -> dict[str, Any]:
+async def _event_type(found: event_types.EventType) -> dict[str, Any]:
+    [found] = await event_types.with_problems([found])
     return {"name": found.name, "description": found.description, "schema": found.schema,
-            "deprecated": found.deprecated}
+            "deprecated": found.deprecated, "problem": found.problem}
 
 
 def _where(name: str) -> str:
@@ -229,6 +233,9 @@ async def list_event_types(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
         items = await queries.event_types(conn)
         unmatched = await queries.unmatched_subscriptions(conn)
+    entries = await event_types.with_problems([event_types.from_row(item) for item in items])
+    for item, entry in zip(items, entries, strict=True):
+        item["problem"] = entry.problem
     return json_response({"items": items, "unmatched_subscriptions": unmatched})
 
 
@@ -238,7 +245,7 @@ async def get_event_type(request: web.Request) -> web.Response:
         found = await event_types.get_async(conn, name)
     if found is None:
         raise not_found(f"event type {name}")
-    return json_response(_event_type(found))
+    return json_response(await _event_type(found))
 
 
 async def put_event_type(request: web.Request) -> web.Response:
@@ -256,7 +263,7 @@ async def put_event_type(request: web.Request) -> web.Response:
         raise invalid(field, detail) from None
     assert found is not None
     get_logger().info("api set an event type", event_type=name, created=created, by=caller_of(request).name)
-    return json_response(_event_type(found), status=201 if created else 200,
+    return json_response(await _event_type(found), status=201 if created else 200,
                          location=_where(name) if created else None)
 
 
@@ -270,7 +277,7 @@ async def deprecate_event_type(request: web.Request) -> web.Response:
     found = await in_thread(_state(request), caller_of(request), deprecate)
     if found is None:
         raise not_found(f"event type {name}")
-    return json_response(_event_type(found))
+    return json_response(await _event_type(found))
 
 
 # --- tokens -----------------------------------------------------------------------------------------

@@ -21,13 +21,19 @@ def cmd_event_types_list(args: argparse.Namespace) -> int:
     from worker import event_types
 
     with connect(args) as conn:
-        rows = [_as_dict(t) for t in event_types.listing(conn, include_deprecated=not args.current)]
+        found = event_types.listing(conn, include_deprecated=not args.current)
+    rows = [{**_as_dict(t), "problem": t.problem} for t in found]
     if args.json:
         emit(args, rows)
         return 0
     for row in rows:
         row["schema"] = "yes" if row["schema"] is not None else ""
-    emit(args, rows, ["name", "deprecated", "schema", "description"])
+        row["problem"] = row["problem"] or ""
+    emit(args, rows, ["name", "deprecated", "schema", "description", "problem"])
+    unusable = sum(1 for t in found if t.problem is not None)
+    if unusable:
+        print(f"{unusable} event type(s) have a schema that cannot be used (problem): their publishes are "
+              "refused until the schema is replaced (event-types set NAME --schema ...)", file=sys.stderr)
     return 0
 
 

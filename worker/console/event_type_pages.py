@@ -63,7 +63,7 @@ async def catalogue(request: web.Request, typed: dict[str, Any] | None = None, e
     """The list; after a refused add, again with the form as it was typed and the error."""
     caller = _reader(request)
     async with request.app[STATE].db.transaction(caller) as conn:
-        types = await event_types.listing_async(conn)
+        types = await event_types.with_problems(await event_types.listing_async(conn))
         unmatched = await event_types.unmatched_subscriptions_async(conn)
         subscriptions = await queries.event_type_subscriptions_by_type(conn)
     return render(request, "event_types.html", status=status, page="event_types", types=types,
@@ -82,6 +82,7 @@ async def event_type_page(request: web.Request, typed: dict[str, Any] | None = N
         subscriptions = [] if found is None else await queries.event_type_subscriptions(conn, name)
     if found is None:
         return _not_catalogued(request, name)
+    await event_types.with_problems([found])
     if typed is None:
         typed = {"name": found.name, "description": found.description, "schema": _schema_text(found.schema),
                  "deprecated": found.deprecated}
