@@ -94,7 +94,7 @@ def test_a_stored_schema_naming_a_url_or_a_file_is_flagged_and_its_publishes_ref
             guess = {"event_type": name, "payload": {"card": "guess"}}
             refused = console.post("/v1/messages", producer, guess)
             assert refused.status == 422 and refused.json["field"] == "event_type", refused.body
-            assert f"the schema of event type {name!r} cannot be used (at /" in refused.json["detail"]
+            assert f"the schema of event type \"{name}\" cannot be used (at /" in refused.json["detail"]
             assert "an administrator must replace it (event-types set)" in refused.json["detail"]
             answers.append(refused)
         batch = console.post("/v1/messages/batch", producer, {"messages": [
@@ -116,7 +116,8 @@ def test_a_stored_schema_naming_a_url_or_a_file_is_flagged_and_its_publishes_ref
                                         "properties": {"card": {"$ref": "#/$defs/card"}}}})
     assert fixed.status == 200 and fixed.json["problem"] is None, fixed.body
     refused = console.post("/v1/messages", producer, {"event_type": "card.refunded", "payload": {"card": 7}})
-    assert refused.status == 422 and refused.json["detail"].startswith("payload: at /card: 7 is not of type")
+    assert refused.status == 422
+    assert refused.json["detail"].startswith("payload: at /card: expected a string, got the number 7")
     assert console.post("/v1/messages", producer,
                         {"event_type": "card.refunded", "payload": {"card": "c"}}).status == 202
 
@@ -179,7 +180,7 @@ def test_a_check_past_its_budget_is_cut_off_while_health_answers_and_patterns_ne
         producer = make_token(db, "producer")
         # took 105 s with 30 a's on Python's engine, /health answering 408: RE2 answers at once
         code = server.post("/v1/messages", producer, {"event_type": "code.sent", "payload": "a" * 40 + "!"})
-        assert code.status == 422 and "does not match '^(a+)+$'" in code.json["detail"], code.body
+        assert code.status == 422 and 'does not match the pattern "^(a+)+$"' in code.json["detail"], code.body
         refused, waits = _health_while(server, {"event_type": "list.sent", "payload": HOSTILE}, producer)
         assert refused.status == 422 and refused.json["field"] == "payload", refused.body
         assert refused.json["detail"] == ("payload: not checked against the schema of event type 'list.sent' "

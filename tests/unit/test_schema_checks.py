@@ -44,9 +44,9 @@ def test_verdicts_come_back_in_order_and_a_stored_schema_that_breaks_the_rules_i
 
     follows, wrong, unusable, not_object = run(scenario())
     assert follows is None
-    assert wrong == PayloadProblem("/invoice_id", "7 is not of type 'string'")
+    assert wrong == PayloadProblem("/invoice_id", "expected a string, got the number 7")
     assert isinstance(unusable, SchemaUnusable) and "points outside the schema" in str(unusable)
-    assert not_object == PayloadProblem("", "[] is not of type 'object'")
+    assert not_object == PayloadProblem("", "expected an object, got an array of 0 items")
 
 
 def test_a_check_past_its_budget_is_cut_off_and_the_next_request_gets_a_new_process():
@@ -72,7 +72,7 @@ def test_a_check_past_its_budget_is_cut_off_and_the_next_request_gets_a_new_proc
     assert cut == [None, OVER_BUDGET, OVER_BUDGET]
     assert waited < 60  # not the minutes the check would have taken
     assert left <= 0 and after == [OVER_BUDGET]
-    assert fresh == [PayloadProblem("/invoice_id", "1 is not of type 'string'")]
+    assert fresh == [PayloadProblem("/invoice_id", "expected a string, got the number 1")]
     assert overruns._value.get() == 1
 
 
