@@ -164,9 +164,8 @@ $$;
 -- tenant_quota_too_small), the disabled endpoints' rule and the reserved types. The idempotency key
 -- (default: a new event id) is every delivery's key and event id, so publishing the same key again
 -- queues nothing and answers with the existing deliveries (created = false); the same key for
--- another message (another event type or payload) is refused, as an idempotency key reused with
--- other parameters is elsewhere: answered with the old deliveries, the new message would be lost
--- without a word. Nothing this call inserted is kept then.
+-- another message (another event type or payload) is refused by the gate (SQLSTATE 23505,
+-- constraint idempotency_key_reused). Nothing this call inserted is kept then.
 CREATE FUNCTION webhooks.api_publish(
     p_event_type      text,
     p_payload         jsonb,
@@ -191,7 +190,6 @@ DECLARE
     -- a scoped token's tenant (set per transaction by the API); this function runs as the owner,
     -- whom row-level security does not bind, so it keeps to the tenant itself
     v_tenant bigint := webhooks.caller_tenant();
-    v_found record;
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
@@ -200,37 +198,15 @@ BEGIN
             RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
         END IF;
     END IF;
-    FOR v_found IN
-        SELECT g.webhook_id, g.delivery_id, g.created, g.refused_sqlstate, g.refused_constraint, g.refused_message,
-               e.name
-        FROM webhooks.queue_deliveries(
-            ARRAY[ROW(1, v_webhook_id, p_event_type, v_key, v_key, p_payload, NULL, NULL, p_priority,
-                      p_ordering_key, NULL, NULL, p_traceparent, p_expires_at, NULL, NULL)::webhooks.delivery_request],
-            'api') g
-        LEFT JOIN webhooks.endpoints e ON e.id = g.webhook_id
-        ORDER BY g.webhook_id
-    LOOP
-        IF v_found.refused_sqlstate IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = v_found.refused_sqlstate, MESSAGE = v_found.refused_message,
-                                  CONSTRAINT = v_found.refused_constraint;
-        END IF;
-        IF NOT v_found.created AND EXISTS (
-                SELECT 1 FROM webhooks.alert_delivery_queue q
-                LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
-                WHERE q.delivery_id = v_found.delivery_id
-                  AND (q.event_type IS DISTINCT FROM p_event_type
-                       OR coalesce(m.payload, q.payload) IS DISTINCT FROM p_payload)) THEN
-            RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
-                            v_key
-                USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
-        END IF;
-        delivery_id := v_found.delivery_id;
-        webhook_id := v_found.webhook_id;
-        endpoint_name := v_found.name;
-        created := v_found.created;
-        idempotency_key := v_key;
-        RETURN NEXT;
-    END LOOP;
+    -- one request: the gate raises its refusals (a key reused for another message among them)
+    RETURN QUERY
+    SELECT g.delivery_id, g.webhook_id, e.name, g.created, v_key
+    FROM webhooks.queue_deliveries(
+        ARRAY[ROW(1, v_webhook_id, p_event_type, v_key, v_key, p_payload, NULL, NULL, p_priority,
+                  p_ordering_key, NULL, NULL, p_traceparent, p_expires_at, NULL, NULL)::webhooks.delivery_request],
+        'api') g
+    LEFT JOIN webhooks.endpoints e ON e.id = g.webhook_id
+    ORDER BY g.webhook_id;
 END;
 $$;
 

@@ -67,12 +67,13 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
--- Operational events: an endpoint's state changes, queued (webhooks.queue_deliveries, the gate) for the endpoints that
--- subscribe to their type explicitly ('*' does not include them), never for the endpoint the event
--- is about, so an event cannot loop back to its cause. An event names the endpoint, the reason and
--- who decided it: it goes only to the endpoint's own tenant, and to the endpoints the operator
--- marked operational_all_tenants (whose tenant then holds every tenant's events: keep them in one
--- only operators read).
+-- Operational events: an endpoint's state changes, queued through the gate (queue_deliveries(),
+-- functions/enqueue.sql) for the endpoints that subscribe to their type explicitly ('*' does not
+-- include them), never for the endpoint the event is about, so an event cannot loop back to its
+-- cause. An event names the endpoint, the reason and who decided it: it goes only to the endpoint's
+-- own tenant, and to the endpoints the operator marked operational_all_tenants (whose tenant then
+-- holds every tenant's events: keep them in one only operators read). A subscriber that is
+-- disabled keeps it as a dead letter when no subscriber of its tenant is enabled, as any message.
 CREATE OR REPLACE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_change

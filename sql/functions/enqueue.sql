@@ -7,8 +7,12 @@
 -- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
 -- holding a stable event key; the payload is the row as JSON).
 --
--- Every way passes through the queue's insert triggers: fill_idempotency_key() sets the row's tenant
--- from its endpoint (never from the producer), bounds the payload,
+-- Every function that queues (these, the API's publish, test events, replays, operational events)
+-- does it through one gate, webhooks.queue_deliveries() below, which applies the tenant, quota,
+-- disabled-endpoint and reserved-type rules once, for a set of requests at a time.
+--
+-- Every row passes through the queue's insert triggers, the gate's row step: fill_idempotency_key()
+-- sets the row's tenant from its endpoint (never from the producer), bounds the payload,
 -- metadata and source_ref, defaults the key to the event id and stores what was published as a
 -- message (webhooks.messages: once for every delivery of one event; the delivery row keeps only
 -- a pointer to it, and its payload, metadata and source_ref columns stay NULL; the view
@@ -196,7 +200,9 @@ CREATE OR REPLACE TRIGGER notify_workers
 -- history and stay. Answered as created rows without an ordinal.
 --
 -- Answers one row per delivery queued or found by its key (created false), with the request's
--- ordinal, and one row per request refused for the quota (its SQLSTATE, constraint and message).
+-- ordinal, and one row per request refused for the quota (its SQLSTATE, constraint and message);
+-- a call of one request raises that refusal instead. For the API, a key found with another event
+-- type or payload is refused (SQLSTATE 23505, constraint idempotency_key_reused).
 -- Runs as the owner and is granted to nobody: the functions above are its callers.
 CREATE OR REPLACE FUNCTION webhooks.queue_deliveries(
     p_requests webhooks.delivery_request[],
@@ -209,6 +215,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 -- Short OLTP statements: JIT compilation would cost far more than it saves.
 SET jit = off
+-- Its statements read arrays given as parameters; with custom plans PostgreSQL planned them again
+-- on every call. The generic plans reach the queue by its indexes whatever its size.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -228,6 +237,14 @@ DECLARE
     v_ins_id    bigint[];
     v_row       record;
     v_sent      timestamptz[];
+    v_reserved  text;
+    v_foreign   bigint;
+    v_quota     boolean;
+    v_found     bigint;
+    v_next      integer;  -- the next row the insert returned
+    v_j         integer;
+    v_key       text;
+    v_one       webhooks.delivery_request;  -- the request, when there is one
 BEGIN
     IF p_caller IS NULL OR p_caller NOT IN ('producer', 'api', 'test', 'worker', 'operator') THEN
         RAISE EXCEPTION 'queue_deliveries: unknown caller %', p_caller USING ERRCODE = 'invalid_parameter_value';
@@ -262,30 +279,53 @@ BEGIN
         RETURN;
     END IF;
 
+    -- An event id per request (for every delivery it makes), a reserved type, an endpoint outside
+    -- the caller's tenant, and, when every request addresses its endpoint, the targets themselves:
+    -- for one request (the usual call) in expressions, for more in one pass over them.
+    IF v_count = 1 THEN
+        v_one := p_requests[1];
+        v_event_ids := ARRAY[coalesce(v_one.event_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''))];
+        IF starts_with(v_one.event_type, 'webhook.') THEN
+            v_reserved := v_one.event_type;
+        END IF;
+        IF v_one.webhook_id IS NOT NULL THEN
+            v_req := '{1}';
+            v_hook := ARRAY[v_one.webhook_id];
+            IF v_tenant IS NOT NULL AND NOT EXISTS (SELECT 1 FROM webhooks.endpoints e
+                                                    WHERE e.id = v_hook[1] AND e.tenant_id = v_tenant) THEN
+                v_foreign := v_hook[1];
+            END IF;
+        END IF;
+    ELSE
+        SELECT array_agg(coalesce(r.event_id, 'evt_' || replace(gen_random_uuid()::text, '-', '')) ORDER BY r.i),
+               min(r.event_type) FILTER (WHERE starts_with(r.event_type, 'webhook.')),
+               min(r.webhook_id) FILTER (WHERE v_tenant IS NOT NULL AND r.webhook_id IS NOT NULL
+                                           AND NOT EXISTS (SELECT 1 FROM webhooks.endpoints e
+                                                           WHERE e.id = r.webhook_id AND e.tenant_id = v_tenant)),
+               CASE WHEN bool_and(r.webhook_id IS NOT NULL) THEN array_agg(r.i::integer ORDER BY r.i) END,
+               CASE WHEN bool_and(r.webhook_id IS NOT NULL) THEN array_agg(r.webhook_id ORDER BY r.i) END
+        INTO v_event_ids, v_reserved, v_foreign, v_req, v_hook
+        FROM unnest(p_requests) WITH ORDINALITY AS r(ordinal, webhook_id, event_type, event_id, idempotency_key,
+                                                    payload, metadata, source_ref, priority, ordering_key,
+                                                    max_attempts, deliver_at, traceparent, expires_at,
+                                                    tenant_id, exclude_webhook_id, i);
+    END IF;
+
     -- the catalogue's reserved types: the API's callers never, a producer only holding the owner's
     -- rights (as for its own INSERT: refuse_reserved_event_type()); this runs as the owner, so the
     -- acting role is the one the session set, or its login
-    IF p_caller IN ('producer', 'api') THEN
-        SELECT r.event_type INTO v_row FROM unnest(p_requests) r WHERE starts_with(r.event_type, 'webhook.') LIMIT 1;
-        IF FOUND AND (p_caller = 'api' OR NOT pg_has_role(
-                CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role') END,
-                (SELECT c.relowner FROM pg_class c WHERE c.oid = 'webhooks.alert_delivery_queue'::regclass),
-                'USAGE')) THEN
-            RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
-                            'operational events', v_row.event_type
-                USING ERRCODE = 'insufficient_privilege';
-        END IF;
+    IF v_reserved IS NOT NULL AND (p_caller = 'api' OR (p_caller = 'producer' AND NOT pg_has_role(
+            CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role') END,
+            (SELECT c.relowner FROM pg_class c WHERE c.oid = 'webhooks.alert_delivery_queue'::regclass),
+            'USAGE'))) THEN
+        RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
+                        'operational events', v_reserved
+            USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- the caller's tenant: another tenant's endpoint is a missing one (with none set, the row step
     -- refuses an endpoint that does not exist, as a foreign key would)
-    IF v_tenant IS NOT NULL THEN
-        SELECT r.webhook_id INTO v_row FROM unnest(p_requests) r
-        WHERE r.webhook_id IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM webhooks.endpoints e WHERE e.id = r.webhook_id AND e.tenant_id = v_tenant)
-        LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION 'webhook_id %: no such endpoint', v_row.webhook_id USING ERRCODE = 'foreign_key_violation';
-        END IF;
+    IF v_foreign IS NOT NULL THEN
+        RAISE EXCEPTION 'webhook_id %: no such endpoint', v_foreign USING ERRCODE = 'foreign_key_violation';
     END IF;
 
     IF p_caller = 'test' THEN
@@ -308,47 +348,87 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- One event id per request, for every delivery it makes.
-    v_event_ids := ARRAY(SELECT coalesce(r.event_id, 'evt_' || replace(gen_random_uuid()::text, '-', ''))
-                         FROM unnest(p_requests) WITH ORDINALITY AS r
-                         ORDER BY r.ordinality);
-
-    -- The targets: the endpoint a request addresses (enabled or not: its row waits), or each enabled
-    -- subscriber in the audience, or, where a tenant has none for the request, its disabled ones,
-    -- kept as dead letters. '*' does not subscribe to the worker's own 'webhook.*' types.
-    WITH r AS (
-        SELECT x.i::integer AS i, x.webhook_id, x.event_type, x.tenant_id, x.exclude_webhook_id
-        FROM unnest(p_requests) WITH ORDINALITY AS x(ordinal, webhook_id, event_type, event_id, idempotency_key,
-                                                    payload, metadata, source_ref, priority, ordering_key,
-                                                    max_attempts, deliver_at, traceparent, expires_at,
-                                                    tenant_id, exclude_webhook_id, i)
-    ), candidates AS (
-        SELECT r.i, r.webhook_id AS id, e.tenant_id, true AS active, true AS addressed
-        FROM r LEFT JOIN webhooks.endpoints e ON e.id = r.webhook_id
-        WHERE r.webhook_id IS NOT NULL
-        UNION ALL
-        SELECT r.i, e.id, e.tenant_id, e.active, false
-        FROM r JOIN webhooks.endpoints e
-          ON r.webhook_id IS NULL
-         AND e.id IS DISTINCT FROM r.exclude_webhook_id
-         AND CASE WHEN p_caller = 'worker' AND r.tenant_id IS NOT NULL
-                  THEN e.tenant_id = r.tenant_id OR e.operational_all_tenants
-                  ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
-         AND webhooks.subscribes(CASE WHEN starts_with(r.event_type, 'webhook.') THEN array_remove(e.event_types, '*')
-                                      ELSE e.event_types END, r.event_type)
-    ), chosen AS (
-        SELECT c.i, c.id, c.tenant_id, NOT c.active AS kept
-        FROM candidates c
-        WHERE c.active
-           OR NOT EXISTS (SELECT 1 FROM candidates a WHERE a.i = c.i AND a.tenant_id = c.tenant_id AND a.active)
-    )
-    SELECT coalesce(array_agg(c.i ORDER BY c.i, c.id), '{}'), coalesce(array_agg(c.id ORDER BY c.i, c.id), '{}'),
-           coalesce(array_agg(c.tenant_id ORDER BY c.i, c.id), '{}'), coalesce(array_agg(c.kept ORDER BY c.i, c.id), '{}')
-    INTO v_req, v_hook, v_hook_tenant, v_kept
-    FROM chosen c;
+    -- The targets: the endpoint a request addresses (enabled or not: its row waits), or each
+    -- enabled subscriber in the audience, or, where a tenant has none for the request, its disabled
+    -- ones, kept as dead letters. '*' does not subscribe to the worker's own 'webhook.*' types.
+    v_quota := false;
+    IF p_caller IN ('api', 'test') THEN
+        v_quota := EXISTS (SELECT 1 FROM webhooks.tenants t WHERE t.max_queued IS NOT NULL);
+    END IF;
+    IF v_hook IS NOT NULL THEN
+        -- every request addresses its endpoint: those are the targets
+        v_kept := array_fill(false, ARRAY[cardinality(v_hook)]);
+        IF v_quota THEN
+            v_hook_tenant := ARRAY(SELECT e.tenant_id FROM unnest(v_hook) WITH ORDINALITY AS t(id, n)
+                                   LEFT JOIN webhooks.endpoints e ON e.id = t.id ORDER BY t.n);
+        END IF;
+    ELSIF v_count = 1 THEN
+        -- one event to its subscribers (the usual publish): one read of the endpoints
+        SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}'), coalesce(array_agg(e.tenant_id ORDER BY e.id), '{}'),
+               coalesce(array_agg(NOT e.active ORDER BY e.id), '{}')
+        INTO v_hook, v_hook_tenant, v_kept
+        FROM webhooks.endpoints e
+        WHERE e.id IS DISTINCT FROM v_one.exclude_webhook_id
+          AND CASE WHEN p_caller = 'worker' AND v_one.tenant_id IS NOT NULL
+                   THEN e.tenant_id = v_one.tenant_id OR e.operational_all_tenants
+                   ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
+          AND webhooks.subscribes(CASE WHEN v_reserved IS NOT NULL THEN array_remove(e.event_types, '*')
+                                       ELSE e.event_types END, v_one.event_type);
+        IF true = ANY (v_kept) THEN
+            -- a disabled subscriber keeps it only where its tenant has no enabled one
+            SELECT coalesce(array_agg(t.id ORDER BY t.id), '{}'), coalesce(array_agg(t.tenant_id ORDER BY t.id), '{}'),
+                   coalesce(array_agg(t.kept ORDER BY t.id), '{}')
+            INTO v_hook, v_hook_tenant, v_kept
+            FROM unnest(v_hook, v_hook_tenant, v_kept) AS t(id, tenant_id, kept)
+            WHERE NOT t.kept
+               OR NOT EXISTS (SELECT 1 FROM unnest(v_hook_tenant, v_kept) AS a(tenant_id, kept)
+                              WHERE a.tenant_id = t.tenant_id AND NOT a.kept);
+        END IF;
+        v_req := array_fill(1, ARRAY[cardinality(v_hook)]);
+    ELSE
+        -- many requests, some of them to subscribers: the same, for all of them at once
+        SELECT coalesce(array_agg(c.i), '{}'), coalesce(array_agg(c.id), '{}'),
+               coalesce(array_agg(c.tenant_id), '{}'), coalesce(array_agg(NOT c.active), '{}')
+        INTO v_req, v_hook, v_hook_tenant, v_kept
+        FROM (
+            SELECT t.i, t.id, t.tenant_id, t.active
+            FROM (
+                SELECT u.i, u.id, u.tenant_id, u.active,
+                       bool_or(u.active) OVER (PARTITION BY u.i, u.tenant_id) AS any_active
+                FROM (
+                    SELECT r.i::integer AS i, r.webhook_id AS id, e.tenant_id, true AS active
+                    FROM unnest(p_requests) WITH ORDINALITY AS r(ordinal, webhook_id, event_type, event_id,
+                                                                idempotency_key, payload, metadata, source_ref,
+                                                                priority, ordering_key, max_attempts, deliver_at,
+                                                                traceparent, expires_at, tenant_id,
+                                                                exclude_webhook_id, i)
+                    LEFT JOIN webhooks.endpoints e ON e.id = r.webhook_id
+                    WHERE r.webhook_id IS NOT NULL
+                    UNION ALL
+                    SELECT r.i::integer, e.id, e.tenant_id, e.active
+                    FROM unnest(p_requests) WITH ORDINALITY AS r(ordinal, webhook_id, event_type, event_id,
+                                                                idempotency_key, payload, metadata, source_ref,
+                                                                priority, ordering_key, max_attempts, deliver_at,
+                                                                traceparent, expires_at, tenant_id,
+                                                                exclude_webhook_id, i)
+                    JOIN webhooks.endpoints e
+                      ON r.webhook_id IS NULL
+                     AND e.id IS DISTINCT FROM r.exclude_webhook_id
+                     AND CASE WHEN p_caller = 'worker' AND r.tenant_id IS NOT NULL
+                              THEN e.tenant_id = r.tenant_id OR e.operational_all_tenants
+                              ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
+                     AND webhooks.subscribes(CASE WHEN starts_with(r.event_type, 'webhook.')
+                                                  THEN array_remove(e.event_types, '*') ELSE e.event_types END,
+                                             r.event_type)
+                ) u
+            ) t
+            WHERE t.active OR NOT t.any_active
+            ORDER BY t.i, t.id
+        ) c;
+    END IF;
 
     -- The quota, for the API's callers. Most deployments set none: then nothing to count.
-    IF p_caller IN ('api', 'test') AND EXISTS (SELECT 1 FROM webhooks.tenants t WHERE t.max_queued IS NOT NULL) THEN
+    IF v_quota THEN
         FOR v_row IN
             WITH need AS (
                 -- rows each request would add per tenant with a quota: not kept, no key already queued
@@ -406,27 +486,35 @@ BEGIN
                 refused_message := format('tenant %s: at its quota of %s queued deliveries (%s free, the message '
                                           'needs %s)', v_row.name, v_row.max_queued, v_row.free, v_row.rows);
             END IF;
+            IF v_count = 1 THEN
+                -- the call's only request: nothing else to go on with
+                RAISE EXCEPTION USING ERRCODE = refused_sqlstate, MESSAGE = refused_message,
+                                      CONSTRAINT = refused_constraint;
+            END IF;
             RETURN NEXT;
         END LOOP;
     END IF;
 
+    -- The rows, in the targets' order (endpoint by endpoint within a request), but those of a
+    -- refused request. A key the endpoint already has makes none (ON CONFLICT DO NOTHING).
     WITH inserted AS (
         INSERT INTO webhooks.alert_delivery_queue AS q
             (webhook_id, event_id, idempotency_key, event_type, payload, metadata, source_ref, priority,
              ordering_key, max_attempts, next_retry_at, traceparent, expires_at, status, dead_lettered_at,
              failure_category, dead_letter_reason)
-        SELECT t.webhook_id, v_event_ids[t.i], coalesce(r.idempotency_key, v_event_ids[t.i]), r.event_type,
-               r.payload, coalesce(r.metadata, '{}'), r.source_ref, coalesce(r.priority, 0), r.ordering_key,
-               r.max_attempts, coalesce(r.deliver_at, now()), r.traceparent, r.expires_at,
+        SELECT t.webhook_id, v_event_ids[t.i], coalesce((p_requests[t.i]).idempotency_key, v_event_ids[t.i]),
+               (p_requests[t.i]).event_type, (p_requests[t.i]).payload,
+               coalesce((p_requests[t.i]).metadata, '{}'), (p_requests[t.i]).source_ref,
+               coalesce((p_requests[t.i]).priority, 0), (p_requests[t.i]).ordering_key,
+               (p_requests[t.i]).max_attempts, coalesce((p_requests[t.i]).deliver_at, now()),
+               (p_requests[t.i]).traceparent, (p_requests[t.i]).expires_at,
                CASE WHEN t.kept THEN 'dead_letter' ELSE 'pending' END,
                CASE WHEN t.kept THEN now() END,
                CASE WHEN t.kept THEN 'disabled' END,
                CASE WHEN t.kept THEN 'endpoint disabled: published while every subscriber was disabled; '
                                      'replay it once enabled' END
         FROM unnest(v_req, v_hook, v_kept) AS t(i, webhook_id, kept)
-        CROSS JOIN LATERAL (SELECT (p_requests[t.i]).*) r
         WHERE NOT t.i = ANY (v_refused)
-        ORDER BY t.i, t.webhook_id
         ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
         RETURNING q.webhook_id, q.idempotency_key, q.delivery_id
     )
@@ -434,28 +522,41 @@ BEGIN
     INTO v_ins_hook, v_ins_key, v_ins_id
     FROM inserted i;
 
-    -- The answer, target by target. One whose key the endpoint already had is found by both columns
-    -- of the (webhook_id, idempotency_key) index: a plan this session caches while the queue is small
-    -- must not scan the queue once it has grown (a join on unnest() did, until the next ANALYZE).
-    -- That statement has a snapshot of its own: a concurrent insert of the same key that won (ON
-    -- CONFLICT waited for it to commit) is visible to it, where it was not in the insert's.
-    FOR v_row IN
-        SELECT t.i, t.webhook_id, coalesce((p_requests[t.i]).idempotency_key, v_event_ids[t.i]) AS key, n.id
-        FROM unnest(v_req, v_hook) AS t(i, webhook_id)
-        LEFT JOIN unnest(v_ins_hook, v_ins_key, v_ins_id) AS n(webhook_id, key, id)
-               ON n.webhook_id = t.webhook_id AND n.key = coalesce((p_requests[t.i]).idempotency_key, v_event_ids[t.i])
-        WHERE NOT t.i = ANY (v_refused)
-        ORDER BY t.i, t.webhook_id
-    LOOP
-        ordinal := (p_requests[v_row.i]).ordinal;
-        webhook_id := v_row.webhook_id;
+    -- The answer, target by target: the row made now (the insert returns them in the targets' order)
+    -- or, for a key the endpoint already had, the row found. That one is found by both columns of
+    -- the (webhook_id, idempotency_key) index, by a statement with a snapshot of its own: a
+    -- concurrent insert of the same key that won (ON CONFLICT waited for it to commit) is visible to
+    -- it, where it was not in the insert's.
+    v_next := 1;
+    FOR v_j IN 1 .. coalesce(cardinality(v_req), 0) LOOP
+        CONTINUE WHEN v_req[v_j] = ANY (v_refused);
+        v_key := coalesce((p_requests[v_req[v_j]]).idempotency_key, v_event_ids[v_req[v_j]]);
+        ordinal := (p_requests[v_req[v_j]]).ordinal;
+        webhook_id := v_hook[v_j];
         refused_sqlstate := NULL; refused_constraint := NULL; refused_message := NULL;
-        created := v_row.id IS NOT NULL;
-        delivery_id := v_row.id;
-        IF v_row.id IS NULL THEN
-            SELECT q.delivery_id INTO delivery_id FROM webhooks.alert_delivery_queue q
-            WHERE q.webhook_id = v_row.webhook_id AND q.idempotency_key = v_row.key;
-            CONTINUE WHEN delivery_id IS NULL;
+        IF v_next <= cardinality(v_ins_id) AND v_ins_hook[v_next] = v_hook[v_j] AND v_ins_key[v_next] = v_key THEN
+            delivery_id := v_ins_id[v_next];
+            created := true;
+            v_next := v_next + 1;
+        ELSE
+            SELECT q.delivery_id INTO v_found FROM webhooks.alert_delivery_queue q
+            WHERE q.webhook_id = v_hook[v_j] AND q.idempotency_key = v_key;
+            CONTINUE WHEN v_found IS NULL;
+            created := coalesce(v_found = ANY (v_ins_id), false);
+            -- Over the API, the same key for another message (another event type or payload) is
+            -- refused, as an idempotency key reused with other parameters is elsewhere: answered
+            -- with the old deliveries, the new message would be lost without a word.
+            IF NOT created AND p_caller = 'api' AND EXISTS (
+                    SELECT 1 FROM webhooks.alert_delivery_queue q
+                    LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
+                    WHERE q.delivery_id = v_found
+                      AND (q.event_type IS DISTINCT FROM (p_requests[v_req[v_j]]).event_type
+                           OR coalesce(m.payload, q.payload) IS DISTINCT FROM (p_requests[v_req[v_j]]).payload)) THEN
+                RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
+                                v_key
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
+            END IF;
+            delivery_id := v_found;
         END IF;
         RETURN NEXT;
     END LOOP;

@@ -97,14 +97,23 @@ def test_a_session_kept_to_a_tenant_queues_for_its_tenant_only(db):
 
 def test_the_gate_takes_many_requests_in_one_call_as_a_statement_trigger_would(db):
     # a statement-level trigger with a transition table passes its rows at once: one call, one
-    # INSERT, each row answered with its ordinal
+    # INSERT, each row answered with its ordinal; the rules hold per request (here, per tenant: the
+    # other tenant's only subscriber is disabled, so it keeps each message as a dead letter)
     hook = add_endpoint(db, "http://127.0.0.1:9/h", name="h", event_types=("row.*",))
-    rows = query(db, """
-        SELECT g.ordinal, g.webhook_id, g.created
-        FROM webhooks.queue_deliveries(ARRAY(
+    globex = query(db, "SELECT webhooks.register_tenant('globex')")[0][0]
+    off = add_endpoint(db, "http://127.0.0.1:9/off", name="off", event_types=("row.*",))
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = %s WHERE id = %s", (globex, off))
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (off,))
+    requests = """ARRAY(
             SELECT ROW(n, NULL, 'row.changed', NULL, 'row-' || n, jsonb_build_object('n', n), NULL, NULL,
                        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request
-            FROM generate_series(1, 50) n), 'producer') g ORDER BY g.ordinal""")
-    assert rows == [(n, hook, True) for n in range(1, 51)]
-    assert query(db, "SELECT count(*), count(DISTINCT message_id)"
-                     " FROM webhooks.alert_delivery_queue") == [(50, 50)]
+            FROM generate_series(1, 50) n)"""
+    rows = query(db, f"SELECT g.ordinal, g.webhook_id, g.created FROM webhooks.queue_deliveries({requests},"
+                     " 'producer') g ORDER BY g.ordinal, g.webhook_id")
+    assert rows == [(n, endpoint, True) for n in range(1, 51) for endpoint in (hook, off)]
+    assert query(db, "SELECT webhook_id, status, count(*), count(DISTINCT message_id)"
+                     " FROM webhooks.alert_delivery_queue GROUP BY 1, 2 ORDER BY 1") == [
+        (hook, "pending", 50, 50), (off, "dead_letter", 50, 50)]
+    # again: every key is there already, so nothing is made and each answers its row
+    again = query(db, f"SELECT g.ordinal, g.created FROM webhooks.queue_deliveries({requests}, 'producer') g")
+    assert sorted(again) == [(n, False) for n in range(1, 51) for _ in (hook, off)]
