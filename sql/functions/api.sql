@@ -18,14 +18,14 @@
 -- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
 -- an idempotency key already used, the ones that exist, each with whether it is new. The gate
 -- refuses the 'webhook.' event types to it as to publish() (it runs as the owner, so the insert
--- trigger would let them pass). api_publish_batch() publishes many, each in a subtransaction of its own. The API
--- publishes in one statement, a round trip outside any explicit transaction: api_publish_as() or
--- api_publish_batch_as() check the token, take its group role and tenant for their own statement
--- (api_publish_begin(), api_authorize()), refuse the publish if the catalogue changed since the
--- version the API checked the payloads at, and publish as that role. When the API does not hold the
--- event types' catalogue entries at the newest version it knows of, one statement before it,
--- api_publish_check(), reads the token's caller and those entries (the API checks payloads against
--- their schemas); a token revoked between the two is refused by the second.
+-- trigger would let them pass). api_publish_batch() publishes many, each in a subtransaction of its
+-- own. The API publishes in one statement, a round trip outside any explicit transaction:
+-- api_publish_as() or api_publish_batch_as() check the token, take its group role and tenant for
+-- their own statement (api_publish_begin(), api_authorize()), refuse the publish if the catalogue
+-- changed since the version the API checked the payloads at, and publish as that role. When the API
+-- does not hold the event types' catalogue entries at the newest version it knows of, one statement
+-- before it, api_publish_check(), reads the token's caller and those entries (the API checks
+-- payloads against their schemas); a token revoked between the two is refused by the second.
 --
 -- Every function is SECURITY DEFINER with a fixed search_path, but for api_authorize(),
 -- api_publish_begin() and the *_as functions that call them (PostgreSQL allows no role change
