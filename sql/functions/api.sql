@@ -343,7 +343,7 @@ $$;
 -- Deletes an endpoint none of whose deliveries is unfinished (pending, delivering or retrying:
 -- refused with SQLSTATE 55006 and the count). Its finished rows (delivered, dead-lettered) and its
 -- audit stay as history, under its id, with its name in webhooks.deleted_endpoints; they are no
--- longer replayed (replay_rows). Returns false when there is no such endpoint.
+-- longer replayed (queue_deliveries()). Returns false when there is no such endpoint.
 CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER

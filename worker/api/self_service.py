@@ -337,7 +337,7 @@ ROUTES: list[Route] = [
           path_id="ref", refusals=(404, 503)),
     Route("POST", "/v1/endpoints/{id}/test", send_test_event,
           "Send a webhook.test event to this endpoint alone: 202 with its delivery; 409 when the endpoint "
-          "is disabled; 429 (Retry-After) past 10 test events a minute to it or its tenant's max_queued",
+          "is disabled; 429 (Retry-After) past its test events a minute or its tenant's max_queued",
           ADMIN, {202: TestEventSent}, path_id="ref", refusals=(404, 409, 429)),
     Route("GET", "/v1/event-types", list_event_types,
           "The event-type catalogue, and the caller's endpoints' subscriptions that match no current type",
