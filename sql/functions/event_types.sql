@@ -114,8 +114,9 @@ $$;
 
 -- Which endpoint subscriptions match each catalogued type (p_event_type: that type's only): the
 -- pattern of each endpoint that matches it, by the rule unmatched_subscriptions() uses, except that
--- '*' does not match the worker's own 'webhook.*' types, as the gate (queue_deliveries()) sends those only to endpoints
--- that name them. A session kept to a tenant sees its own endpoints' (caller_tenant()).
+-- '*' does not match the worker's own 'webhook.*' types, as the gate (queue_deliveries()) sends
+-- those only to endpoints that name them. A session kept to a tenant sees its own endpoints'
+-- (caller_tenant()).
 CREATE OR REPLACE FUNCTION webhooks.event_type_subscriptions(p_event_type text DEFAULT NULL)
 RETURNS TABLE (event_type text, webhook_id bigint, endpoint_name text, pattern text)
 LANGUAGE sql STABLE
