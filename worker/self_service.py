@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from worker import encryption
+from worker import encryption, tenants
 from worker.encryption import Keyring
 
 
@@ -20,14 +20,58 @@ class SigningSecret:
     expires_at: datetime | None
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why the database's gate refused a test event, as the API, the console and the CLI answer it:
+    409 for a disabled endpoint; 429 past the endpoint's test events a minute or its tenant's
+    max_queued, `retry_after` the seconds to wait (None: it never fits). The limits themselves are
+    the gate's (webhooks.queue_deliveries(), sql/functions/enqueue.sql)."""
+
+    status: int
+    kind: str
+    title: str
+    detail: str
+    retry_after: int | None = None
+
+
+class RefusedTestEvent(Exception):
+    """A test event the gate refused (`refusal` says why)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.detail)
+        self.refusal = refusal
+
+
+def refusal_of(exc: psycopg.Error) -> Refusal | None:
+    """What a refused test event is answered, or None for an error that is no refusal."""
+    message = exc.diag.message_primary or str(exc)
+    if exc.sqlstate == "55000":  # object_not_in_prerequisite_state: a disabled endpoint
+        return Refusal(409, "endpoint-disabled", "The endpoint is disabled", message)
+    if exc.sqlstate == "WHT29":  # the endpoint's test events a minute; DETAIL: the seconds to wait
+        detail = exc.diag.message_detail or ""
+        wait = int(detail) if detail.isdigit() else 60
+        return Refusal(429, "test-event-rate", "Too many test events", f"{message}; try again in {wait} s",
+                       wait)
+    if exc.sqlstate == "53400":  # configuration_limit_exceeded: the tenant's max_queued
+        return Refusal(429, "tenant-quota", "The tenant's queue is full", message,
+                       tenants.quota_retry_after(exc.diag.constraint_name))
+    return None
+
+
 def send_test_event(conn: psycopg.Connection, endpoint: str) -> int | None:
     """Queue a 'webhook.test' event to this endpoint alone (its id or name) and return the delivery
-    id; None when there is no such endpoint, or it is another tenant's to a session kept to one."""
+    id; None when there is no such endpoint, or it is another tenant's to a session kept to one.
+    Raises RefusedTestEvent when the gate refuses it."""
     try:
         with conn.transaction():
             row = conn.execute("SELECT webhooks.send_test_event(%s)", (endpoint,)).fetchone()
     except psycopg.errors.NoDataFound:
         return None
+    except psycopg.Error as exc:
+        refusal = refusal_of(exc)
+        if refusal is None:
+            raise
+        raise RefusedTestEvent(refusal) from None
     assert row is not None
     return int(row[0])
 

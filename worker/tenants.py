@@ -23,9 +23,21 @@ LIMIT_OPTIONS = {
     "allow_networks": "--allow-networks",
 }
 MAX_NAME = 100
+# A request refused for the tenant's max_queued (SQLSTATE 53400 from the gate, webhooks.queue_deliveries()):
+# constraint QUEUE_FULL when it may fit once the queue drains, which it does at the tenant's delivery
+# rate (a few seconds is a fair first wait); QUOTA_TOO_SMALL when it needs more rows than max_queued
+# itself and can never fit.
+QUOTA_RETRY_AFTER_SECONDS = 5
+QUEUE_FULL = "tenant_queue_full"
+QUOTA_TOO_SMALL = "tenant_quota_too_small"
 SUMMARY_COLUMNS = ("id", "name", "rate_limit_per_second", "rate_limit_burst", "max_in_flight",
                    "max_endpoints", "max_queued", "endpoints", "waiting", "in_flight", "dead_letters",
                    "created_at", "allow_networks")
+
+
+def quota_retry_after(constraint: str | None) -> int | None:
+    """The seconds a request refused for the tenant's max_queued should wait; None: it never fits."""
+    return None if constraint == QUOTA_TOO_SMALL else QUOTA_RETRY_AFTER_SECONDS
 
 
 class InvalidTenant(ValueError):

@@ -9,22 +9,23 @@
 --
 -- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/database.py); the views
 -- and row-level security keep them to their tenant, and api_publish(), which runs as the owner,
--- checks it itself (caller_tenant(), functions/access.sql) and refuses a tenant over its max_queued
--- quota (SQLSTATE 53400: HTTP 429). A tenant administrator's deletions, bulk replays and
+-- queues through the gate (queue_deliveries(), functions/enqueue.sql), which keeps to it
+-- (caller_tenant(), functions/access.sql) and refuses a tenant over its max_queued quota (SQLSTATE
+-- 53400: HTTP 429). A tenant administrator's deletions, bulk replays and
 -- cancellations keep to its tenant the same way; a bulk replay it starts records the tenant, so the
 -- API's runner, which steps every operation unscoped, replays that tenant's dead letters only.
 --
 -- Publishing: api_publish() is producers' enqueue with an answer: the deliveries it queued or, for
--- an idempotency key already used, the ones that exist, each with whether it is new. It refuses
--- the 'webhook.' event types as publish() does (it runs as the owner, so the insert trigger would
--- let them pass). api_publish_batch() publishes many, each in a subtransaction of its own. The API
--- publishes in one statement, a round trip outside any explicit transaction: api_publish_as() or
--- api_publish_batch_as() check the token, take its group role and tenant for their own statement
--- (api_publish_begin(), api_authorize()), refuse the publish if the catalogue changed since the
--- version the API checked the payloads at, and publish as that role. When the API does not hold the
--- event types' catalogue entries at the newest version it knows of, one statement before it,
--- api_publish_check(), reads the token's caller and those entries (the API checks payloads against
--- their schemas); a token revoked between the two is refused by the second.
+-- an idempotency key already used, the ones that exist, each with whether it is new. The gate
+-- refuses the 'webhook.' event types to it as to publish() (it runs as the owner, so the insert
+-- trigger would let them pass). api_publish_batch() publishes many, each in a subtransaction of its
+-- own. The API publishes in one statement, a round trip outside any explicit transaction:
+-- api_publish_as() or api_publish_batch_as() check the token, take its group role and tenant for
+-- their own statement (api_publish_begin(), api_authorize()), refuse the publish if the catalogue
+-- changed since the version the API checked the payloads at, and publish as that role. When the API
+-- does not hold the event types' catalogue entries at the newest version it knows of, one statement
+-- before it, api_publish_check(), reads the token's caller and those entries (the API checks
+-- payloads against their schemas); a token revoked between the two is refused by the second.
 --
 -- Every function is SECURITY DEFINER with a fixed search_path, but for api_authorize(),
 -- api_publish_begin() and the *_as functions that call them (PostgreSQL allows no role change
@@ -157,11 +158,14 @@ $$;
 -- publishing ----------------------------------------------------------------------------------------
 
 -- One event to one endpoint (p_endpoint: its id, its name or tenant/name: endpoint_ref(); refused
--- with SQLSTATE P0002 when there is none, P0003 for a name several tenants hold) or, when it is NULL, to every active endpoint subscribed to the event
--- type, as publish() fans out. A named endpoint gets the delivery even while disabled: its rows
--- wait, as enqueue()'s do. The idempotency key (default: a new event id) is every
--- delivery's key and event id, so publishing the same key again queues nothing and answers with
--- the existing deliveries (created = false).
+-- with SQLSTATE P0002 when there is none, P0003 for a name several tenants hold) or, when it is NULL, to every endpoint subscribed to the event type,
+-- through the gate (queue_deliveries(), functions/enqueue.sql) as the API's caller: the caller's
+-- tenant, its max_queued (refused with SQLSTATE 53400, constraint tenant_queue_full or
+-- tenant_quota_too_small), the disabled endpoints' rule and the reserved types. The idempotency key
+-- (default: a new event id) is every delivery's key and event id, so publishing the same key again
+-- queues nothing and answers with the existing deliveries (created = false); the same key for
+-- another message (another event type or payload) is refused by the gate (SQLSTATE 23505,
+-- constraint idempotency_key_reused). Nothing this call inserted is kept then.
 CREATE FUNCTION webhooks.api_publish(
     p_event_type      text,
     p_payload         jsonb,
@@ -186,96 +190,23 @@ DECLARE
     -- a scoped token's tenant (set per transaction by the API); this function runs as the owner,
     -- whom row-level security does not bind, so it keeps to the tenant itself
     v_tenant bigint := webhooks.caller_tenant();
-    v_full record;
-    v_targets bigint[];
-    v_inserted bigint[];
-    v_id bigint;
-    v_found record;
 BEGIN
     IF p_endpoint IS NOT NULL THEN
         SELECT e.id INTO v_webhook_id FROM webhooks.endpoints e
-        WHERE e.id = webhooks.endpoint_ref(p_endpoint)
-          AND (v_tenant IS NULL OR e.tenant_id = v_tenant);
+        WHERE e.id = webhooks.endpoint_ref(p_endpoint) AND (v_tenant IS NULL OR e.tenant_id = v_tenant);
         IF v_webhook_id IS NULL THEN
             RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
         END IF;
     END IF;
-    IF starts_with(p_event_type, 'webhook.') THEN
-        RAISE EXCEPTION 'event type % is reserved: types starting with ''webhook.'' are the worker''s own '
-                        'operational events', p_event_type
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') INTO v_targets
-    FROM webhooks.endpoints e
-    WHERE (v_webhook_id IS NOT NULL AND e.id = v_webhook_id)
-       OR (v_webhook_id IS NULL AND e.active AND webhooks.subscribes(e.event_types, p_event_type)
-           AND (v_tenant IS NULL OR e.tenant_id = v_tenant));
-    -- The queued-rows quota of the tenants it would queue for: over the API a producer waits
-    -- (429), where through SQL it is never refused. Most deployments set none: then nothing to count.
-    IF EXISTS (SELECT 1 FROM webhooks.tenants t WHERE t.max_queued IS NOT NULL) THEN
-        SELECT t.name, t.max_queued INTO v_full
-        FROM webhooks.tenants t
-        WHERE t.max_queued IS NOT NULL
-          AND t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e WHERE e.id = ANY (v_targets))
-          AND (SELECT count(*) FROM (SELECT 1 FROM webhooks.alert_delivery_queue q
-                                     WHERE q.tenant_id = t.id
-                                       AND q.status IN ('pending', 'retrying', 'delivering')
-                                     LIMIT t.max_queued) n) >= t.max_queued
-        ORDER BY t.id LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION 'tenant %: at its quota of % queued deliveries', v_full.name, v_full.max_queued
-                USING ERRCODE = 'configuration_limit_exceeded';
-        END IF;
-    END IF;
-    IF v_webhook_id IS NULL AND cardinality(v_targets) = 0 THEN
-        -- no enabled endpoint subscribes: the message is kept for the disabled ones, as dead letters
-        v_targets := webhooks.disabled_subscribers(p_event_type, v_tenant);  -- in id order
-        SELECT coalesce(array_agg(k.id), '{}') INTO v_inserted
-        FROM webhooks.keep_for_disabled(v_targets, v_key, p_event_type, p_payload, NULL, p_priority,
-                                        p_ordering_key, p_traceparent, p_expires_at) AS k(id);
-    ELSE
-        WITH inserted AS (
-            INSERT INTO webhooks.alert_delivery_queue AS q
-                (webhook_id, event_id, idempotency_key, event_type, payload, priority, ordering_key,
-                 traceparent, expires_at)
-            SELECT t.id, v_key, v_key, p_event_type, p_payload, p_priority, p_ordering_key, p_traceparent,
-                   p_expires_at
-            FROM unnest(v_targets) AS t(id) ORDER BY t.id
-            ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
-            RETURNING q.delivery_id
-        )
-        SELECT coalesce(array_agg(i.delivery_id), '{}') INTO v_inserted FROM inserted i;
-    END IF;
-    -- The statements below have snapshots of their own: a concurrent publish of the same key that
-    -- won the insert (ON CONFLICT waited for it to commit) is visible to them, and this one answers
-    -- with its deliveries. In the insert's statement it was not, and the loser answered none.
-    -- The same key for another message (another event type or payload) is refused, as an
-    -- idempotency key reused with other parameters is elsewhere: answered with the old deliveries,
-    -- the new message would be lost without a word. Nothing this call inserted is kept.
-    -- Target by target (v_targets is in endpoint id order), each row found by both columns of the
-    -- (webhook_id, idempotency_key) index: a plan this session caches while the queue is small must
-    -- not scan the queue once it has grown (a join on unnest() did, until the next ANALYZE).
-    FOREACH v_id IN ARRAY v_targets LOOP
-        SELECT q.delivery_id, e.name, q.event_type, q.message_id INTO v_found
-        FROM webhooks.alert_delivery_queue q JOIN webhooks.endpoints e ON e.id = q.webhook_id
-        WHERE q.webhook_id = v_id AND q.idempotency_key = v_key;
-        CONTINUE WHEN NOT FOUND;
-        created := v_found.delivery_id = ANY (v_inserted);
-        IF NOT created AND (v_found.event_type IS DISTINCT FROM p_event_type
-                            OR (SELECT coalesce(m.payload, q.payload)
-                                FROM webhooks.alert_delivery_queue q
-                                LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
-                                WHERE q.delivery_id = v_found.delivery_id) IS DISTINCT FROM p_payload) THEN
-            RAISE EXCEPTION 'idempotency key % was used for another message (another event type or payload)',
-                            v_key
-                USING ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_key_reused';
-        END IF;
-        delivery_id := v_found.delivery_id;
-        webhook_id := v_id;
-        endpoint_name := v_found.name;
-        idempotency_key := v_key;
-        RETURN NEXT;
-    END LOOP;
+    -- one request: the gate raises its refusals (a key reused for another message among them)
+    RETURN QUERY
+    SELECT g.delivery_id, g.webhook_id, e.name, g.created, v_key
+    FROM webhooks.queue_deliveries(
+        ARRAY[ROW(1, v_webhook_id, p_event_type, v_key, v_key, p_payload, NULL, NULL, p_priority,
+                  p_ordering_key, NULL, NULL, p_traceparent, p_expires_at, NULL, NULL)::webhooks.delivery_request],
+        'api') g
+    LEFT JOIN webhooks.endpoints e ON e.id = g.webhook_id
+    ORDER BY g.webhook_id;
 END;
 $$;
 
@@ -283,10 +214,13 @@ $$;
 -- JSON array of objects with its arguments as keys (event_type, payload, endpoint,
 -- idempotency_key, ordering_key, priority, expires_at; absent: the default). Each message runs in a
 -- subtransaction of its own: one the database refuses (no such endpoint, a payload too large, a
--- reserved type, a key used for another message) keeps nothing and is answered with one row of its
--- SQLSTATE, constraint and message; the others go on. A tenant at its quota refuses the whole
--- batch (SQLSTATE 53400, raised), as would any other error. One row per delivery, `ordinal` the
--- message's place in p_messages (from 1); a message that reached no endpoint has no row.
+-- reserved type, a key used for another message, the tenant's quota) keeps nothing and is answered
+-- with one row of its SQLSTATE, constraint and message; the others go on. The messages are queued
+-- in their order while they fit in their tenants' max_queued: from the first that does not
+-- (tenant_queue_full), every later one is refused too, untried, so that what the producer sends
+-- again comes after what was queued; one that can never fit (tenant_quota_too_small) is refused
+-- alone. Any other error refuses the whole batch. One row per delivery, `ordinal` the message's
+-- place in p_messages (from 1); a message that reached no endpoint has no row.
 CREATE FUNCTION webhooks.api_publish_batch(p_messages jsonb, p_traceparent text DEFAULT NULL)
 RETURNS TABLE (ordinal integer, delivery_id bigint, webhook_id bigint, endpoint_name text, created boolean,
                idempotency_key text, refused_sqlstate text, refused_constraint text, refused_message text)
@@ -301,12 +235,20 @@ DECLARE
     v_state text;
     v_constraint text;
     v_text text;
+    v_full text;  -- the refusal of the first message that found its tenant's queue full
 BEGIN
     -- a tenant administrator's session without its tenant is refused here, not as each message's
     -- refusal (api_publish() keeps to the caller's tenant through it)
     PERFORM webhooks.caller_tenant();
     FOR v_message IN SELECT m.value FROM jsonb_array_elements(p_messages) AS m LOOP
         v_ordinal := v_ordinal + 1;
+        IF v_full IS NOT NULL THEN
+            RETURN QUERY SELECT v_ordinal, NULL::bigint, NULL::bigint, NULL::text, NULL::boolean, NULL::text,
+                                '53400'::text, 'tenant_queue_full'::text,
+                                'not queued: an earlier message of the batch found its tenant at its quota of '
+                                'queued deliveries (' || v_full || '); send it again after those';
+            CONTINUE;
+        END IF;
         BEGIN
             -- api_publish() answers all its rows or raises before the first: a refused message
             -- adds no row here, and its subtransaction keeps nothing
@@ -318,11 +260,14 @@ BEGIN
                                       coalesce((v_message->>'priority')::integer, 0),
                                       (v_message->>'expires_at')::timestamptz, p_traceparent) AS p;
         EXCEPTION WHEN no_data_found OR program_limit_exceeded OR insufficient_privilege
-                       OR unique_violation OR too_many_rows THEN
+                       OR unique_violation OR too_many_rows OR configuration_limit_exceeded THEN
             GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_constraint = CONSTRAINT_NAME,
                                     v_text = MESSAGE_TEXT;
             IF v_state = '23505' AND v_constraint IS DISTINCT FROM 'idempotency_key_reused' THEN
                 RAISE;  -- not a key reused for another message: no refusal of this message alone
+            END IF;
+            IF v_state = '53400' AND v_constraint = 'tenant_queue_full' THEN
+                v_full := v_text;
             END IF;
             RETURN QUERY SELECT v_ordinal, NULL::bigint, NULL::bigint, NULL::text, NULL::boolean, NULL::text,
                                 v_state, nullif(v_constraint, ''), v_text;
@@ -398,7 +343,7 @@ $$;
 -- Deletes an endpoint none of whose deliveries is unfinished (pending, delivering or retrying:
 -- refused with SQLSTATE 55006 and the count). Its finished rows (delivered, dead-lettered) and its
 -- audit stay as history, under its id, with its name in webhooks.deleted_endpoints; they are no
--- longer replayed (replay_rows). Returns false when there is no such endpoint.
+-- longer replayed (queue_deliveries()). Returns false when there is no such endpoint.
 CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER

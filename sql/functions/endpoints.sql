@@ -97,12 +97,13 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.endpoint_ref(text) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
--- Operational events: an endpoint's state changes, queued (webhooks.fan_out) for the endpoints that
--- subscribe to their type explicitly ('*' does not include them), never for the endpoint the event
--- is about, so an event cannot loop back to its cause. An event names the endpoint, the reason and
--- who decided it: it goes only to the endpoint's own tenant, and to the endpoints the operator
--- marked operational_all_tenants (whose tenant then holds every tenant's events: keep them in one
--- only operators read).
+-- Operational events: an endpoint's state changes, queued through the gate (queue_deliveries(),
+-- functions/enqueue.sql) for the endpoints that subscribe to their type explicitly ('*' does not
+-- include them), never for the endpoint the event is about, so an event cannot loop back to its
+-- cause. An event names the endpoint, the reason and who decided it: it goes only to the endpoint's
+-- own tenant, and to the endpoints the operator marked operational_all_tenants (whose tenant then
+-- holds every tenant's events: keep them in one only operators read). A subscriber that is
+-- disabled keeps it as a dead letter when no subscriber of its tenant is enabled, as any message.
 CREATE OR REPLACE FUNCTION webhooks.operational_event_type(p_change text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE p_change
@@ -120,6 +121,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     ev record;
     v_type text;
+    v_event_id text;
 BEGIN
     SELECT x.*, e.name AS endpoint_name, e.tenant_id, t.name AS tenant INTO ev
     FROM webhooks.endpoint_events x
@@ -130,22 +132,21 @@ BEGIN
     IF v_type IS NULL THEN
         RETURN 0;
     END IF;
-    RETURN webhooks.fan_out(
-        v_type,
-        jsonb_build_object(
-            'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
-            'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed', 'secret_rotated') THEN 'info'
-                             ELSE 'warning' END,
-            'source', 'webhook-worker',
-            'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'tenant', ev.tenant,
-            'change', ev.change, 'reason', ev.reason, 'decided_by', ev.decided_by,
-            'delivery_id', ev.delivery_id, 'at', ev.at),
-        p_event_key => 'endpoint_events:' || ev.id,
-        p_source_ref => 'endpoint_events:' || ev.id,
-        p_priority => 10,
-        p_exclude_webhook_id => ev.webhook_id,
-        p_explicit_only => true,
-        p_tenant_id => ev.tenant_id);
+    v_event_id := webhooks.published_event_id(v_type, 'endpoint_events:' || ev.id);
+    RETURN (SELECT count(*) FILTER (WHERE g.created)
+            FROM webhooks.queue_deliveries(ARRAY[ROW(
+                1, NULL, v_type, v_event_id, v_event_id,
+                jsonb_build_object(
+                    'title', format('Endpoint %s: %s', ev.endpoint_name, replace(ev.change, '_', ' ')),
+                    'severity', CASE WHEN ev.change IN ('enabled', 'circuit_closed', 'secret_rotated') THEN 'info'
+                                     ELSE 'warning' END,
+                    'source', 'webhook-worker',
+                    'endpoint_id', ev.webhook_id, 'endpoint_name', ev.endpoint_name, 'tenant', ev.tenant,
+                    'change', ev.change, 'reason', ev.reason, 'decided_by', ev.decided_by,
+                    'delivery_id', ev.delivery_id, 'at', ev.at),
+                NULL, 'endpoint_events:' || ev.id, 10, NULL, NULL, NULL, NULL, NULL,
+                -- its endpoint's tenant (and the endpoints marked operational_all_tenants), never itself
+                ev.tenant_id, ev.webhook_id)::webhooks.delivery_request], 'worker') g);
 END;
 $$;
 

@@ -114,8 +114,9 @@ $$;
 
 -- Which endpoint subscriptions match each catalogued type (p_event_type: that type's only): the
 -- pattern of each endpoint that matches it, by the rule unmatched_subscriptions() uses, except that
--- '*' does not match the worker's own 'webhook.*' types, as fan_out() sends those only to endpoints
--- that name them. A session kept to a tenant sees its own endpoints' (caller_tenant()).
+-- '*' does not match the worker's own 'webhook.*' types, as the gate (queue_deliveries()) sends
+-- those only to endpoints that name them. A session kept to a tenant sees its own endpoints'
+-- (caller_tenant()).
 CREATE OR REPLACE FUNCTION webhooks.event_type_subscriptions(p_event_type text DEFAULT NULL)
 RETURNS TABLE (event_type text, webhook_id bigint, endpoint_name text, pattern text)
 LANGUAGE sql STABLE
@@ -160,9 +161,12 @@ GRANT EXECUTE ON FUNCTION webhooks.upsert_event_type(text, text, jsonb, boolean)
 
 -- A 'webhook.test' event to this endpoint alone (p_endpoint: its id or name, endpoint_ref()),
 -- whatever it subscribes to; answered with the delivery id, whose attempts show like any other's.
--- Each call is a new event (a new idempotency key). A disabled endpoint's test waits, as every row
--- of a disabled endpoint does. A session kept to a tenant reaches that tenant's endpoints only;
--- another tenant's, like a missing one, is refused with SQLSTATE P0002. 'webhook.' types are
+-- Each call is a new event (a new idempotency key). A session kept to a tenant reaches that tenant's
+-- endpoints only; another tenant's, like a missing one, is refused with SQLSTATE P0002. Queued
+-- through the gate (queue_deliveries(), functions/enqueue.sql) as a test event: refused for a
+-- disabled endpoint (SQLSTATE 55000: a test that waits proves nothing, and its row would hold off
+-- the endpoint's deletion), past the endpoint's test events a minute (SQLSTATE WHT29, DETAIL the
+-- seconds to wait) and past its tenant's max_queued (SQLSTATE 53400). 'webhook.' types are
 -- reserved: producers cannot queue this type by any way in (the queue's insert trigger refuses
 -- every role but the owner), while this function, running as the owner, may. Granted to
 -- webhooks_admin and webhooks_tenant_admin, never to producers.
@@ -174,6 +178,7 @@ AS $$
 DECLARE
     v_endpoint record;
     v_event_id text := 'evt_test_' || replace(gen_random_uuid()::text, '-', '');
+    v_found bigint;
 BEGIN
     SELECT e.id, e.name, t.name AS tenant INTO v_endpoint
     FROM webhooks.endpoints e JOIN webhooks.tenants t ON t.id = e.tenant_id
@@ -181,12 +186,15 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'endpoint: no endpoint with this name or id' USING ERRCODE = 'no_data_found';
     END IF;
-    RETURN webhooks.enqueue(
-        v_endpoint.id, 'webhook.test',
+    -- one request: the gate raises its refusals
+    SELECT g.delivery_id INTO v_found
+    FROM webhooks.queue_deliveries(ARRAY[ROW(
+        1, v_endpoint.id, 'webhook.test', v_event_id, v_event_id,
         jsonb_build_object('type', 'webhook.test', 'endpoint', v_endpoint.name, 'tenant', v_endpoint.tenant,
                            'sent_at', now(),
                            'message', 'A test event from webhook-worker: this endpoint is reachable.'),
-        p_event_id => v_event_id, p_source_ref => 'test_event');
+        NULL, 'test_event', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request], 'test') g;
+    RETURN v_found;
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.send_test_event(text) TO webhooks_admin, webhooks_tenant_admin;

@@ -7,32 +7,9 @@
 -- A replay is the same row, sent again: status back to 'pending', attempts and deferrals reset,
 -- `replays` incremented, the same idempotency key (so a receiver that already processed it can
 -- deduplicate). The audit log keeps every earlier attempt and records the replay. An operator who
--- wants a new event enqueues a new one.
-
-CREATE OR REPLACE FUNCTION webhooks.replay_rows(p_delivery_ids bigint[]) RETURNS integer
-LANGUAGE sql
-SET jit = off
-AS $$
-    WITH replayed AS (
-        UPDATE webhooks.alert_delivery_queue q
-        SET status = 'pending', attempts = 0, deferrals = 0, replays = q.replays + 1,
-            next_retry_at = now(), dead_letter_reason = NULL, dead_lettered_at = NULL,
-            delivered_at = NULL, scheduled_at = now(), updated_at = now(),
-            -- an expired row replayed on purpose is meant to be sent now
-            expires_at = CASE WHEN q.failure_category = 'expired' THEN NULL ELSE q.expires_at END,
-            -- a replayed row comes back on its own, never into the digest it was in
-            digest_id = NULL
-        WHERE q.delivery_id = ANY(p_delivery_ids) AND q.status IN ('dead_letter', 'delivered')
-          -- a deleted endpoint's rows are history: nothing would send them
-          AND EXISTS (SELECT 1 FROM webhooks.endpoints e WHERE e.id = q.webhook_id)
-        RETURNING q.delivery_id, q.webhook_id, q.replays
-    ), logged AS (
-        INSERT INTO webhooks.alert_delivery_log (delivery_id, webhook_id, attempt, outcome, error)
-        SELECT delivery_id, webhook_id, 0, 'replayed', 'replay ' || replays FROM replayed
-        RETURNING 1
-    )
-    SELECT count(*)::integer FROM logged;
-$$;
+-- wants a new event enqueues a new one. Both put rows back through the gate
+-- (queue_deliveries(), functions/enqueue.sql), which keeps to the caller's tenant and leaves a
+-- deleted endpoint's rows as history.
 
 -- One delivery, dead-lettered or delivered. Returns whether it was put back (false too for another
 -- tenant's, to a session kept to a tenant). Granted to webhooks_admin and webhooks_tenant_admin
@@ -42,14 +19,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
-DECLARE
-    v_tenant bigint := webhooks.caller_tenant();
 BEGIN
-    IF v_tenant IS NOT NULL AND NOT EXISTS (SELECT 1 FROM webhooks.alert_delivery_queue q
-                                            WHERE q.delivery_id = p_delivery_id AND q.tenant_id = v_tenant) THEN
-        RETURN false;
-    END IF;
-    IF webhooks.replay_rows(ARRAY[p_delivery_id]) = 1 THEN
+    IF EXISTS (SELECT 1 FROM webhooks.queue_deliveries(NULL, 'operator', ARRAY[p_delivery_id])) THEN
         PERFORM pg_notify('webhooks_queue', '');
         RETURN true;
     END IF;
@@ -78,8 +49,8 @@ DECLARE
     v_count integer;
     v_tenant bigint := webhooks.caller_tenant();
 BEGIN
-    SELECT webhooks.replay_rows(array_agg(d.delivery_id)) INTO v_count
-    FROM (
+    SELECT count(*) INTO v_count
+    FROM webhooks.queue_deliveries(NULL, 'operator', ARRAY(
         SELECT q.delivery_id
         FROM webhooks.alert_delivery_queue q
         WHERE q.status = 'dead_letter'
@@ -94,7 +65,7 @@ BEGIN
         ORDER BY q.dead_lettered_at, q.delivery_id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
-    ) d;
+    ));
     IF v_count > 0 THEN
         PERFORM pg_notify('webhooks_queue', '');
     END IF;

@@ -28,6 +28,8 @@ class ProblemDocument(Answer):
     detail: str | None = None
     field: str | None = Field(default=None, description="the field, parameter or header at fault")
     instance: str | None = None
+    index: int | None = Field(default=None, description="in a batch's results: the message's place in "
+                                                        "`messages`, from 0")
 
 
 class Caller(Answer):

@@ -79,6 +79,12 @@ def forbidden(role: str, allowed: tuple[str, ...]) -> Problem:
                    f"role {role} may not use this route; it needs {' or '.join(allowed)}")
 
 
+def refused(status: int, kind: str, title: str, detail: str, retry_after: int | None = None) -> Problem:
+    """A request a limit or the state refuses, with `Retry-After` when waiting may help."""
+    headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+    return Problem(status, kind, title, detail, headers=headers)
+
+
 def too_many_failed_authentications(retry_after: int) -> Problem:
     return Problem(429, "too-many-failed-authentications", "Too many failed authentications",
                    f"this address failed to authenticate too often; try again in {retry_after} s",

@@ -13,7 +13,7 @@ import psycopg
 from aiohttp import web
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, create_model, field_validator
 
-from worker import coalescing, event_types, signing
+from worker import coalescing, event_types, signing, wording
 from worker import endpoints as endpoint_service
 from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
@@ -49,8 +49,9 @@ from worker.api.inputs import (
     dead_letter_cursor,
     encode_dead_letter_cursor,
     one_field_given,
+    parse,
 )
-from worker.api.problems import Problem, conflict, invalid, not_found, unauthorized
+from worker.api.problems import Problem, conflict, invalid, not_found, refused, unauthorized
 from worker.api.schema_checks import Check, ChecksFailed, OverBudget, RequestChecks
 from worker.api.tokens import Caller
 from worker.destinations import MAX_GRANTED_NETWORKS, granted_networks
@@ -60,8 +61,6 @@ from worker.schemas import SchemaUnusable
 from worker.shapes import json_default
 
 T = TypeVar("T")
-# A full tenant queue drains at the tenant's delivery rate; a few seconds is a fair first wait.
-QUOTA_RETRY_AFTER_SECONDS = 5
 # W3C trace context, as the queue's traceparent_w3c_format constraint accepts it.
 TRACEPARENT_PATTERN = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
@@ -160,7 +159,8 @@ async def _refusals(request: web.Request, messages: Sequence[tuple[MessageBody, 
         event_type = messages[i][0].event_type
         if isinstance(verdict, OverBudget):
             over_budget.add(i)
-            refusals[i] = invalid("payload", f"not checked against the schema of event type {event_type!r} "
+            of_type = wording.quoted(event_type)
+            refusals[i] = invalid("payload", f"not checked against the schema of event type {of_type} "
                                   "within api.schema_validation_budget_seconds "
                                   f"({checks.budget.seconds:g} s, for the request's payloads together)")
         elif verdict is not None:
@@ -189,9 +189,10 @@ def _refusal(sqlstate: str | None, constraint: str | None, message: str | None) 
     if sqlstate == "23505" and constraint == "idempotency_key_reused":  # unique_violation
         return conflict(str(message), field="idempotency_key")
     if sqlstate == "53400":  # configuration_limit_exceeded
-        # the tenant's max_queued: the producer waits for the queue to drain, nothing is lost
-        return Problem(429, "tenant-quota", "The tenant's queue is full", str(message),
-                       headers={"Retry-After": str(QUOTA_RETRY_AFTER_SECONDS)})
+        # the tenant's max_queued: the producer waits for the queue to drain, nothing is lost; a
+        # message that needs more rows than the quota itself can never fit (no Retry-After)
+        return refused(429, "tenant-quota", "The tenant's queue is full", str(message),
+                       tenant_rules.quota_retry_after(constraint))
     return None
 
 
@@ -272,60 +273,86 @@ MAX_BATCH = 1000
 
 
 class BatchBody(Body):
-    messages: list[MessageBody] = Field(
+    messages: list[dict[str, JsonValue]] = Field(
         min_length=1, max_length=MAX_BATCH,
-        description=f"1 to {MAX_BATCH} messages, each as POST /v1/messages takes")
+        description=f"1 to {MAX_BATCH} messages, each a JSON object as POST /v1/messages takes (the "
+                    "MessageBody schema), judged alone: one that is not gets its own problem")
+
+
+def _batch_message(given: dict[str, JsonValue]) -> MessageBody | Problem:
+    """A message of a batch read as POST /v1/messages reads its body, or the problem refusing it."""
+    try:
+        return parse(MessageBody, given)
+    except Problem as problem:
+        return problem
+
+
+def _batch_problem(index: int, problem: Problem) -> dict[str, Any]:
+    return {**problem.document(), "index": index}
 
 
 async def publish_batch(request: web.Request) -> web.Response:
     """Round trips as POST /v1/messages's, whatever the batch's size: api_publish_batch_as() publishes
-    every message in one statement, each in a subtransaction of its own."""
+    every message in one statement, each in a subtransaction of its own. Each message is judged
+    alone: a malformed one, or one the database refuses, gets its own problem (with its index) and
+    the others are queued; only a malformed envelope refuses the whole request."""
     body = body_of(request, BatchBody)
     traceparent = _traceparent(request)
+    given = [_batch_message(message) for message in body.messages]
     results: list[dict[str, Any]] = []
     sent: list[tuple[int, MessageBody]] = []  # the messages sent to the database: ordinal - 1, index
     checks = _schema_checks(request)
 
     async def send(pub: Publishing) -> list[dict[str, Any]]:
-        results[:] = [{} for _ in body.messages]
+        results[:] = [{} for _ in given]
         sent.clear()
         items: list[dict[str, Any]] = []
         payloads: list[tuple[int, MessageBody, str]] = []
-        for i, message in enumerate(body.messages):
+        for i, message in enumerate(given):
             try:
+                if isinstance(message, Problem):
+                    raise message
                 payloads.append((i, message, _payload_text(message)))
             except Problem as problem:
-                results[i] = problem.document()
+                results[i] = _batch_problem(i, problem)
         refusals = await _refusals(request, [(message, payload) for _, message, payload in payloads], pub,
                                    checks)
-        for (i, message, payload), refused in zip(payloads, refusals, strict=True):
-            if refused is not None:
-                results[i] = refused.document()
+        for (i, message, payload), refusal in zip(payloads, refusals, strict=True):
+            if refusal is not None:
+                results[i] = _batch_problem(i, refusal)
                 continue
             sent.append((i, message))
             items.append(_batch_item(message, payload))
         # Sent even when every message was refused above: the statement is what checks the token
-        # (an empty batch publishes nothing). A tenant's queue full (429) refuses the whole batch:
-        # the rest would be refused too.
+        # (an empty batch publishes nothing).
         return await queries.publish_batch_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
                                               pub.catalogue_version, orjson.dumps(items).decode(),
                                               traceparent)
 
-    rows = await _publish_with(request, sorted({m.event_type for m in body.messages}), send)
+    names = sorted({m.event_type for m in given if isinstance(m, MessageBody)})
+    rows = await _publish_with(request, names, send)
     by_ordinal: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_ordinal.setdefault(row["ordinal"], []).append(row)
+    retry_after: int | None = None
     for ordinal, (i, message) in enumerate(sent, start=1):
         found = by_ordinal.get(ordinal, [])
         if found and found[0]["refused_sqlstate"] is not None:
             refusal = _refusal(found[0]["refused_sqlstate"], found[0]["refused_constraint"],
                                found[0]["refused_message"])
             assert refusal is not None, found[0]["refused_sqlstate"]  # api_publish_batch() refuses only these
-            results[i] = refusal.document()
+            results[i] = _batch_problem(i, refusal)
+            wait = refusal.headers.get("Retry-After")
+            if wait is not None:
+                retry_after = max(retry_after or 0, int(wait))
         else:
             results[i] = _published(message, found)[0]
     created = any(result.get("created") for result in results)
-    return json_response({"results": results}, status=202 if created else 200)
+    response = json_response({"results": results}, status=202 if created else 200)
+    if retry_after is not None:
+        # a message refused for its tenant's full queue may be sent again: the batch says when
+        response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 def _batch_item(message: MessageBody, payload: str) -> dict[str, Any]:
@@ -917,9 +944,12 @@ ROUTES: list[Route] = [
           PUBLISH, {200: A.Published, 202: A.Published}, body=MessageBody, headers=(TRACEPARENT_HEADER,),
           refusals=(409,), token_checked_by_handler=True),
     Route("POST", "/v1/messages/batch", publish_batch,
-          "Publish up to 1000 events in one transaction: each gets its own result, in request order "
-          "(POST /v1/messages's answer, or a problem for that message alone); 202 when any was queued. "
-          "A full tenant queue refuses the whole batch (429, nothing kept)",
+          "Publish up to 1000 events in one transaction, each judged alone: each gets its own result, in "
+          "request order (POST /v1/messages's answer, or a problem with its index for that message alone: "
+          "malformed, refused, or past the tenant's max_queued); 202 when any was queued. Messages are "
+          "queued in order while they fit in their tenant's max_queued: from the first that does not, "
+          "each later one gets 429 too, and the answer carries Retry-After; one that needs more rows "
+          "than max_queued itself gets a 429 saying it can never fit",
           PUBLISH, {200: A.BatchPublished, 202: A.BatchPublished}, body=BatchBody,
           headers=(TRACEPARENT_HEADER,), token_checked_by_handler=True),
     *message_history.ROUTES,

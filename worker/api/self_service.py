@@ -4,6 +4,7 @@ event-type catalogue, tokens over HTTP, and the `?tenant=` filter of the lists."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -22,7 +23,7 @@ from worker.api.context import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, caller
 from worker.api.database import TENANT_SETTING, begin_as
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.inputs import Body
-from worker.api.problems import Problem, conflict, invalid, not_found
+from worker.api.problems import Problem, conflict, invalid, not_found, refused
 from worker.api.tokens import Caller, Role
 from worker.observability import get_logger
 
@@ -180,12 +181,17 @@ async def read_secret(request: web.Request) -> web.Response:
 async def send_test_event(request: web.Request) -> web.Response:
     """A `webhook.test` event to this endpoint alone; its delivery is followed like any other."""
     caller = caller_of(request)
-    async with _state(request).db.transaction(caller) as conn:
-        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-        try:
+    try:
+        async with _state(request).db.transaction(caller) as conn:
+            endpoint_id = await queries.endpoint_named(conn, ref_of(request))
             delivery_id = await queries.send_test_event(conn, endpoint_id)
-        except psycopg.errors.NoDataFound:
-            raise not_found(f"endpoint {request.match_info['id']}") from None
+    except psycopg.errors.NoDataFound:
+        raise not_found(f"endpoint {request.match_info['id']}") from None
+    except psycopg.Error as exc:
+        refusal = secrets_service.refusal_of(exc)
+        if refusal is None:
+            raise
+        raise refused(**dataclasses.asdict(refusal)) from None
     get_logger().info("api sent a test event", endpoint_id=endpoint_id, delivery_id=delivery_id,
                       by=caller.name)
     return json_response({"delivery_id": delivery_id, "endpoint_id": endpoint_id,
@@ -337,8 +343,9 @@ ROUTES: list[Route] = [
           "verifies with); each read is logged, never the secret", ADMIN, {200: SigningSecrets},
           path_id="ref", refusals=(404, 409, 503)),
     Route("POST", "/v1/endpoints/{id}/test", send_test_event,
-          "Send a webhook.test event to this endpoint alone: 202 with its delivery", ADMIN,
-          {202: TestEventSent}, path_id="ref", refusals=(404, 409)),
+          "Send a webhook.test event to this endpoint alone: 202 with its delivery; 409 when the endpoint "
+          "is disabled; 429 (Retry-After) past its test events a minute or its tenant's max_queued",
+          ADMIN, {202: TestEventSent}, path_id="ref", refusals=(404, 409, 429)),
     Route("GET", "/v1/event-types", list_event_types,
           "The event-type catalogue, and the caller's endpoints' subscriptions that match no current type",
           READ, {200: EventTypeList}),

@@ -332,7 +332,10 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
 
 def cmd_endpoints_test(args: argparse.Namespace) -> int:
     with connect(args) as conn:
-        delivery_id = self_service.send_test_event(conn, args.endpoint)
+        try:
+            delivery_id = self_service.send_test_event(conn, args.endpoint)
+        except self_service.RefusedTestEvent as exc:
+            raise CommandFailed(f"ENDPOINT {args.endpoint!r}: {exc}") from None
     if delivery_id is None:
         raise CommandFailed(f"ENDPOINT {args.endpoint!r}: no endpoint with this name or id")
     if args.json:

@@ -5,6 +5,7 @@ SQL functions the CLI and the API call, under the caller's database role."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -16,6 +17,7 @@ from worker import endpoints as service
 from worker import operator_sql, self_service, signing
 from worker.api.context import STATE, ApiState
 from worker.api.database import DATABASE_ROLES, local_role
+from worker.api.problems import refused
 from worker.api.tokens import Caller
 from worker.console import forms, queries
 from worker.console.pages import CALLER, FORM, error_page, render, see_other
@@ -161,8 +163,12 @@ async def reveal_secret(request: web.Request) -> web.Response:
 
 async def send_test_event(request: web.Request) -> web.Response:
     endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
-    delivery_id = await as_caller(request.app[STATE], request[CALLER],
-                                  lambda c: self_service.send_test_event(c, str(endpoint_id)))
+    try:
+        delivery_id = await as_caller(request.app[STATE], request[CALLER],
+                                      lambda c: self_service.send_test_event(c, str(endpoint_id)))
+    except self_service.RefusedTestEvent as exc:
+        # answered as the API answers it (the page, its status and Retry-After)
+        raise refused(**dataclasses.asdict(exc.refusal)) from None
     if delivery_id is None:
         return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
     get_logger().info("console test event", name=request[CALLER].name, endpoint_id=endpoint_id,
