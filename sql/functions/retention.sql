@@ -4,7 +4,8 @@
 -- long as its row is kept. Audit log partitions wholly older than log_retention (30 days) are
 -- dropped, not deleted from; rows of that age in the default partition are deleted in batches.
 -- Dead letters stay until replayed or purged by an operator (webhooks.purge_dead_letters).
--- A message (webhooks.messages) goes with the last delivery row that points at it (release_messages).
+-- A message (webhooks.messages) goes with the last delivery row that points at it, however many
+-- transactions delete its deliveries at once (release_messages()).
 -- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
 --
 -- purge() is one batch in one short transaction; a worker calls it again while batches come back
@@ -139,27 +140,43 @@ AS $$
     SELECT count(*)::integer FROM deleted;
 $$;
 
--- Deleting delivery rows (retention, purge_dead_letters(), an operator's DELETE) takes them off
--- their messages' counts, and deletes the messages no delivery needs any more: once per statement,
--- over the rows it deleted.
+-- Deleting delivery rows (retention, purge_dead_letters(), an operator's DELETE) deletes, once per
+-- statement, the messages of those rows that no delivery points at any more. A message records the
+-- range of delivery ids that point at it (the insert trigger, functions/enqueue.sql), so whether
+-- any is left is read through the queue's primary key; the queue needs no index on message_id.
+-- Nothing is counted, so nothing can be miscounted:
+--   * A message one delivery pointed at goes with it: no one else deletes that delivery, and no
+--     delivery is added to a message after the transaction that made it.
+--   * The messages of several deliveries are locked, in id order (so deleting transactions never
+--     deadlock), then looked at with a snapshot of this statement's own, taken once the locks are
+--     held: two transactions deleting two deliveries of one message take turns, and the second sees
+--     the first's delete committed and deletes the message. A message still pointed at by any
+--     delivery (waiting, in flight, retrying, delivered or dead-lettered) stays.
+-- A message without a range (made by the insert trigger of a release before migration 020, while
+-- that migration ran) is kept. This holds under READ COMMITTED, which every function of ours and
+-- an operator's psql session use; a REPEATABLE READ transaction does not see the other's commit.
 CREATE OR REPLACE FUNCTION webhooks.release_messages() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 BEGIN
-    WITH gone AS (
-        SELECT o.message_id, count(*)::integer AS n
-        FROM deleted_rows o WHERE o.message_id IS NOT NULL
-        GROUP BY o.message_id
-    ), unneeded AS (
-        DELETE FROM webhooks.messages m USING gone g
-        WHERE m.message_id = g.message_id AND m.deliveries <= g.n
-        RETURNING 1
-    )
-    UPDATE webhooks.messages m SET deliveries = m.deliveries - g.n
-    FROM gone g
-    WHERE m.message_id = g.message_id AND m.deliveries > g.n;
+    DELETE FROM webhooks.messages m
+    USING deleted_rows o
+    WHERE m.message_id = o.message_id
+      AND m.first_delivery_id = o.delivery_id AND m.last_delivery_id = o.delivery_id;
+
+    PERFORM FROM webhooks.messages m
+    WHERE m.message_id IN (SELECT o.message_id FROM deleted_rows o)
+    ORDER BY m.message_id
+    FOR UPDATE;
+
+    DELETE FROM webhooks.messages m
+    WHERE m.message_id IN (SELECT o.message_id FROM deleted_rows o)
+      AND m.first_delivery_id IS NOT NULL
+      AND NOT EXISTS (SELECT FROM webhooks.alert_delivery_queue q
+                      WHERE q.delivery_id BETWEEN m.first_delivery_id AND m.last_delivery_id
+                        AND q.message_id = m.message_id);
     RETURN NULL;
 END;
 $$;
