@@ -92,7 +92,10 @@ BEGIN
         -- The same event queued earlier in this transaction (a fan-out, in this statement or an
         -- earlier one: the same tenant, event id and fields) lends its message; else a new one.
         -- created_at is the making transaction's start (now()), so no other transaction's message
-        -- is found, and none is ever waited for.
+        -- is found, and none is ever waited for. A range stays under 1,000 ids wide: reclaiming
+        -- reads it (at most that many entries of the primary key), and an INSERT whose rows of one
+        -- event lie far apart (one event per endpoint, endpoint after endpoint) or a fan-out to
+        -- thousands of endpoints stores its payload once per 1,000 rows rather than once.
         UPDATE webhooks.messages m
         SET first_delivery_id = least(m.first_delivery_id, NEW.delivery_id),
             last_delivery_id = greatest(m.last_delivery_id, NEW.delivery_id)
@@ -104,6 +107,8 @@ BEGIN
               AND o.source_ref IS NOT DISTINCT FROM NEW.source_ref
               AND o.traceparent IS NOT DISTINCT FROM NEW.traceparent
               AND o.first_delivery_id IS NOT NULL
+              AND greatest(o.last_delivery_id, NEW.delivery_id)
+                  - least(o.first_delivery_id, NEW.delivery_id) < 1000
             LIMIT 1)
         RETURNING m.message_id INTO v_message;
         IF v_message IS NULL THEN

@@ -171,12 +171,15 @@ BEGIN
     ORDER BY m.message_id
     FOR UPDATE;
 
+    -- Each message's range read through the primary key, from its first id to the first delivery
+    -- still there (a subquery per message, which the planner cannot turn into a scan of the queue).
     DELETE FROM webhooks.messages m
     WHERE m.message_id IN (SELECT o.message_id FROM deleted_rows o)
       AND m.first_delivery_id IS NOT NULL
-      AND NOT EXISTS (SELECT FROM webhooks.alert_delivery_queue q
-                      WHERE q.delivery_id BETWEEN m.first_delivery_id AND m.last_delivery_id
-                        AND q.message_id = m.message_id);
+      AND (SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+           WHERE q.delivery_id BETWEEN m.first_delivery_id AND m.last_delivery_id
+             AND q.message_id = m.message_id
+           ORDER BY q.delivery_id LIMIT 1) IS NULL;
     RETURN NULL;
 END;
 $$;

@@ -25,7 +25,8 @@ DANGLING = ("SELECT count(*) FROM webhooks.alert_delivery_queue q WHERE q.messag
 def queue_event_due_tomorrow(db: str, endpoints: list[int], event_id: str = "evt-tomorrow") -> list[int]:
     """One event for these endpoints in one statement (one message), due tomorrow."""
     return [r[0] for r in query(
-        db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_id, event_type, payload, next_retry_at)"
+        db, "INSERT INTO webhooks.alert_delivery_queue"
+            " (webhook_id, event_id, event_type, payload, next_retry_at)"
             " SELECT e, %s, 'alert.created', '{\"disk\": 91}', now() + interval '1 day'"
             " FROM unnest(%s::bigint[]) e ORDER BY e RETURNING delivery_id", (event_id, endpoints))]
 
@@ -148,7 +149,8 @@ def test_purges_racing_over_fanned_out_messages_leave_no_orphan_and_never_deadlo
     # the deliveries of one message fall into batches the two purges take at the same moment.
     endpoints = [add_endpoint(db, f"http://127.0.0.1:9/{i}") for i in range(3)]
     query(db, "UPDATE webhooks.delivery_config SET delivered_retention = interval '1 hour'")
-    [(deadlocks_before,)] = query(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    [(deadlocks_before,)] = query(db, deadlocks)
     events, per_statement = 600, 20
     produced = threading.Event()
     errors: list[BaseException] = []
@@ -162,8 +164,8 @@ def test_purges_racing_over_fanned_out_messages_leave_no_orphan_and_never_deadlo
                     rows = [(e, f"evt-{n}", json.dumps({"n": n}), rng.uniform(2, 3))
                             for n in range(start, start + per_statement) for e in endpoints]
                     conn.execute(
-                        "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_id, event_type, payload,"
-                        " status, attempts, delivered_at)"
+                        "INSERT INTO webhooks.alert_delivery_queue"
+                        " (webhook_id, event_id, event_type, payload, status, attempts, delivered_at)"
                         " SELECT r.e, r.id, 'alert.created', r.p::jsonb, 'delivered', 1,"
                         "        now() - make_interval(secs => r.h * 3600)"
                         " FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::float8[]) AS r(e, id, p, h)",
@@ -196,5 +198,25 @@ def test_purges_racing_over_fanned_out_messages_leave_no_orphan_and_never_deadlo
     assert sum(purged) == events * len(endpoints) and min(purged) > 0
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
     assert query(db, ORPHANS) == [(0,)]
-    assert query(db, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()") == [
-        (deadlocks_before,)]
+    assert query(db, deadlocks) == [(deadlocks_before,)]
+
+
+def test_a_message_spans_fewer_than_a_thousand_delivery_ids_however_an_insert_orders_its_rows(db):
+    # Reclaiming reads a message's range through the queue's primary key: an INSERT that queues
+    # each event to one endpoint after another (the rows of one event 1,200 ids apart) gets more
+    # messages, never a range the reclaim would have to read for long.
+    endpoints = [add_endpoint(db, f"http://127.0.0.1:9/{i}") for i in range(2)]
+    query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_id, event_type, payload)"
+              " SELECT e, 'evt-' || n, 'alert.created', jsonb_build_object('n', n)"
+              " FROM unnest(%s::bigint[]) e, generate_series(1, 1200) n ORDER BY e, n", (endpoints,))
+    [(widest, count)] = query(db, "SELECT max(last_delivery_id - first_delivery_id), count(*)"
+                                  " FROM webhooks.messages")
+    assert widest < 1000 and count == 2400
+    # the same rows in event order share a message per event
+    query(db, "DELETE FROM webhooks.alert_delivery_queue")
+    assert query(db, "SELECT count(*) FROM webhooks.messages") == [(0,)]
+    query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_id, event_type, payload)"
+              " SELECT e, 'evt-' || n, 'alert.created', jsonb_build_object('n', n)"
+              " FROM unnest(%s::bigint[]) e, generate_series(1, 1200) n ORDER BY n, e", (endpoints,))
+    assert query(db, "SELECT max(last_delivery_id - first_delivery_id), count(*) FROM webhooks.messages") == [
+        (1, 1200)]
