@@ -141,7 +141,8 @@ def test_a_dead_letter_of_a_deleted_endpoint_is_not_listed_under_its_names_new_o
     # filtered by the name, only the current owner's
     assert [d["delivery_id"] for d in api.get("/v1/dead-letters?endpoint=billing", reader).json["items"]] == [
         new_dead]
-    assert "deleted" in api.post(f"/v1/deliveries/{old_dead}/replay", admin).json["detail"]
+    assert f"belongs to endpoint billing (id {old}), deleted" in api.post(
+        f"/v1/deliveries/{old_dead}/replay", admin).json["detail"]
     assert api.post(f"/v1/deliveries/{new_dead}/replay", admin).status == 202
     refused = api.post(f"/v1/deliveries/{new_dead}/replay", admin)
     assert refused.status == 409 and "is pending: only dead letters and delivered rows" in refused.json[
