@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -503,6 +503,33 @@ SETTABLE = {
     "circuit_probe_success_ratio": "real",
     "disable_after": "interval",
 }
+
+
+@dataclass(frozen=True)
+class SettingMinimum:
+    """A setting the database refuses below a bound (a CHECK constraint of webhooks.delivery_config),
+    and why: the API checks the same bound first, and tests/integration/test_setting_bounds.py
+    compares this with the constraint."""
+
+    minimum: timedelta
+    constraint: str
+    reason: str
+
+
+SETTING_MINIMUMS = {
+    "log_retention": SettingMinimum(
+        timedelta(days=1), "log_retention_at_least_a_day",
+        "must be at least 1 day: the audit log is kept in daily partitions and dropped a whole day at a "
+        "time"),
+}
+
+
+def setting_refusal(exc: psycopg.Error) -> str:
+    """Why the database refused a setting: a bound's reason, else the first line of its message."""
+    for rule in SETTING_MINIMUMS.values():
+        if exc.diag.constraint_name == rule.constraint:
+            return rule.reason
+    return (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
 
 
 def show_config(conn: psycopg.Connection) -> dict[str, Any]:

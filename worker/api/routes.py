@@ -746,11 +746,26 @@ def _setting_field(key: str, sql_type: str) -> Any:
     bounds: dict[str, Any] = SETTING_BOUNDS.get(key, {})
     annotated: Any = Annotated[kind, Field(**bounds)]
     if sql_type == "interval":
-        annotated = Annotated[float, Field(ge=0, description="seconds")] | Annotated[
+        seconds: Any = Annotated[float, Field(ge=0, description="seconds")]
+        minimum = operator_queries.SETTING_MINIMUMS.get(key)
+        if minimum is not None:
+            # the bound documented, and checked with its reason (an interval's text: by the database)
+            least = minimum.minimum.total_seconds()
+            seconds = Annotated[float, Field(description="seconds", json_schema_extra={"minimum": least}),
+                                AfterValidator(_at_least(least, minimum.reason))]
+        annotated = seconds | Annotated[
             str, Field(min_length=1, description="a PostgreSQL interval such as '7 days'")]
     if key in NULLABLE_SETTINGS:
         annotated = annotated | None
     return (annotated, None)
+
+
+def _at_least(least: float, reason: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        if value < least:
+            raise ValueError(reason)
+        return value
+    return check
 
 
 def _retry_schedule(value: Any) -> Any:
@@ -801,7 +816,7 @@ async def patch_config(request: web.Request) -> web.Response:
             await queries.set_config(conn, changes)
             settings = await queries.config(conn)
     except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-        message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
+        message = operator_queries.setting_refusal(exc)
         # the setting named by the refusal, or the only one given; a rule over several names them all
         named = exc.diag.column_name or exc.diag.constraint_name or ""
         field = next((key for key in changes if key in named), None)
