@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -220,3 +221,35 @@ def test_a_message_spans_fewer_than_a_thousand_delivery_ids_however_an_insert_or
               " FROM unnest(%s::bigint[]) e, generate_series(1, 1200) n ORDER BY n, e", (endpoints,))
     assert query(db, "SELECT max(last_delivery_id - first_delivery_id), count(*) FROM webhooks.messages") == [
         (1, 1200)]
+
+
+def test_two_workers_purging_fanned_out_messages_at_a_steady_rate_leave_no_orphan_and_no_deadlock(
+        db, receiver, spawn):
+    # The workers' own housekeeping, as deployed, with a retention short enough and batches small
+    # enough that both purge deliveries of the same messages at once while the producer goes on.
+    endpoints = [add_endpoint(db, receiver.url(f"/{i}")) for i in range(3)]
+    query(db, "UPDATE webhooks.delivery_config SET delivered_retention = interval '0.3 seconds'")
+    deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    [(deadlocks_before,)] = query(db, deadlocks)
+    workers = [spawn(db, housekeeping={"interval_seconds": 0.2, "purge_batch_size": 5}) for _ in range(2)]
+    events, rate = 240, 60.0
+    with psycopg.connect(db, autocommit=True) as producer:
+        started = time.monotonic()
+        for n in range(events):
+            time.sleep(max(0.0, started + n / rate - time.monotonic()))
+            producer.execute("SELECT webhooks.publish('alert.created', %s::jsonb)", (json.dumps({"n": n}),))
+    sizes = []
+
+    def emptied() -> bool:
+        [(rows, messages)] = query(db, "SELECT (SELECT count(*) FROM webhooks.alert_delivery_queue),"
+                                       " (SELECT count(*) FROM webhooks.messages)")
+        sizes.append(messages)
+        return len(receiver.requests) >= events * len(endpoints) and rows == 0 and messages == 0
+
+    eventually(emptied, progress=lambda: (len(receiver.requests), sizes[-1] if sizes else None),
+               message="every event delivered and purged, with its message")
+    assert query(db, ORPHANS) == [(0,)]
+    assert query(db, deadlocks) == [(deadlocks_before,)]
+    purged = [sum(int(line.get("purged_delivered", 0)) for line in w.log_lines()) for w in workers]
+    assert sum(purged) == events * len(endpoints) and min(purged) > 0, purged
+    assert not any(w.logged("housekeeping failed") for w in workers)  # a deadlock fails a round
