@@ -87,9 +87,10 @@ BEGIN
     GET DIAGNOSTICS delivered_rows = ROW_COUNT;
 
     IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.purge')) THEN
-        RETURN NEXT;  -- another worker is purging the audit log
+        RETURN NEXT;  -- another worker is purging the audit log (and sweeping messages)
         RETURN;
     END IF;
+    PERFORM webhooks.sweep_messages(p_batch_size * 10);
     -- A partition holds the rows of one day; it goes once the day's end is older than log_retention.
     FOR v_partition IN
         SELECT c.relname
@@ -181,6 +182,65 @@ BEGIN
              AND q.message_id = m.message_id
            ORDER BY q.delivery_id LIMIT 1) IS NULL;
     RETURN NULL;
+END;
+$$;
+
+-- The one message release_messages() never sees: made by an insert trigger for a row that ON
+-- CONFLICT DO NOTHING then skipped, because a transaction not yet committed when the trigger ran had
+-- inserted the same key. Each message is looked at once, after the transaction that made it has
+-- ended (no delivery is added to it after that): those of at most p_limit messages past the sweep's
+-- place without any delivery in their range are deleted. A message someone holds (a deletion looking
+-- at it) is skipped: that one decides. It waits for every transaction that may still be making a
+-- message at or below its bound: a few calls (housekeeping rounds) after a message was made. One
+-- caller at a time (purge() calls it under its advisory lock). Returns the messages deleted.
+CREATE OR REPLACE FUNCTION webhooks.sweep_messages(p_limit integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_sweep webhooks.message_sweep;
+    v_through bigint;
+    v_held bigint[];
+    v_deleted integer := 0;
+BEGIN
+    SELECT * INTO v_sweep FROM webhooks.message_sweep FOR UPDATE;
+    IF v_sweep.bound IS NULL THEN
+        UPDATE webhooks.message_sweep
+        SET bound = (SELECT s.last_value FROM webhooks.messages_message_id_seq s WHERE s.is_called);
+        RETURN 0;
+    END IF;
+    IF v_sweep.bound_xmax IS NULL THEN
+        -- taken a call later than the bound, so a transaction that drew an id at or below it had
+        -- written its message (and so had a transaction id) by now
+        UPDATE webhooks.message_sweep SET bound_xmax = pg_snapshot_xmax(pg_current_snapshot());
+        RETURN 0;
+    END IF;
+    IF pg_snapshot_xmin(pg_current_snapshot()) < v_sweep.bound_xmax THEN
+        RETURN 0;  -- a transaction that may be making such a message is still open
+    END IF;
+    v_through := least(v_sweep.bound, v_sweep.swept_through + p_limit);
+    -- locked first, then looked at with a snapshot taken once they are held, as release_messages()
+    -- does
+    SELECT array_agg(l.message_id) INTO v_held
+    FROM (SELECT m.message_id FROM webhooks.messages m
+          WHERE m.message_id > v_sweep.swept_through AND m.message_id <= v_through
+          ORDER BY m.message_id
+          FOR UPDATE SKIP LOCKED) l;
+    DELETE FROM webhooks.messages m
+    WHERE m.message_id = ANY (v_held)
+      AND m.first_delivery_id IS NOT NULL
+      AND (SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+           WHERE q.delivery_id BETWEEN m.first_delivery_id AND m.last_delivery_id
+             AND q.message_id = m.message_id
+           ORDER BY q.delivery_id LIMIT 1) IS NULL;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    UPDATE webhooks.message_sweep
+    SET swept_through = v_through,
+        bound = CASE WHEN v_through < v_sweep.bound THEN v_sweep.bound END,
+        bound_xmax = CASE WHEN v_through < v_sweep.bound THEN v_sweep.bound_xmax END;
+    RETURN v_deleted;
 END;
 $$;
 

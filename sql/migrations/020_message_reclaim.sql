@@ -16,6 +16,12 @@
 -- The queue still has no index on message_id (every claim and finish would write it): the range is
 -- read through the primary key.
 --
+-- One case escapes that: a row skipped by ON CONFLICT DO NOTHING because another transaction, not yet
+-- committed when this row's insert trigger ran, inserted the same key (two publishes of one key at
+-- once). Its trigger made a message no row ever points at. webhooks.sweep_messages() (run by purge())
+-- looks once at every message whose making transaction has ended, and deletes those without a
+-- delivery; message_sweep is where it is.
+--
 -- The messages already stored get their ranges from the queue, and those no delivery points at
 -- (left by the count) are deleted here. Every message row is rewritten once (VACUUM the table
 -- afterwards if it is large). `deliveries` is no longer read or written by the definitions; it is
@@ -58,3 +64,16 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- The sweep: every message up to swept_through has been looked at. `bound` is the highest message id
+-- made when it was read, `bound_xmax` the next transaction id a little later: once every
+-- transaction older than that has ended, nothing can still add a message at or below `bound`.
+CREATE TABLE webhooks.message_sweep (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    swept_through bigint  NOT NULL,
+    bound         bigint,
+    bound_xmax    xid8
+);
+-- the messages there are now were looked at above
+INSERT INTO webhooks.message_sweep (swept_through)
+SELECT coalesce((SELECT max(m.message_id) FROM webhooks.messages m), 0);
