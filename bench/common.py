@@ -362,6 +362,7 @@ class WorkerSettings:
     event_loop: str | None = None
     housekeeping_interval_seconds: float | None = None
     purge_budget_seconds: float | None = None
+    purge_batch_size: int | None = None
 
     @property
     def in_flight(self) -> int:
@@ -393,6 +394,8 @@ class WorkerSettings:
             sections.setdefault("housekeeping", {})["interval_seconds"] = self.housekeeping_interval_seconds
         if self.purge_budget_seconds is not None:
             sections.setdefault("housekeeping", {})["purge_budget_seconds"] = self.purge_budget_seconds
+        if self.purge_batch_size is not None:
+            sections.setdefault("housekeeping", {})["purge_batch_size"] = self.purge_batch_size
         return sections
 
 

@@ -201,7 +201,8 @@ CONFIG_MEANINGS = {
                                      "partitions ahead and applies retention",
     "housekeeping.purge_batch_size": "rows per retention batch, each one transaction",
     "housekeeping.purge_budget_seconds": "how long one round may go on while batches come back full "
-                                         "(at most the interval)",
+                                         "(at most the interval; not given, an interval shorter than "
+                                         "5 s is the budget too)",
     "security.encryption_keys_file": "file of keys sealing endpoint credentials, one a line, the first "
                                      "sealing (or `WEBHOOK_WORKER_ENCRYPTION_KEYS`); required",
     "security.require_sealed": "refuse credentials stored in plaintext: their deliveries fail "

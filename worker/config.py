@@ -30,6 +30,7 @@ MAX_CLAIM_BATCH_SIZE = 10_000
 # The bound webhooks.purge() accepts (sql/functions/retention.sql).
 MAX_PURGE_BATCH_SIZE = 100_000
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 60.0
+DEFAULT_PURGE_BUDGET_SECONDS = 5.0
 
 
 class _Section(BaseModel):
@@ -108,8 +109,20 @@ class HousekeepingConfig(_Section):
     # Rows per webhooks.purge() call, each call one short transaction.
     purge_batch_size: int = Field(default=1000, ge=1, le=MAX_PURGE_BATCH_SIZE)
     # How long one round may go on purging while it finds full batches; a round that runs out of it
-    # with rows left is followed by the next after this long rather than a whole interval.
-    purge_budget_seconds: float = Field(default=5.0, gt=0, le=3600)
+    # with rows left is followed by the next after this long rather than a whole interval. Not
+    # given: DEFAULT_PURGE_BUDGET_SECONDS, or the interval when that is shorter.
+    purge_budget_seconds: float = Field(default=DEFAULT_PURGE_BUDGET_SECONDS, gt=0, le=3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_from_interval(cls, data: Any) -> Any:
+        """A lone interval shorter than the default budget is valid: the budget follows it."""
+        if isinstance(data, Mapping) and "purge_budget_seconds" not in data:
+            interval = data.get("interval_seconds")
+            if isinstance(interval, int | float) and not isinstance(interval, bool) and \
+                    0 < interval < DEFAULT_PURGE_BUDGET_SECONDS:
+                return {**data, "purge_budget_seconds": float(interval)}
+        return data
 
     @model_validator(mode="after")
     def _budget_within_interval(self) -> HousekeepingConfig:

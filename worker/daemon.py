@@ -233,7 +233,14 @@ class Worker:
                              credentials=in_use["plaintext"])
 
     async def _startup_settings(self) -> DeliverySettings | None:
-        """Read webhooks.delivery_config, waiting for the database as long as it takes."""
+        """Read webhooks.delivery_config, waiting for the database as long as it takes; refuse a
+        database whose encoding is not UTF-8 (schema.encoding_problem)."""
+        encoding = await self._until_database(self.queue.server_encoding, "database not reachable; retrying")
+        if self._stopping.is_set():
+            return None
+        problem = schema.encoding_problem(encoding)
+        if problem is not None:
+            raise ConfigError(f"database.url: {problem}")
         return await self._until_database(self.queue.settings, "database not reachable; retrying")
 
     async def _until_database(self, call: Callable[[], Awaitable[T]], unreachable: str) -> T | None:

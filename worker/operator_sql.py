@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -155,6 +155,16 @@ def set_endpoint_active(conn: psycopg.Connection, endpoint_id: int, active: bool
     else:
         row = conn.execute("SELECT webhooks.disable_endpoint(%s, %s)", (endpoint_id, reason)).fetchone()
     return None if row is None else row[0]
+
+
+def delete_endpoint(conn: psycopg.Connection, endpoint_id: int, drop_pending: bool,
+                    decided_by: str) -> int | None:
+    """webhooks.api_delete_endpoint(), as the API deletes one: the rows dropped with it (made dead
+    letters), or None when there is no such endpoint. Refused (ObjectInUse) while rows wait without
+    drop_pending, and while any is being sent."""
+    row = conn.execute("SELECT webhooks.api_delete_endpoint(%s, %s, %s)",
+                       (endpoint_id, drop_pending, decided_by)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def set_circuit(conn: psycopg.Connection, endpoint_id: int, action: str, until: str | None) -> str:
@@ -423,8 +433,9 @@ DEAD_LETTER_ORDER = " ORDER BY dead_lettered_at, delivery_id"
 def dead_letters(conn: psycopg.Connection, filters: dict[str, Any], limit: int) -> list[dict[str, Any]]:
     return fetch_dicts(
         conn,
-        "SELECT delivery_id, endpoint_name, event_type, attempts, failure_category, last_http_status,"
-        " dead_letter_reason, dead_lettered_at FROM webhooks.delivery_overview"
+        "SELECT delivery_id, webhook_id AS endpoint_id, endpoint_name, endpoint_deleted_at, event_type,"
+        " attempts, failure_category, last_http_status, dead_letter_reason, dead_lettered_at"
+        " FROM webhooks.delivery_overview"
         + DEAD_LETTERS_MATCHING + DEAD_LETTER_ORDER +
         " LIMIT %(limit)s",
         {**filters, "limit": limit},  # type: ignore[arg-type]
@@ -434,6 +445,12 @@ def dead_letters(conn: psycopg.Connection, filters: dict[str, Any], limit: int) 
 def replay_one(conn: psycopg.Connection, delivery_id: int) -> bool:
     row = conn.execute("SELECT webhooks.replay(%s)", (delivery_id,)).fetchone()
     return bool(row and row[0])
+
+
+def replay_refusal(conn: psycopg.Connection, delivery_id: int) -> str | None:
+    """Why a delivery is not replayed, in words (None: it can be, or the caller does not see it)."""
+    row = conn.execute("SELECT webhooks.replay_refusal(%s)", (delivery_id,)).fetchone()
+    return None if row is None else row[0]
 
 
 def started_before(conn: psycopg.Connection, until: datetime | None) -> datetime:
@@ -490,6 +507,33 @@ SETTABLE = {
     "circuit_probe_success_ratio": "real",
     "disable_after": "interval",
 }
+
+
+@dataclass(frozen=True)
+class SettingMinimum:
+    """A setting the database refuses below a bound (a CHECK constraint of webhooks.delivery_config),
+    and why: the API checks the same bound first, and tests/integration/test_setting_bounds.py
+    compares this with the constraint."""
+
+    minimum: timedelta
+    constraint: str
+    reason: str
+
+
+SETTING_MINIMUMS = {
+    "log_retention": SettingMinimum(
+        timedelta(days=1), "log_retention_at_least_a_day",
+        "must be at least 1 day: the audit log is kept in daily partitions and dropped a whole day at a "
+        "time"),
+}
+
+
+def setting_refusal(exc: psycopg.Error) -> str:
+    """Why the database refused a setting: a bound's reason, else the first line of its message."""
+    for rule in SETTING_MINIMUMS.values():
+        if exc.diag.constraint_name == rule.constraint:
+            return rule.reason
+    return (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
 
 
 def show_config(conn: psycopg.Connection) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class Category(enum.StrEnum):
     INTERNAL = "internal"
     EXPIRED = "expired"  # set in SQL when a row's expires_at passes before delivery
     DISABLED = "disabled"  # set in SQL when a disabled endpoint's row outlives its retry window
+    ENDPOINT_DELETED = "endpoint_deleted"  # set in SQL when its endpoint is deleted with its waiting rows
 
 
 CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)

@@ -236,6 +236,11 @@ class Queue:
     async def close(self) -> None:
         await self.pool.close()
 
+    async def server_encoding(self) -> str | None:
+        """The database's encoding, as PostgreSQL reported it when the connection opened."""
+        async with self.pool.connection() as conn:
+            return conn.info.parameter_status("server_encoding")
+
     async def settings(self) -> DeliverySettings:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)

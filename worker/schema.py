@@ -34,6 +34,23 @@ _ROLES = ("PUBLIC, webhooks_worker, webhooks_producer, webhooks_reader, webhooks
           " webhooks_tenant_admin, webhooks_authenticator")
 
 
+# The one server encoding the schema works in. Payloads are JSON, sent as UTF-8; in a SQL_ASCII
+# database PostgreSQL hands text back as undecoded bytes, and every claim failed (`migrate` used to
+# succeed there, and then no delivery was ever made).
+REQUIRED_ENCODING = "UTF8"
+
+
+def encoding_problem(encoding: str | None) -> str | None:
+    """What is wrong with a database's encoding for webhook-worker, and how to make a right one; None
+    for UTF8."""
+    if encoding == REQUIRED_ENCODING:
+        return None
+    return (f"the database's encoding is {encoding or 'unknown'}, and webhook-worker needs UTF8 (payloads "
+            "are JSON, sent as UTF-8). Create a UTF-8 database and use that one: CREATE DATABASE webhooks "
+            "ENCODING 'UTF8' LC_COLLATE 'C.UTF-8' LC_CTYPE 'C.UTF-8' TEMPLATE template0 (or `createdb "
+            "--encoding=UTF8 --locale=C.UTF-8 --template=template0 webhooks`)")
+
+
 class MigrationError(RuntimeError):
     """The database and the migrations disagree in a way `migrate` must not paper over."""
 
@@ -110,6 +127,9 @@ def migrate(conninfo: str, on_notice: Callable[[str], None] | None = None) -> li
     definitions = load_definitions()
     applied: list[str] = []
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        problem = encoding_problem(conn.info.parameter_status("server_encoding"))
+        if problem is not None:
+            raise MigrationError(problem)
         # A session-level advisory lock serialises concurrent migrators for the whole run.
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         try:

@@ -15,6 +15,14 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def endpoint_label(name: str | None, endpoint_id: int | None, deleted_at: Any = None) -> str:
+    """An endpoint as a list names it: its name; a deleted one's with its id and "deleted", so that its
+    rows are never taken for those of the endpoint that has the name now."""
+    if deleted_at is None:
+        return cell(name)
+    return f"{cell(name)} (id {cell(endpoint_id)}, deleted)"
+
+
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """Columns padded to their widest value, two spaces apart, no trailing blanks."""
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]

@@ -340,37 +340,79 @@ $$;
 
 -- endpoints ---------------------------------------------------------------------------------------
 
--- Deletes an endpoint none of whose deliveries is unfinished (pending, delivering or retrying:
--- refused with SQLSTATE 55006 and the count). Its finished rows (delivered, dead-lettered) and its
--- audit stay as history, under its id, with its name in webhooks.deleted_endpoints; they are no
--- longer replayed (queue_deliveries()). Returns false when there is no such endpoint.
-CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint) RETURNS boolean
+-- Deletes an endpoint. Its finished rows (delivered, dead-lettered) and its audit stay as history,
+-- under its id, with its name in webhooks.deleted_endpoints; they are no longer replayed
+-- (queue_deliveries(): nothing would send them). Rows still waiting (pending, retrying) refuse the
+-- delete (SQLSTATE 55006, with the count), unless p_drop_pending: then each becomes a dead letter
+-- with category 'endpoint_deleted' and a reason naming the endpoint and who deleted it, with an
+-- audit row, in the same transaction: nothing vanishes. Rows being sent (delivering) always refuse
+-- it: their outcome is still to be written; disabled, an endpoint has none within a lease. Its state
+-- row is locked first, so no claim takes a row of it meanwhile (claims skip a locked one).
+-- Returns how many rows it dropped, or NULL when there is no such endpoint (to the caller).
+CREATE FUNCTION webhooks.api_delete_endpoint(p_webhook_id bigint, p_drop_pending boolean DEFAULT false,
+                                             p_decided_by text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 DECLARE
     v_endpoint record;
-    v_rows bigint;
+    v_sending bigint;
+    v_waiting bigint;
+    v_leased_until timestamptz;
+    v_reason text;
+    v_dropped integer := 0;
 BEGIN
     -- the lock holds off a concurrent insert for it (fill_idempotency_key reads it FOR KEY SHARE)
     SELECT e.id, e.name, e.tenant_id INTO v_endpoint FROM webhooks.endpoints e WHERE e.id = p_webhook_id
     FOR UPDATE;
     IF NOT FOUND OR NOT webhooks.caller_sees_endpoint(p_webhook_id) THEN
-        RETURN false;
+        RETURN NULL;
     END IF;
-    SELECT count(*) INTO v_rows FROM webhooks.alert_delivery_queue q
+    PERFORM FROM webhooks.webhook_health_metrics h WHERE h.webhook_id = p_webhook_id FOR UPDATE;
+    SELECT count(*) FILTER (WHERE q.status = 'delivering'),
+           count(*) FILTER (WHERE q.status IN ('pending', 'retrying')),
+           max(q.locked_until)
+    INTO v_sending, v_waiting, v_leased_until
+    FROM webhooks.alert_delivery_queue q
     WHERE q.webhook_id = p_webhook_id AND q.status IN ('pending', 'delivering', 'retrying');
-    IF v_rows > 0 THEN
-        RAISE EXCEPTION 'endpoint % still has % deliveries not yet finished (pending, delivering or '
-                        'retrying): disable it and delete it once they are delivered or dead-lettered',
-                        p_webhook_id, v_rows
+    IF v_sending > 0 THEN
+        RAISE EXCEPTION 'endpoint % (%) has % deliveries being sent now: disable it, and delete it once '
+                        'they end (their leases end by %)', v_endpoint.name, p_webhook_id, v_sending,
+                        to_char(v_leased_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"')
             USING ERRCODE = 'object_in_use';
+    END IF;
+    IF v_waiting > 0 AND NOT coalesce(p_drop_pending, false) THEN
+        RAISE EXCEPTION 'endpoint % (%) still has % deliveries waiting (pending or retrying): delete it '
+                        'with drop_pending to make them dead letters (category endpoint_deleted), or '
+                        'disable it and delete it once they are delivered or dead-lettered',
+                        v_endpoint.name, p_webhook_id, v_waiting
+            USING ERRCODE = 'object_in_use';
+    END IF;
+    IF v_waiting > 0 THEN
+        v_reason := format('endpoint deleted with its waiting deliveries by %s: %s (id %s) is gone, and '
+                           'a deleted endpoint''s rows are not sent again',
+                           coalesce(p_decided_by, session_user), v_endpoint.name, p_webhook_id);
+        WITH dropped AS (
+            UPDATE webhooks.alert_delivery_queue q
+            SET status = 'dead_letter', failure_category = 'endpoint_deleted', dead_letter_reason = v_reason,
+                dead_lettered_at = now(), updated_at = now(), digest_id = NULL
+            WHERE q.webhook_id = p_webhook_id AND q.status IN ('pending', 'retrying')
+            RETURNING q.delivery_id, q.attempts
+        ), logged AS (
+            INSERT INTO webhooks.alert_delivery_log
+                (delivery_id, webhook_id, tenant_id, attempt, outcome, failure_category, error)
+            SELECT d.delivery_id, p_webhook_id, v_endpoint.tenant_id, d.attempts, 'dead_letter',
+                   'endpoint_deleted', v_reason
+            FROM dropped d
+            RETURNING 1
+        )
+        SELECT count(*)::integer INTO v_dropped FROM logged;
     END IF;
     INSERT INTO webhooks.deleted_endpoints (id, name, tenant_id)
     VALUES (v_endpoint.id, v_endpoint.name, v_endpoint.tenant_id);
     DELETE FROM webhooks.endpoints e WHERE e.id = p_webhook_id;
-    RETURN true;
+    RETURN v_dropped;
 END;
 $$;
 
@@ -501,7 +543,7 @@ TO webhooks_authenticator;
 GRANT SELECT ON webhooks.event_types_version
 TO webhooks_producer, webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 GRANT EXECUTE ON FUNCTION
-    webhooks.api_delete_endpoint(bigint),
+    webhooks.api_delete_endpoint(bigint, boolean, text),
     webhooks.api_start_replay(jsonb, double precision, integer, text),
     webhooks.api_replay_step(bigint, integer),
     webhooks.api_fail_operation(bigint, text),
@@ -509,7 +551,7 @@ GRANT EXECUTE ON FUNCTION
     webhooks.api_running_operations()
 TO webhooks_admin;
 GRANT EXECUTE ON FUNCTION
-    webhooks.api_delete_endpoint(bigint),
+    webhooks.api_delete_endpoint(bigint, boolean, text),
     webhooks.api_start_replay(jsonb, double precision, integer, text),
     webhooks.api_cancel_operation(bigint, text)
 TO webhooks_tenant_admin;

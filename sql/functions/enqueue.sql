@@ -73,9 +73,9 @@ BEGIN
         NEW.expires_at := v_expires;
     END IF;
 
-    -- The message. A row given one by the caller (a function of ours that made it) adds a delivery
-    -- to it; otherwise an earlier delivery of the same event (a fan-out, in the same statement or
-    -- transaction: the same tenant, event id and fields) lends its message, or a new one is made.
+    -- The message. A message records the range of delivery ids that point at it, which retention
+    -- reads to find whether any is left (release_messages(), functions/retention.sql), and only the
+    -- transaction that made it adds deliveries to it: once committed, its deliveries only go.
     IF NEW.message_id IS NULL THEN
         IF NEW.payload IS NULL THEN
             RAISE EXCEPTION 'null value in column "payload" of relation "alert_delivery_queue" violates '
@@ -83,32 +83,61 @@ BEGIN
                 USING ERRCODE = 'not_null_violation', SCHEMA = 'webhooks',
                       TABLE = 'alert_delivery_queue', COLUMN = 'payload';
         END IF;
-        -- A key this endpoint already has: the row will not be inserted (ON CONFLICT DO NOTHING, or
-        -- a unique violation), so no message is made or counted for it.
-        SELECT q.message_id INTO v_message FROM webhooks.alert_delivery_queue q
+        -- A key this endpoint already has: the row is not inserted (ON CONFLICT DO NOTHING, or a
+        -- unique violation), so no message is made for it. It is inserted only if that row is being
+        -- deleted now (the insert waits for the delete), and then it keeps what was published in
+        -- its own columns, as a row inserted with the triggers off does: no message is borrowed
+        -- from a row whose deletion may be reclaiming it.
+        PERFORM FROM webhooks.alert_delivery_queue q
         WHERE q.webhook_id = NEW.webhook_id AND q.idempotency_key = NEW.idempotency_key;
-        IF NOT FOUND THEN
-            UPDATE webhooks.messages m SET deliveries = m.deliveries + 1
-            WHERE m.message_id = (
-                SELECT o.message_id FROM webhooks.messages o
-                WHERE o.tenant_id = NEW.tenant_id AND o.event_id = NEW.event_id
-                  AND o.event_type = NEW.event_type AND o.payload = NEW.payload
-                  AND o.metadata = coalesce(NEW.metadata, '{}')
-                  AND o.source_ref IS NOT DISTINCT FROM NEW.source_ref
-                  AND o.traceparent IS NOT DISTINCT FROM NEW.traceparent
-                LIMIT 1)
-            RETURNING m.message_id INTO v_message;
-            IF v_message IS NULL THEN
-                INSERT INTO webhooks.messages
-                    (tenant_id, event_id, event_type, traceparent, source_ref, metadata, payload)
-                VALUES (NEW.tenant_id, NEW.event_id, NEW.event_type, NEW.traceparent, NEW.source_ref,
-                        coalesce(NEW.metadata, '{}'), NEW.payload)
-                RETURNING message_id INTO v_message;
-            END IF;
+        IF FOUND THEN
+            RETURN NEW;
+        END IF;
+        -- The same event queued earlier in this transaction (a fan-out, in this statement or an
+        -- earlier one: the same tenant, event id and fields) lends its message; else a new one.
+        -- created_at is the making transaction's start (now()), so no other transaction's message
+        -- is found, and none is ever waited for. A range stays under 1,000 ids wide: reclaiming
+        -- reads it (at most that many entries of the primary key), and an INSERT whose rows of one
+        -- event lie far apart (one event per endpoint, endpoint after endpoint) or a fan-out to
+        -- thousands of endpoints stores its payload once per 1,000 rows rather than once.
+        UPDATE webhooks.messages m
+        SET first_delivery_id = least(m.first_delivery_id, NEW.delivery_id),
+            last_delivery_id = greatest(m.last_delivery_id, NEW.delivery_id)
+        WHERE m.message_id = (
+            SELECT o.message_id FROM webhooks.messages o
+            WHERE o.tenant_id = NEW.tenant_id AND o.event_id = NEW.event_id AND o.created_at = now()
+              AND o.event_type = NEW.event_type AND o.payload = NEW.payload
+              AND o.metadata = coalesce(NEW.metadata, '{}')
+              AND o.source_ref IS NOT DISTINCT FROM NEW.source_ref
+              AND o.traceparent IS NOT DISTINCT FROM NEW.traceparent
+              AND o.first_delivery_id IS NOT NULL
+              AND greatest(o.last_delivery_id, NEW.delivery_id)
+                  - least(o.first_delivery_id, NEW.delivery_id) < 1000
+            LIMIT 1)
+        RETURNING m.message_id INTO v_message;
+        IF v_message IS NULL THEN
+            INSERT INTO webhooks.messages
+                (tenant_id, event_id, event_type, traceparent, source_ref, metadata, payload,
+                 first_delivery_id, last_delivery_id)
+            VALUES (NEW.tenant_id, NEW.event_id, NEW.event_type, NEW.traceparent, NEW.source_ref,
+                    coalesce(NEW.metadata, '{}'), NEW.payload, NEW.delivery_id, NEW.delivery_id)
+            RETURNING message_id INTO v_message;
         END IF;
         NEW.message_id := v_message;
     ELSE
-        UPDATE webhooks.messages m SET deliveries = m.deliveries + 1 WHERE m.message_id = NEW.message_id;
+        -- A row given its message by the caller (a function of ours that made it): its range is
+        -- widened under the message's row lock, so a deletion looking at it waits for this one.
+        -- (A message without a range, never reclaimed, keeps none.)
+        UPDATE webhooks.messages m
+        SET first_delivery_id = CASE WHEN m.first_delivery_id IS NOT NULL
+                                     THEN least(m.first_delivery_id, NEW.delivery_id) END,
+            last_delivery_id = CASE WHEN m.first_delivery_id IS NOT NULL
+                                    THEN greatest(m.last_delivery_id, NEW.delivery_id) END
+        WHERE m.message_id = NEW.message_id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'message_id %: no such message', NEW.message_id
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
     END IF;
     NEW.payload := NULL;
     NEW.metadata := NULL;

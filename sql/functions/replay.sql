@@ -29,6 +29,28 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.replay(bigint) TO webhooks_admin, webhooks_tenant_admin;
 
+-- Why a delivery is not replayed, in words for the person who asked (the API's 409, the CLI's
+-- error, the console's notice): its endpoint was deleted, or it is not a dead letter or delivered
+-- row. NULL when it can be replayed, or the caller does not see it (delivery_overview keeps a
+-- session to its tenant).
+CREATE OR REPLACE FUNCTION webhooks.replay_refusal(p_delivery_id bigint) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT CASE
+        WHEN v.endpoint_deleted_at IS NOT NULL THEN
+            format('delivery %s belongs to endpoint %s (id %s), deleted %s: a deleted endpoint''s rows are '
+                   'kept as history and never sent again', v.delivery_id, v.endpoint_name, v.webhook_id,
+                   to_char(v.endpoint_deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"'))
+        WHEN v.status NOT IN ('dead_letter', 'delivered') THEN
+            format('delivery %s is %s: only dead letters and delivered rows are replayed (was it '
+                   'replayed already?)', v.delivery_id, v.status)
+    END
+    FROM webhooks.delivery_overview v
+    WHERE v.delivery_id = p_delivery_id;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.replay_refusal(bigint) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+
 -- Every dead letter matching all the given filters (NULL matches anything), at most p_limit of
 -- them, oldest first, so a large recovery can run in bounded, resumable steps. Returns the count.
 -- Kept to the session's tenant (caller_tenant()) and to p_tenant_id, a bulk operation's tenant,

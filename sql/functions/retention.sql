@@ -4,7 +4,8 @@
 -- long as its row is kept. Audit log partitions wholly older than log_retention (30 days) are
 -- dropped, not deleted from; rows of that age in the default partition are deleted in batches.
 -- Dead letters stay until replayed or purged by an operator (webhooks.purge_dead_letters).
--- A message (webhooks.messages) goes with the last delivery row that points at it (release_messages).
+-- A message (webhooks.messages) goes with the last delivery row that points at it, however many
+-- transactions delete its deliveries at once (release_messages()).
 -- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
 --
 -- purge() is one batch in one short transaction; a worker calls it again while batches come back
@@ -86,9 +87,10 @@ BEGIN
     GET DIAGNOSTICS delivered_rows = ROW_COUNT;
 
     IF NOT pg_try_advisory_xact_lock(hashtext('webhooks.purge')) THEN
-        RETURN NEXT;  -- another worker is purging the audit log
+        RETURN NEXT;  -- another worker is purging the audit log (and sweeping messages)
         RETURN;
     END IF;
+    PERFORM webhooks.sweep_messages(p_batch_size * 10);
     -- A partition holds the rows of one day; it goes once the day's end is older than log_retention.
     FOR v_partition IN
         SELECT c.relname
@@ -139,28 +141,106 @@ AS $$
     SELECT count(*)::integer FROM deleted;
 $$;
 
--- Deleting delivery rows (retention, purge_dead_letters(), an operator's DELETE) takes them off
--- their messages' counts, and deletes the messages no delivery needs any more: once per statement,
--- over the rows it deleted.
+-- Deleting delivery rows (retention, purge_dead_letters(), an operator's DELETE) deletes, once per
+-- statement, the messages of those rows that no delivery points at any more. A message records the
+-- range of delivery ids that point at it (the insert trigger, functions/enqueue.sql), so whether
+-- any is left is read through the queue's primary key; the queue needs no index on message_id.
+-- Nothing is counted, so nothing can be miscounted:
+--   * A message one delivery pointed at goes with it: no one else deletes that delivery, and no
+--     delivery is added to a message after the transaction that made it.
+--   * The messages of several deliveries are locked, in id order (so deleting transactions never
+--     deadlock), then looked at with a snapshot of this statement's own, taken once the locks are
+--     held: two transactions deleting two deliveries of one message take turns, and the second sees
+--     the first's delete committed and deletes the message. A message still pointed at by any
+--     delivery (waiting, in flight, retrying, delivered or dead-lettered) stays.
+-- A message without a range (made by the insert trigger of a release before migration 025, while
+-- that migration ran) is kept. This holds under READ COMMITTED, which every function of ours and
+-- an operator's psql session use; a REPEATABLE READ transaction does not see the other's commit.
 CREATE OR REPLACE FUNCTION webhooks.release_messages() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
 BEGIN
-    WITH gone AS (
-        SELECT o.message_id, count(*)::integer AS n
-        FROM deleted_rows o WHERE o.message_id IS NOT NULL
-        GROUP BY o.message_id
-    ), unneeded AS (
-        DELETE FROM webhooks.messages m USING gone g
-        WHERE m.message_id = g.message_id AND m.deliveries <= g.n
-        RETURNING 1
-    )
-    UPDATE webhooks.messages m SET deliveries = m.deliveries - g.n
-    FROM gone g
-    WHERE m.message_id = g.message_id AND m.deliveries > g.n;
+    DELETE FROM webhooks.messages m
+    USING deleted_rows o
+    WHERE m.message_id = o.message_id
+      AND m.first_delivery_id = o.delivery_id AND m.last_delivery_id = o.delivery_id;
+
+    PERFORM FROM webhooks.messages m
+    WHERE m.message_id IN (SELECT o.message_id FROM deleted_rows o)
+    ORDER BY m.message_id
+    FOR UPDATE;
+
+    -- Each message's range read through the primary key, from its first id to the first delivery
+    -- still there (a subquery per message, which the planner cannot turn into a scan of the queue).
+    DELETE FROM webhooks.messages m
+    WHERE m.message_id IN (SELECT o.message_id FROM deleted_rows o)
+      AND m.first_delivery_id IS NOT NULL
+      AND (SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+           WHERE q.delivery_id BETWEEN m.first_delivery_id AND m.last_delivery_id
+             AND q.message_id = m.message_id
+           ORDER BY q.delivery_id LIMIT 1) IS NULL;
     RETURN NULL;
+END;
+$$;
+
+-- The one message release_messages() never sees: made by an insert trigger for a row that ON
+-- CONFLICT DO NOTHING then skipped, because a transaction not yet committed when the trigger ran had
+-- inserted the same key. Each message is looked at once, after the transaction that made it has
+-- ended (no delivery is added to it after that): those of at most p_limit messages past the sweep's
+-- place without any delivery in their range are deleted. A message someone holds (a deletion looking
+-- at it) is skipped: that one decides. It waits for every transaction that may still be making a
+-- message at or below its bound: a few calls (housekeeping rounds) after a message was made. One
+-- caller at a time (purge() calls it under its advisory lock). Returns the messages deleted.
+CREATE OR REPLACE FUNCTION webhooks.sweep_messages(p_limit integer DEFAULT 10000) RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_sweep webhooks.message_sweep;
+    v_through bigint;
+    v_held bigint[];
+    v_deleted integer := 0;
+BEGIN
+    SELECT * INTO v_sweep FROM webhooks.message_sweep FOR UPDATE;
+    IF v_sweep.bound IS NULL THEN
+        UPDATE webhooks.message_sweep
+        SET bound = (SELECT s.last_value FROM webhooks.messages_message_id_seq s WHERE s.is_called);
+        RETURN 0;
+    END IF;
+    IF v_sweep.bound_xmax IS NULL THEN
+        -- taken a call later than the bound, so a transaction that drew an id at or below it had
+        -- written its message (and so had a transaction id) by now
+        UPDATE webhooks.message_sweep SET bound_xmax = pg_snapshot_xmax(pg_current_snapshot());
+        RETURN 0;
+    END IF;
+    IF pg_snapshot_xmin(pg_current_snapshot()) < v_sweep.bound_xmax THEN
+        RETURN 0;  -- a transaction that may be making such a message is still open
+    END IF;
+    v_through := least(v_sweep.bound, v_sweep.swept_through + p_limit);
+    -- locked first, then looked at with a snapshot taken once they are held, as release_messages()
+    -- does
+    SELECT array_agg(l.message_id) INTO v_held
+    FROM (SELECT m.message_id FROM webhooks.messages m
+          WHERE m.message_id > v_sweep.swept_through AND m.message_id <= v_through
+          ORDER BY m.message_id
+          FOR UPDATE SKIP LOCKED) l;
+    DELETE FROM webhooks.messages m
+    WHERE m.message_id = ANY (v_held)
+      AND m.first_delivery_id IS NOT NULL
+      AND (SELECT q.delivery_id FROM webhooks.alert_delivery_queue q
+           WHERE q.delivery_id BETWEEN m.first_delivery_id AND m.last_delivery_id
+             AND q.message_id = m.message_id
+           ORDER BY q.delivery_id LIMIT 1) IS NULL;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    UPDATE webhooks.message_sweep
+    SET swept_through = v_through,
+        bound = CASE WHEN v_through < v_sweep.bound THEN v_sweep.bound END,
+        bound_xmax = CASE WHEN v_through < v_sweep.bound THEN v_sweep.bound_xmax END;
+    RETURN v_deleted;
 END;
 $$;
 

@@ -270,3 +270,39 @@ def test_a_description_is_set_shown_changed_and_bounded(db):
     message = refused(db, "endpoints", "update", "described", "--description", "x" * 1001)
     assert message.startswith("webhook-worker: --description: ") and "1000" in message
     assert query(db, "SELECT description FROM webhooks.endpoints") == [("finance",)]
+
+
+def test_an_endpoint_is_deleted_with_its_waiting_rows_dropped_as_dead_letters_that_stay_its_own(db):
+    ok(db, "endpoints", "add", "--name", "billing", "--url", URL)
+    [(old,)] = query(db, "SELECT id FROM webhooks.endpoints WHERE name = 'billing'")
+    [(waiting,)] = query(db, "SELECT webhooks.enqueue(%s, 'invoice.paid', '{}', p_deliver_at => now() + "
+                             "interval '1 hour')", (old,))
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'retrying', attempts = 1")
+    refusal = cli(db, "endpoints", "delete", "billing")
+    assert refusal.returncode == 1 and "Traceback" not in refusal.stderr
+    assert "still has 1 deliveries waiting" in refusal.stderr and "--drop-pending" in refusal.stderr
+    assert query(db, "SELECT status FROM webhooks.alert_delivery_queue") == [("retrying",)]
+
+    deleted = ok(db, "endpoints", "delete", "billing", "--drop-pending")
+    assert f"endpoint {old} deleted" in deleted.stdout
+    assert "1 waiting deliveries are dead letters now, category endpoint_deleted" in deleted.stdout
+    assert query(db, "SELECT status, failure_category FROM webhooks.alert_delivery_queue") == [
+        ("dead_letter", "endpoint_deleted")]
+    # the name goes to a new endpoint; the old dead letter stays the old endpoint's, and says so
+    ok(db, "endpoints", "add", "--name", "billing", "--url", URL)
+    [(new,)] = query(db, "SELECT id FROM webhooks.endpoints WHERE name = 'billing'")
+    query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, status,"
+              " dead_lettered_at, failure_category) VALUES (%s, 'invoice.paid', '{}', 'dead_letter', now(),"
+              " 'http_4xx')", (new,))
+    listed = ok(db, "dlq", "list").stdout
+    assert f"billing (id {old}, deleted)" in listed
+    assert [line.split()[1] for line in listed.splitlines()[1:]] == ["billing", "billing"]
+    shown = json.loads(ok(db, "dlq", "list", "--json").stdout)
+    assert [(r["endpoint_id"], r["endpoint_name"], r["endpoint_deleted_at"] is not None) for r in shown] == [
+        (old, "billing", True), (new, "billing", False)]
+    replayed = cli(db, "replay", str(waiting))
+    assert replayed.returncode == 1
+    assert f"belongs to endpoint billing (id {old}), deleted" in replayed.stderr
+    assert "never sent again" in replayed.stderr
+    assert json.loads(ok(db, "endpoints", "delete", "billing", "--json").stdout) == {
+        "id": new, "deleted": True, "dropped": 0}

@@ -54,6 +54,7 @@ MISSING = {
     ("endpoints", "show"): ["nosuch"],
     ("endpoints", "update"): ["nosuch", "--burst", "2"],
     ("endpoints", "rotate-secret"): ["nosuch"],
+    ("endpoints", "delete"): ["nosuch"],
     ("enqueue",): ["--endpoint", "nosuch"],
     ("deliveries", "show"): ["99999"],
     ("dlq", "list"): ["--endpoint", "nosuch"],

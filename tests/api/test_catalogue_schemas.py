@@ -183,7 +183,7 @@ def test_a_check_past_its_budget_is_cut_off_while_health_answers_and_patterns_ne
         assert code.status == 422 and 'does not match the pattern "^(a+)+$"' in code.json["detail"], code.body
         refused, waits = _health_while(server, {"event_type": "list.sent", "payload": HOSTILE}, producer)
         assert refused.status == 422 and refused.json["field"] == "payload", refused.body
-        assert refused.json["detail"] == ("payload: not checked against the schema of event type \"list.sent\" "
+        assert refused.json["detail"] == ('payload: not checked against the schema of event type "list.sent" '
                                           "within api.schema_validation_budget_seconds (2 s, for the "
                                           "request's payloads together)")
         # /health was asked throughout the check and never waited for it (each 10 s at most; on the

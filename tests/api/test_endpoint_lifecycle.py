@@ -1,4 +1,5 @@
-"""Deleting an endpoint keeps its history; a message only disabled endpoints subscribe to is kept."""
+"""Deleting an endpoint keeps its history, and can drop its waiting rows as dead letters that say why;
+a message only disabled endpoints subscribe to is kept."""
 
 from __future__ import annotations
 
@@ -71,12 +72,81 @@ def test_an_endpoint_with_an_unfinished_row_is_not_deleted(api, role_tokens, db,
                   " WHERE delivery_id = %s", (row,))
     refused = api.request("DELETE", f"/v1/endpoints/{endpoint}", admin)
     assert refused.status == 409, refused.body
-    assert "still has 1 deliveries not yet finished" in refused.json["detail"]
+    if status == "delivering":
+        assert "has 1 deliveries being sent now: disable it" in refused.json["detail"]
+        # dropping waiting rows leaves one being sent alone: its outcome is still to be written
+        refused = api.request("DELETE", f"/v1/endpoints/{endpoint}?drop_pending=true", admin)
+        assert refused.status == 409 and "being sent now" in refused.json["detail"], refused.body
+    else:
+        assert "still has 1 deliveries waiting (pending or retrying)" in refused.json["detail"]
+        assert "drop_pending" in refused.json["detail"]
     assert query(db, "SELECT count(*) FROM webhooks.endpoints WHERE id = %s", (endpoint,)) == [(1,)]
     # once it is finished (here: dead-lettered), the endpoint goes
     query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', dead_lettered_at = now(),"
               " lease_token = NULL, locked_until = NULL, locked_by = NULL WHERE delivery_id = %s", (row,))
     assert api.request("DELETE", f"/v1/endpoints/{endpoint}", admin).status == 204
+
+
+@pytest.mark.parametrize("role", ["admin", "tenant_admin"])
+def test_an_endpoint_deleted_with_drop_pending_leaves_its_waiting_rows_as_dead_letters_that_say_why(
+        api, role_tokens, db, receiver, role):
+    token, reader = role_tokens[role], role_tokens["reader"]
+    endpoint = add_endpoint(db, receiver.url("/orders"), name="orders")
+    pending = enqueue(db, endpoint, count=2, deliver_after=3600)
+    [retrying] = enqueue(db, endpoint, deliver_after=3600)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'retrying', attempts = 2"
+              " WHERE delivery_id = %s", (retrying,))
+    dead = dead_letter(db, endpoint)
+    assert api.request("DELETE", f"/v1/endpoints/{endpoint}?drop_pending=false", token).status == 409
+
+    deleted = api.request("DELETE", "/v1/endpoints/orders?drop_pending=true", token)
+    assert deleted.status == 204, deleted.body
+    dropped = [*pending, retrying]
+    rows = query(db, "SELECT delivery_id, status, failure_category, dead_letter_reason, attempts"
+                     " FROM webhooks.alert_delivery_queue WHERE delivery_id = ANY(%s) ORDER BY 1", (dropped,))
+    assert [r[1:3] for r in rows] == [("dead_letter", "endpoint_deleted")] * 3
+    reason = rows[0][3]
+    assert f"orders (id {endpoint})" in reason and "not sent again" in reason
+    assert "api:" in reason  # who deleted it
+    # each drop is in the audit log, with the attempts the row had used
+    assert query(db, "SELECT delivery_id, attempt, outcome, failure_category FROM webhooks.alert_delivery_log"
+                     " WHERE delivery_id = ANY(%s) ORDER BY 1", (dropped,)) == [
+        (pending[0], 0, "dead_letter", "endpoint_deleted"),
+        (pending[1], 0, "dead_letter", "endpoint_deleted"),
+        (retrying, 2, "dead_letter", "endpoint_deleted")]
+    listed = api.get("/v1/dead-letters?category=endpoint_deleted", reader)
+    assert listed.status == 200, listed.body
+    assert sorted(d["delivery_id"] for d in listed.json["items"]) == dropped
+    assert {(d["endpoint_id"], d["endpoint_name"]) for d in listed.json["items"]} == {(endpoint, "orders")}
+    assert all(d["endpoint_deleted_at"] is not None for d in listed.json["items"])
+    # not replayable, and the refusal says why
+    for delivery_id in (dropped[0], dead):
+        refused = api.post(f"/v1/deliveries/{delivery_id}/replay", token)
+        assert refused.status == 409, refused.body
+        assert f"belongs to endpoint orders (id {endpoint}), deleted" in refused.json["detail"]
+        assert "never sent again" in refused.json["detail"]
+
+
+def test_a_dead_letter_of_a_deleted_endpoint_is_not_listed_under_its_names_new_owner(api, role_tokens, db,
+                                                                                      receiver):
+    admin, reader = role_tokens["admin"], role_tokens["reader"]
+    old = add_endpoint(db, receiver.url("/old"), name="billing")
+    old_dead = dead_letter(db, old)
+    assert api.request("DELETE", "/v1/endpoints/billing", admin).status == 204
+    new = api.post("/v1/endpoints", admin, {"name": "billing", "url": URL}).json["id"]
+    new_dead = dead_letter(db, new)
+    listed = api.get("/v1/dead-letters", reader).json["items"]
+    assert [(d["delivery_id"], d["endpoint_id"], d["endpoint_name"], d["endpoint_deleted_at"] is not None)
+            for d in listed] == [(old_dead, old, "billing", True), (new_dead, new, "billing", False)]
+    # filtered by the name, only the current owner's
+    assert [d["delivery_id"] for d in api.get("/v1/dead-letters?endpoint=billing", reader).json["items"]] == [
+        new_dead]
+    assert f"belongs to endpoint billing (id {old}), deleted" in api.post(
+        f"/v1/deliveries/{old_dead}/replay", admin).json["detail"]
+    assert api.post(f"/v1/deliveries/{new_dead}/replay", admin).status == 202
+    refused = api.post(f"/v1/deliveries/{new_dead}/replay", admin)
+    assert refused.status == 409 and "is pending: only dead letters and delivered rows" in refused.json[
+        "detail"], refused.body
 
 
 def test_a_message_only_disabled_endpoints_subscribe_to_is_kept_as_dead_letters(api, role_tokens, db,

@@ -15,8 +15,9 @@ PAYLOAD = {"alert_id": 7, "title": "Disk almost full", "pad": "x" * 900}
 
 
 def messages(db: str) -> list[tuple[int, int, str]]:
-    """(message id, deliveries counted, event type) of every message."""
-    return query(db, "SELECT message_id, deliveries, event_type FROM webhooks.messages ORDER BY 1")
+    """(message id, deliveries pointing at it, event type) of every message."""
+    return query(db, "SELECT m.message_id, (SELECT count(*) FROM webhooks.alert_delivery_queue q"
+                     " WHERE q.message_id = m.message_id), m.event_type FROM webhooks.messages m ORDER BY 1")
 
 
 def test_an_event_fanned_out_to_five_endpoints_stores_its_payload_once(db):
@@ -25,11 +26,14 @@ def test_an_event_fanned_out_to_five_endpoints_stores_its_payload_once(db):
                  (json.dumps(PAYLOAD),)) == [(5,)]
     [(message, deliveries, _)] = messages(db)
     assert deliveries == 5
-    rows = query(db, "SELECT webhook_id, message_id, payload, metadata, source_ref"
+    rows = query(db, "SELECT webhook_id, message_id, payload, metadata, source_ref, delivery_id"
                      " FROM webhooks.alert_delivery_queue ORDER BY webhook_id")
     assert [(r[0], r[1]) for r in rows] == [(e, message) for e in endpoints]
+    # the range of delivery ids retention reads to find whether any is left
+    assert query(db, "SELECT first_delivery_id, last_delivery_id FROM webhooks.messages") == [
+        (min(r[5] for r in rows), max(r[5] for r in rows))]
     # the delivery rows hold none of it; the view reads it back for each
-    assert {r[2:] for r in rows} == {(None, None, None)}
+    assert {r[2:5] for r in rows} == {(None, None, None)}
     assert query(db, "SELECT DISTINCT payload FROM webhooks.deliveries") == [(PAYLOAD,)]
     [(stored,)] = query(db, "SELECT sum(pg_column_size(payload)) FROM webhooks.messages")
     [(one,)] = query(db, "SELECT pg_column_size(%s::jsonb)", (json.dumps(PAYLOAD),))

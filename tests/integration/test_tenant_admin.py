@@ -105,7 +105,7 @@ def test_a_tenant_admin_does_what_an_admin_does_to_its_own_tenants_rows(db, tena
     assert one(db, acme, "SELECT webhooks.replay(%s)", (tenants["our_dead"],)) is True
     assert query(db, "SELECT status FROM webhooks.alert_delivery_queue WHERE delivery_id = %s",
                  (tenants["our_dead"],)) == [("pending",)]
-    assert one(db, acme, "SELECT webhooks.api_delete_endpoint(%s)", (added,)) is True
+    assert one(db, acme, "SELECT webhooks.api_delete_endpoint(%s)", (added,)) == 0  # none dropped
     # reads: its own rows, through the tables and the views
     with tenant_admin(db, acme) as conn:
         assert conn.execute("SELECT array_agg(id) FROM webhooks.endpoints").fetchone()[0] == [ours]
@@ -137,7 +137,7 @@ def test_a_tenant_admin_finds_nothing_of_another_tenant_and_changes_nothing(db, 
     assert one(db, acme, "SELECT count(*) FROM webhooks.endpoint_credentials(%s, 10)", (theirs - 1,)) == 0
     one(db, acme, "SELECT webhooks.store_endpoint_credentials(%s, 'http://evil', '[]', '{}', '{}')",
         (theirs,))
-    assert one(db, acme, "SELECT webhooks.api_delete_endpoint(%s)", (theirs,)) is False
+    assert one(db, acme, "SELECT webhooks.api_delete_endpoint(%s, true)", (theirs,)) is None
     assert one(db, acme, "SELECT webhooks.replay(%s)", (tenants["their_dead"],)) is False
     assert refused(db, acme, "SELECT webhooks.send_test_event(%s)", ("theirs",)) == "P0002"
     assert refused(db, acme, "SELECT webhooks.send_test_event(%s)", (str(theirs),)) == "P0002"
@@ -280,9 +280,9 @@ def test_the_tenant_admin_role_holds_what_it_needs_and_nothing_of_the_fleet(db):
         "store_endpoint_credentials(bigint,text,jsonb,jsonb,jsonb)", "endpoint_credentials(bigint,integer)",
         "update_endpoint(bigint,jsonb)", "disable_endpoint(bigint,text,text,bigint,integer)",
         "enable_endpoint(bigint,text,text)", "set_circuit(bigint,text,timestamp with time zone,text,text)",
-        "rotate_secret(bigint,text,timestamp with time zone,text)", "api_delete_endpoint(bigint)",
-        "tenant_destinations(text,bigint)",
-        "replay(bigint)", "api_start_replay(jsonb,double precision,integer,text)",
+        "rotate_secret(bigint,text,timestamp with time zone,text)",
+        "api_delete_endpoint(bigint,boolean,text)", "tenant_destinations(text,bigint)",
+        "replay(bigint)", "replay_refusal(bigint)", "api_start_replay(jsonb,double precision,integer,text)",
         "api_cancel_operation(bigint,text)",
         "api_publish(text,jsonb,text,text,text,integer,timestamp with time zone,text)",
         "api_publish_batch(jsonb,text)",

@@ -71,3 +71,15 @@ def test_url_values_are_never_echoed(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ={})
     assert "12345" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("given", "budget"), [("3", 3.0), ("0.5", 0.5), ("5", 5.0), ("60", 5.0)])
+def test_a_housekeeping_interval_alone_is_valid_and_the_purge_budget_follows_it(tmp_path, given, budget):
+    # the default budget (5 s) is cut to an interval shorter than it; a longer one keeps the default
+    from_file = load_config(write(tmp_path, f"database:\n  url: postgresql://db/x\nhousekeeping:\n"
+                                            f"  interval_seconds: {given}\n"), environ={})
+    from_environment = load_config(None, environ={"DATABASE_URL": "postgresql://env/x",
+                                                  "WEBHOOK_WORKER_HOUSEKEEPING__INTERVAL_SECONDS": given})
+    for config in (from_file, from_environment):
+        assert (config.housekeeping.interval_seconds, config.housekeeping.purge_budget_seconds) == (
+            float(given), budget)

@@ -250,9 +250,17 @@ async def set_circuit(conn: Conn, endpoint_id: int, action: str, until: datetime
     return str(row["change"])
 
 
-async def delete_endpoint(conn: Conn, endpoint_id: int) -> bool:
-    row = await fetch_one(conn, "SELECT webhooks.api_delete_endpoint(%s) AS deleted", (endpoint_id,))
-    return bool(row and row["deleted"])
+async def delete_endpoint(conn: Conn, endpoint_id: int, drop_pending: bool, decided_by: str) -> int | None:
+    """The rows dropped (made dead letters) with it, or None: no such endpoint."""
+    row = await fetch_one(conn, "SELECT webhooks.api_delete_endpoint(%s, %s, %s) AS dropped",
+                          (endpoint_id, drop_pending, decided_by))
+    return None if row is None or row["dropped"] is None else int(row["dropped"])
+
+
+async def replay_refusal(conn: Conn, delivery_id: int) -> str | None:
+    """Why a delivery is not replayed, in words (None: it can be, or the caller does not see it)."""
+    row = await fetch_one(conn, "SELECT webhooks.replay_refusal(%s) AS refusal", (delivery_id,))
+    return None if row is None else row["refusal"]
 
 
 async def stats(conn: Conn) -> dict[str, Any]:

@@ -450,8 +450,9 @@ async def replay_delivery(request: web.Request) -> web.Response:
                              location=f"/v1/deliveries/{delivery_id}")
     if status is None:
         raise not_found(f"delivery {delivery_id}")
-    raise conflict(f"delivery {delivery_id} is {status}: only dead letters and delivered rows of an endpoint"
-                   " that is not deleted are replayed")
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        refusal = await queries.replay_refusal(conn, delivery_id)
+    raise conflict(refusal or f"delivery {delivery_id} was not replayed: try again")
 
 
 # --- dead letters -----------------------------------------------------------------------------------
@@ -610,15 +611,24 @@ async def update_endpoint(request: web.Request) -> web.Response:
     return json_response(row)
 
 
+class DeleteEndpointQuery(Query):
+    drop_pending: bool = Field(
+        default=False, description="make its waiting deliveries dead letters (category endpoint_deleted, "
+                                   "not replayable) instead of refusing with 409")
+
+
 async def delete_endpoint(request: web.Request) -> web.Response:
+    drop_pending = query_of(request, DeleteEndpointQuery).drop_pending
+    caller = caller_of(request)
     try:
-        async with _state(request).db.transaction(caller_of(request)) as conn:
+        async with _state(request).db.transaction(caller) as conn:
             endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-            deleted = await queries.delete_endpoint(conn, endpoint_id)
+            dropped = await queries.delete_endpoint(conn, endpoint_id, drop_pending, _decided_by(caller))
     except (psycopg.errors.ObjectInUse, psycopg.errors.ForeignKeyViolation) as exc:
         raise conflict(str(exc.diag.message_primary or "the endpoint still has deliveries")) from None
-    if not deleted:
+    if dropped is None:
         raise not_found(f"endpoint {request.match_info['id']}")
+    get_logger().info("api deleted an endpoint", endpoint_id=endpoint_id, dropped=dropped, by=caller.name)
     return web.Response(status=204)
 
 
@@ -832,11 +842,26 @@ def _setting_field(key: str, sql_type: str) -> Any:
     bounds: dict[str, Any] = SETTING_BOUNDS.get(key, {})
     annotated: Any = Annotated[kind, Field(**bounds)]
     if sql_type == "interval":
-        annotated = Annotated[float, Field(ge=0, description="seconds")] | Annotated[
+        seconds: Any = Annotated[float, Field(ge=0, description="seconds")]
+        minimum = operator_queries.SETTING_MINIMUMS.get(key)
+        if minimum is not None:
+            # the bound documented, and checked with its reason (an interval's text: by the database)
+            least = minimum.minimum.total_seconds()
+            seconds = Annotated[float, Field(description="seconds", json_schema_extra={"minimum": least}),
+                                AfterValidator(_at_least(least, minimum.reason))]
+        annotated = seconds | Annotated[
             str, Field(min_length=1, description="a PostgreSQL interval such as '7 days'")]
     if key in NULLABLE_SETTINGS:
         annotated = annotated | None
     return (annotated, None)
+
+
+def _at_least(least: float, reason: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        if value < least:
+            raise ValueError(reason)
+        return value
+    return check
 
 
 def _retry_schedule(value: Any) -> Any:
@@ -887,7 +912,7 @@ async def patch_config(request: web.Request) -> web.Response:
             await queries.set_config(conn, changes)
             settings = await queries.config(conn)
     except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-        message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
+        message = operator_queries.setting_refusal(exc)
         # the setting named by the refusal, or the only one given; a rule over several names them all
         named = exc.diag.column_name or exc.diag.constraint_name or ""
         field = next((key for key in changes if key in named), None)
@@ -983,10 +1008,11 @@ ROUTES: list[Route] = [
           {200: A.EndpointDetail}, body=endpoint_rules.EndpointPatch, path_id="ref",
           refusals=(404, 409, 503)),
     Route("DELETE", "/v1/endpoints/{id}", delete_endpoint,
-          "Delete an endpoint none of whose deliveries is unfinished (409 while any is pending, delivering"
-          " or retrying); its delivered and dead-lettered rows and its audit stay as history under its"
-          " id and name, no longer replayed", ADMIN, {204: None}, path_id="ref",
-          refusals=(404, 409)),
+          "Delete an endpoint; its delivered and dead-lettered rows and its audit stay as history under its"
+          " id and name, never replayed. 409 while any of its deliveries is waiting (pending, retrying),"
+          " unless drop_pending=true makes those dead letters (category endpoint_deleted, audited), and"
+          " while any is being sent (disable it first: that ends within the lease)", ADMIN, {204: None},
+          query=DeleteEndpointQuery, path_id="ref", refusals=(404, 409)),
     Route("GET", "/v1/endpoints/{id}/health", endpoint_health,
           "Circuit state and recent attempts by outcome and category", READ, {200: A.EndpointHealth},
           query=HealthQuery, path_id="ref", refusals=(404, 409)),

@@ -31,8 +31,7 @@ def cmd_config_set(args: argparse.Namespace) -> int:
         try:
             operator_sql.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            message = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
-            raise UsageError(f"{args.key}: {message}") from None
+            raise UsageError(f"{args.key}: {operator_sql.setting_refusal(exc)}") from None
     print(f"{args.key} = {args.value}")
     return 0
 

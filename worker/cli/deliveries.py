@@ -15,7 +15,7 @@ import psycopg
 from worker import coalescing, operator_sql
 from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, endpoint_ref, tenant_scope
 from worker.policy import CATEGORIES
-from worker.tables import cell, print_table
+from worker.tables import cell, endpoint_label, print_table
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -103,7 +103,11 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         tenant_scope(conn, args)
         rows = operator_sql.dead_letters(conn, _filters(conn, args), args.limit)
-    emit(args, rows, ["delivery_id", "endpoint_name", "event_type", "attempts", "failure_category",
+    if not args.json:
+        for row in rows:
+            row["endpoint"] = endpoint_label(row["endpoint_name"], row["endpoint_id"],
+                                             row["endpoint_deleted_at"])
+    emit(args, rows, ["delivery_id", "endpoint", "event_type", "attempts", "failure_category",
                        "last_http_status", "dead_letter_reason", "dead_lettered_at"])
     return 0
 
@@ -117,7 +121,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         tenant_scope(conn, args)
         if args.id is not None:
             if not operator_sql.replay_one(conn, args.id):
-                raise CommandFailed(f"delivery {args.id} is not a dead letter or delivered row")
+                refusal = operator_sql.replay_refusal(conn, args.id)
+                raise CommandFailed(refusal or f"ID {args.id}: no delivery with this id")
             print(f"delivery {args.id} queued again (same webhook-id)")
             return 0
         if not args.all:

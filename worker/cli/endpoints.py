@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
+import psycopg
+
 from worker import __version__, event_types, operator_sql, self_service, signing
 from worker import endpoints as service
 from worker.cli.base import (
@@ -364,6 +366,26 @@ def _set_active(args: argparse.Namespace, active: bool) -> int:
     return 0
 
 
+def cmd_endpoints_delete(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        endpoint_id = endpoint_ref(conn, args.endpoint)
+        try:
+            dropped = operator_sql.delete_endpoint(conn, endpoint_id, args.drop_pending, "cli")
+        except psycopg.errors.ObjectInUse as exc:
+            hint = "" if args.drop_pending else "; --drop-pending makes the waiting ones dead letters"
+            raise CommandFailed(f"{exc.diag.message_primary}{hint}") from None
+    if dropped is None:
+        raise CommandFailed(f"ENDPOINT {args.endpoint!r}: no endpoint with this name or id")
+    if args.json:
+        print(json.dumps({"id": endpoint_id, "deleted": True, "dropped": dropped}))
+        return 0
+    print(f"endpoint {endpoint_id} deleted; its finished rows and audit stay as history")
+    if dropped:
+        print(f"{dropped} waiting deliveries are dead letters now, category endpoint_deleted (not "
+              "replayable): webhook-worker dlq list --category endpoint_deleted")
+    return 0
+
+
 def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
     config = config_of(args)
     if args.action != "open" and args.until:
@@ -462,6 +484,14 @@ def register(cli: Commands) -> None:
                           "disable an endpoint: no new deliveries, queued rows wait")
     disable.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
     disable.add_argument("--reason", default="disabled by an operator", help="recorded with the change")
+    delete = cli.command(endpoint_commands, "delete", cmd_endpoints_delete,
+                         "delete an endpoint; its finished rows and audit stay as history (never "
+                         "replayed); refused while rows wait, unless --drop-pending")
+    delete.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")
+    delete.add_argument("--drop-pending", action="store_true",
+                        help="make its waiting (pending, retrying) deliveries dead letters, category "
+                             "endpoint_deleted, audited and not replayable, instead of refusing")
+    delete.add_argument("--json", action="store_true", help="print JSON")
     circuit = cli.command(endpoint_commands, "circuit", cmd_endpoints_circuit,
                           "control the circuit breaker: reset, open (until a time) or close")
     circuit.add_argument("endpoint", metavar="ENDPOINT", help="id (all digits) or name")

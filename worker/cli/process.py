@@ -8,7 +8,7 @@ import signal
 import sys
 
 from worker import schema
-from worker.cli.base import Commands, config_of
+from worker.cli.base import CommandFailed, Commands, config_of
 from worker.errors import ConfigError
 from worker.observability import configure_logging, get_logger
 
@@ -40,7 +40,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     config = config_of(args)
-    applied = schema.migrate(config.database.url, on_notice=lambda message: print(f"note: {message}"))
+    try:
+        applied = schema.migrate(config.database.url, on_notice=lambda message: print(f"note: {message}"))
+    except schema.MigrationError as exc:
+        raise CommandFailed(f"migrate: {exc}") from None
     for name in applied:
         print(f"applied {name}")
     print(f"schema at version {schema.latest_version()} ({len(applied)} applied)")

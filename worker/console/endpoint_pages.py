@@ -176,6 +176,44 @@ async def send_test_event(request: web.Request) -> web.Response:
     return see_other(f"/deliveries/{delivery_id}", notice="test_sent", id=delivery_id)
 
 
+async def delete_page(request: web.Request) -> web.Response:
+    """The confirmation step: what deleting the endpoint keeps, refuses and drops, and its form."""
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+        facts = await queries.endpoint_page(conn, endpoint_id)
+        rows = None if facts is None else await queries.endpoint_rows(conn, endpoint_id)
+    if facts is None or rows is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    return render(request, "endpoint_delete.html", page="endpoints", endpoint=facts["endpoint"], rows=rows)
+
+
+async def delete_endpoint(request: web.Request) -> web.Response:
+    """Deletes it once its name is typed back, as `endpoints delete [--drop-pending]` and DELETE
+    /v1/endpoints/{id}[?drop_pending=true] do (webhooks.api_delete_endpoint)."""
+    endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
+    form = request[FORM]
+    drop_pending = forms.checked(form.get("drop_pending"))
+    typed = form.get("confirm_name")
+    caller = request[CALLER]
+    try:
+        async with request.app[STATE].db.transaction(caller) as conn:
+            facts = await queries.endpoint_page(conn, endpoint_id)
+            if facts is None:
+                return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+            name = facts["endpoint"]["name"]
+            if not isinstance(typed, str) or typed.strip() != name:
+                raise forms.FieldError("confirm_name", f"type the endpoint's name, {name}, to delete it")
+            dropped = await queries.delete_endpoint(conn, endpoint_id, drop_pending,
+                                                    f"{caller.name} (console)")
+    except psycopg.errors.ObjectInUse as exc:
+        return error_page(request, 409, "The endpoint's deliveries refuse this",
+                          str(exc.diag.message_primary))
+    if dropped is None:
+        return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
+    get_logger().info("console endpoint deleted", name=caller.name, endpoint_id=endpoint_id, dropped=dropped)
+    return see_other("/endpoints", notice="endpoint_deleted", id=endpoint_id, n=dropped)
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/endpoints/new", add_endpoint)
     app.router.add_get("/endpoints/{endpoint_id}", endpoint_page)
@@ -183,3 +221,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/endpoints/{endpoint_id}/rotate-secret", rotate_secret)
     app.router.add_post("/endpoints/{endpoint_id}/secret", reveal_secret)
     app.router.add_post("/endpoints/{endpoint_id}/test", send_test_event)
+    app.router.add_get("/endpoints/{endpoint_id}/delete", delete_page)
+    app.router.add_post("/endpoints/{endpoint_id}/delete", delete_endpoint)

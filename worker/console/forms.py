@@ -97,6 +97,11 @@ def selected_ids(values: list[str]) -> list[int]:
     return sorted({identifier("delivery_id", v) for v in values})
 
 
+def checked(value: Any) -> bool:
+    """A checkbox: sent ("true") when ticked, absent when not."""
+    return bool(value == "true")
+
+
 def reason(text: str) -> str:
     """Why an operator changes an endpoint: required, recorded with the change."""
     text = " ".join(text.split())

@@ -22,6 +22,7 @@ from worker.event_types import MAX_DESCRIPTION_CHARS
 from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
+from worker.tables import endpoint_label
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PREFIX = "/console"
@@ -52,6 +53,12 @@ SECURITY_HEADERS = {
 NOTICES = {
     "replayed": "{n} dead letter(s) put back in the queue.",
     "not_replayed": "Nothing replayed: no longer a dead letter (someone replayed it already?).",
+    "not_replayed_deleted": "Nothing replayed: {n} of them belong to a deleted endpoint, whose rows are kept "
+                            "as history and never sent again.",
+    "replayed_some": "{n} dead letter(s) put back in the queue; the others belong to a deleted endpoint or "
+                     "were replayed already.",
+    "endpoint_deleted": "Endpoint {id} deleted; {n} waiting delivery(ies) became dead letters (category "
+                        "endpoint_deleted, never sent again). Its finished rows stay as history.",
     "endpoint_changed": "Endpoint {id}: {action} done; the reason is recorded in its events.",
     "endpoint_unchanged": "Endpoint {id}: nothing to {action} (it already was).",
     "logged_out": "You are logged out.",
@@ -79,6 +86,7 @@ def templates() -> jinja2.Environment:
     environment.filters["when"] = _when
     environment.filters["age"] = _age
     environment.filters["segment"] = _segment
+    environment.globals["endpoint_label"] = endpoint_label  # as the CLI's lists name an endpoint
     environment.globals["max_reason"] = forms.MAX_REASON_LENGTH
     environment.globals["max_description"] = MAX_DESCRIPTION_CHARS  # the catalogue's, as upsert() checks
     environment.globals["categories"] = CATEGORIES  # the one list (worker.policy), as the API checks it
@@ -385,10 +393,19 @@ async def replay_selected(request: web.Request) -> web.Response:
     # back to the list as it was filtered (the form carries the filters it was shown with)
     kept = {**forms.dead_letter_filters(form), "tenant": forms.tenant_filter(form)}
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        replayed = await queries.replay(conn, ids)
+        replayed, of_deleted = await queries.replay(conn, ids)
     get_logger().info("console replay", name=request[CALLER].name, selected=len(ids), replayed=replayed)
-    return see_other("/dead-letters", **{k: v for k, v in kept.items() if v},
-                     notice="replayed" if replayed else "not_replayed", n=replayed)
+    said, n = replay_notice(len(ids), replayed, of_deleted)
+    return see_other("/dead-letters", **{k: v for k, v in kept.items() if v}, notice=said, n=n)
+
+
+def replay_notice(selected: int, replayed: int, of_deleted: int) -> tuple[str, int]:
+    """The notice after a replay, and its count: why fewer than selected went back, when they did."""
+    if replayed == selected:
+        return "replayed", replayed
+    if replayed:
+        return "replayed_some", replayed
+    return ("not_replayed_deleted", of_deleted) if of_deleted else ("not_replayed", 0)
 
 
 async def deliveries(request: web.Request) -> web.Response:
@@ -442,10 +459,10 @@ async def delivery(request: web.Request) -> web.Response:
 async def replay_one(request: web.Request) -> web.Response:
     delivery_id = forms.identifier("delivery_id", request.match_info["delivery_id"])
     async with request.app[STATE].db.transaction(request[CALLER]) as conn:
-        replayed = await queries.replay(conn, [delivery_id])
+        replayed, of_deleted = await queries.replay(conn, [delivery_id])
     get_logger().info("console replay", name=request[CALLER].name, selected=1, replayed=replayed)
-    return see_other(f"/deliveries/{delivery_id}", notice="replayed" if replayed else "not_replayed",
-                     n=replayed)
+    said, n = replay_notice(1, replayed, of_deleted)
+    return see_other(f"/deliveries/{delivery_id}", notice=said, n=n)
 
 
 async def endpoints(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ from worker import endpoints as endpoint_service
 from worker import event_types
 from worker.api.database import fetch_all, fetch_one
 from worker.api.queries import cancel_operation as cancel_operation  # the API's: one call for both
+from worker.api.queries import delete_endpoint as delete_endpoint  # the API's: one call for both
 from worker.api.queries import start_replay as api_start_replay
 from worker.coalescing import digest_label
 from worker.console import chart
@@ -116,8 +117,8 @@ async def attempts_chart(conn: psycopg.AsyncConnection[Any]) -> chart.Chart:
 async def dead_letters(conn: psycopg.AsyncConnection[Any], filters: dict[str, Any]) -> list[dict[str, Any]]:
     return await fetch_all(
         conn,
-        "SELECT delivery_id, webhook_id, endpoint_name, event_type, attempts, replays, failure_category,"
-        "       last_http_status, dead_letter_reason, dead_lettered_at"
+        "SELECT delivery_id, webhook_id, endpoint_name, endpoint_deleted_at, event_type, attempts, replays,"
+        "       failure_category, last_http_status, dead_letter_reason, dead_lettered_at"
         " FROM webhooks.delivery_overview"
         + DEAD_LETTERS_MATCHING + DEAD_LETTER_ORDER +
         " LIMIT %(limit)s",
@@ -129,8 +130,8 @@ async def search_deliveries(conn: psycopg.AsyncConnection[Any], found: dict[str,
     """Deliveries matching the search (any status), newest first."""
     return await fetch_all(
         conn,
-        "SELECT delivery_id, webhook_id, endpoint_name, event_type, idempotency_key, status, attempts,"
-        "       last_http_status, failure_category, next_retry_at, created_at"
+        "SELECT delivery_id, webhook_id, endpoint_name, endpoint_deleted_at, event_type, idempotency_key,"
+        "       status, attempts, last_http_status, failure_category, next_retry_at, created_at"
         " FROM webhooks.delivery_overview"
         " WHERE (%(id)s::bigint IS NULL OR delivery_id = %(id)s)"
         "   AND (%(key)s::text IS NULL OR idempotency_key = %(key)s)"
@@ -192,15 +193,34 @@ async def delivery(conn: psycopg.AsyncConnection[Any], delivery_id: int) -> dict
     return row
 
 
-async def replay(conn: psycopg.AsyncConnection[Any], delivery_ids: list[int]) -> int:
-    """Replay each delivery with webhooks.replay(), as `dlq replay` does; how many were put back. A row
-    another operator replayed a moment earlier is no longer a dead letter and is left alone."""
-    replayed = 0
+async def replay(conn: psycopg.AsyncConnection[Any], delivery_ids: list[int]) -> tuple[int, int]:
+    """Replay each delivery with webhooks.replay(), as `dlq replay` does: how many were put back, and
+    how many of the others are rows of a deleted endpoint (never sent again). A row another operator
+    replayed a moment earlier is no longer a dead letter and is left alone."""
+    replayed = of_deleted = 0
     for delivery_id in delivery_ids:
         cur = await conn.execute("SELECT webhooks.replay(%s)", (delivery_id,))
         row = await cur.fetchone()
-        replayed += bool(row and row[0])
-    return replayed
+        if row and row[0]:
+            replayed += 1
+            continue
+        cur = await conn.execute("SELECT endpoint_deleted_at IS NOT NULL FROM webhooks.delivery_overview"
+                                 " WHERE delivery_id = %s", (delivery_id,))
+        row = await cur.fetchone()
+        of_deleted += bool(row and row[0])
+    return replayed, of_deleted
+
+
+async def endpoint_rows(conn: psycopg.AsyncConnection[Any], endpoint_id: int) -> dict[str, int]:
+    """An endpoint's rows by what deleting it does with them: waiting (refused, or dropped as dead
+    letters), being sent (refused), finished (kept as history)."""
+    row = await fetch_one(
+        conn, "SELECT count(*) FILTER (WHERE status IN ('pending', 'retrying')) AS waiting,"
+              "       count(*) FILTER (WHERE status = 'delivering') AS sending,"
+              "       count(*) FILTER (WHERE status IN ('delivered', 'dead_letter')) AS finished"
+              " FROM webhooks.delivery_overview WHERE webhook_id = %s", (endpoint_id,))
+    assert row is not None
+    return {key: int(value) for key, value in row.items()}
 
 
 async def start_replay(conn: psycopg.AsyncConnection[Any], filters: dict[str, Any], requested_by: str) -> int:
