@@ -31,7 +31,8 @@ from bench.section import Context, Figures, Section, Target, log
 # The sections, each a module of bench/sections declaring SECTION, in the order of --help and of the
 # printed table. A new section is a new module and its name here.
 SECTION_MODULES = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
-                   "features", "sweep", "storm", "tenants", "retention", "spread", "pgqueuer", "api")
+                   "features", "sweep", "storm", "tenants", "retention", "spread", "pgqueuer", "api",
+                   "restart")
 
 
 def registry() -> dict[str, Section]:

@@ -19,8 +19,10 @@
 --    digest and answers to no tenant limit takes a short statement that does the same.
 -- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
 --    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
---    rate tokens are debited, and every endpoint looked at goes to the back of the line, in the
---    same statement (one write of each endpoint's state row per claim, not two).
+--    rate tokens are debited, and every endpoint looked at goes to the back of the line when
+--    another endpoint that may send was left waiting, in the same statement (one write of each
+--    endpoint's state row per claim, not two; none for an endpoint that got nothing and whose
+--    place does not change).
 -- 5. Each row comes with its tenant's name and rank (place by id), from which the worker makes
 --    the `tenant` label of its delivery counter.
 -- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
@@ -312,6 +314,8 @@ DECLARE
     v_tenants bigint[];
     v_walk bigint;
     v_walk_cut boolean;
+    v_walked bigint;
+    v_line_moves boolean;
 BEGIN
     -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
     -- of more rows than any worker can hold only locks them.
@@ -370,8 +374,9 @@ BEGIN
               AND (p_exclude_tenants IS NULL OR NOT t.name = ANY (p_exclude_tenants))
         )
         SELECT array_agg(x.webhook_id ORDER BY x.webhook_id),
-               coalesce((SELECT max(r.walked) FROM ranked r), 0) >= v_walk
-        INTO v_endpoints, v_walk_cut
+               coalesce((SELECT max(r.walked) FROM ranked r), 0) >= v_walk,
+               (SELECT count(*) FROM ranked r)
+        INTO v_endpoints, v_walk_cut, v_walked
         FROM (
             SELECT h.webhook_id
             FROM webhooks.webhook_health_metrics h
@@ -395,6 +400,15 @@ BEGIN
     IF v_endpoints IS NULL THEN
         RETURN;
     END IF;
+    -- The line moves (the endpoints locked here go to its back) only when this claim left an
+    -- endpoint that may send waiting: one it did not reach, or one another claim holds. When it
+    -- locked every endpoint that may send, nobody waits behind them and their order does not
+    -- matter, so their state rows keep last_claimed_at, which the line's index is keyed on: the
+    -- update of those rows stays heap-only (HOT), and a claim that takes nothing writes nothing.
+    -- Why: a busy endpoint's state row was rewritten with new index entries twice a second per
+    -- worker; its dead versions piled up in the table and its indexes between two autovacuums,
+    -- and every claim and finish walked them.
+    v_line_moves := v_walk_cut OR v_walked > cardinality(v_endpoints);
 
     -- One endpoint that makes no digest, answers to no tenant limit and has no circuit to half-open
     -- (the usual claim of a row or two, woken by their NOTIFY) takes the short claim below: the
@@ -462,13 +476,13 @@ BEGIN
                                    WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
                 rate_refilled_at = CASE WHEN n.claimed = 0 THEN h.rate_refilled_at
                                         WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
-                last_claimed_at = clock.now_exact,
+                last_claimed_at = CASE WHEN v_line_moves THEN clock.now_exact ELSE h.last_claimed_at END,
                 updated_at = CASE WHEN n.claimed = 0 THEN h.updated_at ELSE now() END
             FROM quota qt
             CROSS JOIN (SELECT count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
                         FROM claimed c) n
             CROSS JOIN clock
-            WHERE h.webhook_id = qt.webhook_id
+            WHERE h.webhook_id = qt.webhook_id AND (n.claimed > 0 OR v_line_moves)
             RETURNING 1
         ), claimed_tenants AS MATERIALIZED (  -- (as in the full claim)
             SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank
@@ -707,9 +721,10 @@ BEGIN
           AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
         RETURNING q.*
     ), debited AS (
-        -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its
-        -- cap: otherwise endpoints that can take nothing would keep the front and crowd out the
-        -- rest. Those that got rows pay their rate tokens, and an open circuit's sleep is over.
+        -- Every endpoint looked at goes to the back of the line (when the line moves: v_line_moves),
+        -- whether it got rows or was at its cap: otherwise endpoints that can take nothing would
+        -- keep the front and crowd out the rest. Those that got rows pay their rate tokens, and an
+        -- open circuit's sleep is over.
         UPDATE webhooks.webhook_health_metrics h
         SET rate_tokens = CASE WHEN n.claimed IS NULL THEN h.rate_tokens
                                WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
@@ -721,14 +736,14 @@ BEGIN
                                    ELSE h.probe_successes END,
             probe_failures = CASE WHEN h.circuit_state = 'open' AND n.claimed IS NOT NULL THEN 0
                                   ELSE h.probe_failures END,
-            last_claimed_at = clock.now_exact,
+            last_claimed_at = CASE WHEN v_line_moves THEN clock.now_exact ELSE h.last_claimed_at END,
             updated_at = CASE WHEN n.claimed IS NULL THEN h.updated_at ELSE now() END
         -- tokens are per request: a digest costs one
         FROM quota qt
         LEFT JOIN (SELECT c.webhook_id, count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
                    FROM claimed c GROUP BY c.webhook_id) n ON n.webhook_id = qt.webhook_id
         CROSS JOIN clock
-        WHERE h.webhook_id = qt.webhook_id
+        WHERE h.webhook_id = qt.webhook_id AND (n.claimed IS NOT NULL OR v_line_moves)
         RETURNING h.webhook_id, n.claimed IS NOT NULL AS claimed_any
     ), tenants_debited AS (
         UPDATE webhooks.tenants t
