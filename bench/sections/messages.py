@@ -44,7 +44,7 @@ def load(dsn: str, endpoint_id: int, count: int) -> float:
         dsn,
         "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload, status, attempts,"
         " delivered_at, last_http_status)"
-        " SELECT %s, CASE WHEN g % 10 = 0 THEN 'alert.resolved' ELSE 'alert.created' END,"
+        " SELECT %s, CASE WHEN g %% 10 = 0 THEN 'alert.resolved' ELSE 'alert.created' END,"
         f" {payload_sql('g')}, 'delivered', 1, now(), 200 FROM generate_series(1, %s) g",
         (endpoint_id, count),
     )

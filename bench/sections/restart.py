@@ -117,6 +117,7 @@ def run(ctx: Context) -> dict[str, Any]:
                 recovered = t + WINDOW_SECONDS
                 break
     out["seconds_to_full_rate"] = round(recovered - crashed_at, 2) if recovered is not None else None
+    out["seconds_to_full_rate_after_up"] = round(recovered - up_at, 2) if recovered is not None else None
     ten = rate_between(samples, crashed_at, crashed_at + RECOVERY_GOAL_SECONDS)
     out["per_second_first_10s_after"] = round(ten, 1) if ten is not None else None
     if not a.keep_databases:
@@ -128,7 +129,8 @@ def figures(r: dict[str, Any]) -> Figures:
     lines: Figures = [(
         f"restart: {r['rows']:,} rows, {r['workers']} workers, crashed at half",
         f"{r.get('per_second_before')}/s before; back to {100 * RECOVERED_SHARE:.0f}% of it "
-        f"{r.get('seconds_to_full_rate')} s after the crash (the restart took {r.get('restart_seconds')} s); "
+        f"{r.get('seconds_to_full_rate')} s after the crash, {r.get('seconds_to_full_rate_after_up')} s after"
+        f" the server was up again (the restart took {r.get('restart_seconds')} s); "
         f"{r.get('per_second_first_10s_after')}/s over the first 10 s; load "
         f"{r['load_average_before']} -> {r['load_average_after']}",
     )]
