@@ -482,7 +482,8 @@ BEGIN
     ORDER BY q.priority DESC, q.delivery_id;
 END;
 $$;
-REVOKE EXECUTE ON FUNCTION webhooks.claim_from_one_endpoint(text, integer, integer, bigint[], boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION webhooks.claim_from_one_endpoint(text, integer, integer, bigint[], boolean)
+    FROM PUBLIC;
 
 -- Step 3, for the full claim: the limited tenants of the locked endpoints, locked as the endpoints
 -- are; a limited tenant another claim holds sends nothing in this claim.
@@ -798,10 +799,10 @@ SET jit = off
 -- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
 -- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
 -- statement here and in its steps reaches rows through an index whatever the estimates (see
--- `claimed`); the two clean-ups it calls keep their own plan_cache_mode (below). A plan is kept until a table it reads
--- is next analyzed, so it must also hold for a queue far larger than the one it was made for: a
--- seq scan never does. (Seq scans are off in what it calls too, triggers included: each of their
--- statements has its index.)
+-- `claimed`); the two clean-ups it calls keep their own plan_cache_mode (below). A plan is kept
+-- until a table it reads is next analyzed, so it must also hold for a queue far larger than the
+-- one it was made for: a seq scan never does. (Seq scans are off in what it calls too, triggers
+-- included: each of their statements has its index.)
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 AS $$
