@@ -69,6 +69,7 @@ def drain(
     if on_analyzed is not None:
         out.update(on_analyzed(dsn))
     updates0 = table_updates(dsn)
+    health0 = table_updates(dsn, "webhooks.webhook_health_metrics")
     wal0, audit0 = wal_lsn(dsn), audit_log_bytes(dsn)
     ctx.sink.reset()
     reset_statements(dsn)
@@ -114,6 +115,8 @@ def drain(
     final = dict(query(dsn, "SELECT status, count(*) FROM webhooks.alert_delivery_queue GROUP BY 1"))
     updates = {k: v - updates0[k] for k, v in table_updates(dsn).items()}
     out["queue_updates"] = {**updates, "hot_share": round(updates["hot"] / max(1, updates["updates"]), 3)}
+    health = {k: v - health0[k] for k, v in table_updates(dsn, "webhooks.webhook_health_metrics").items()}
+    out["health_row_updates"] = {**health, "hot_share": round(health["hot"] / max(1, health["updates"]), 3)}
     # for docs/capacity.md: what a delivery writes (WAL of the whole cluster: the drain is alone on it)
     out["wal_bytes_per_delivery"] = round(wal_bytes_since(dsn, wal0) / max(1, rows))
     out["audit_log_bytes_per_delivery"] = round((audit_log_bytes(dsn) - audit0) / max(1, rows))
@@ -349,11 +352,12 @@ def audit_log_bytes(dsn: str) -> int:
     )[0][0])
 
 
-def table_updates(dsn: str) -> dict[str, int]:
-    """Row updates of the queue table, and how many were HOT (heap-only: no index entries)."""
+def table_updates(dsn: str, table: str = "webhooks.alert_delivery_queue") -> dict[str, int]:
+    """Row updates of a table (the queue unless named), and how many were HOT (heap-only: no index
+    entries)."""
     [[upd, hot]] = query(
         dsn,
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
-        " WHERE relid = 'webhooks.alert_delivery_queue'::regclass",
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        (table,),
     )
     return {"updates": int(upd), "hot": int(hot)}

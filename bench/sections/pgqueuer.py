@@ -61,6 +61,8 @@ LABELS = {
 BATCH = 100
 # Deliveries per CPU-second of worker + PostgreSQL, ours over PGQueuer's, at least
 TARGET_RATIO = 1.3
+# ... and PostgreSQL's CPU per delivery of our side, at most this (ms)
+PG_CPU_TARGET_MS = 0.07
 STOP_SECONDS = 60.0
 
 
@@ -414,6 +416,10 @@ def targets(results: dict[str, Any], _args: argparse.Namespace) -> Iterator[Targ
     if ratio is not None:
         yield target("deliveries per CPU-second (worker + PostgreSQL), webhook-worker ÷ PGQueuer",
                      three(ratio, fmt="{:.2f}×"), f"≥ {TARGET_RATIO:g}×", ratio["median"] >= TARGET_RATIO)
+    pg_cpu = get(results, "pgqueuer", OURS, "pg_cpu_ms_per_delivery")
+    if pg_cpu is not None:
+        yield target("PostgreSQL CPU per delivery, webhook-worker's drain", three(pg_cpu, fmt="{:.3f} ms"),
+                     f"≤ {PG_CPU_TARGET_MS:g} ms", pg_cpu["median"] <= PG_CPU_TARGET_MS)
     uv = get(results, "pgqueuer", f"{OURS_UVLOOP}_over_pgqueuer")
     if uv is not None:
         yield target("the same, webhook-worker on uvloop ÷ PGQueuer (both on uvloop)",

@@ -19,8 +19,10 @@
 --    digest and answers to no tenant limit takes a short statement that does the same.
 -- 4. Each claimed row gets a new lease token (the fencing token webhooks.finish() checks) and its
 --    attempt is counted now, so a payload that crashes workers cannot loop forever; the endpoints'
---    rate tokens are debited, and every endpoint looked at goes to the back of the line, in the
---    same statement (one write of each endpoint's state row per claim, not two).
+--    rate tokens are debited, and every endpoint looked at goes to the back of the line when
+--    another endpoint that may send was left waiting, in the same statement (one write of each
+--    endpoint's state row per claim, not two; none for an endpoint that got nothing and whose
+--    place does not change).
 -- 5. Each row comes with its tenant's name and rank (place by id), from which the worker makes
 --    the `tenant` label of its delivery counter, and the networks the operator granted the tenant,
 --    which the worker's destination check applies (worker/destinations.py).
@@ -262,72 +264,24 @@ $$;
 -- acquire() (its owner) inlines it; nobody else needs it
 REVOKE EXECUTE ON FUNCTION webhooks.endpoint_quotas(bigint[], integer, timestamptz) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer,
-                                            p_tenants text[] DEFAULT NULL, p_exclude_tenants text[] DEFAULT NULL)
-RETURNS TABLE (
-    delivery_id      bigint,
-    webhook_id       bigint,
-    event_id         text,
-    idempotency_key  text,
-    event_type       text,
-    payload          text,
-    attempt          integer,
-    max_attempts     integer,
-    deferrals        integer,
-    replays          integer,
-    lease_token      uuid,
-    locked_until     timestamptz,
-    traceparent      text,
-    endpoint_url     text,
-    signing_secrets  jsonb,
-    headers          jsonb,
-    body_format      text,
-    secret_settings  jsonb,
-    timeout_ms       integer,     -- the endpoint's own timeout; NULL means the worker's default
-    retry_schedule   jsonb,
-    retry_jitter     real,
-    created_at       timestamptz,
-    retry_policy     jsonb,       -- delivery_config.retry_policy with the endpoint's keys on top
-    digest_id        bigint,      -- the digest (one request) the row goes in; NULL: a request of its own
-    tenant           text,        -- the row's tenant, by name
-    tenant_rank      integer,     -- its place among the tenants by id (1: the first), at most 10001
-    tenant_networks  cidr[]       -- the private networks granted to the tenant (tenants.allow_networks)
-)
+-- acquire()'s steps, each a function of its own, in the order it calls them. Only acquire() calls
+-- them (PUBLIC may not): they run under its settings (a generic plan, seq scans off) and as its
+-- owner, and each keeps its plans for the session as acquire() itself did.
+
+-- Step 2: the endpoints this claim may serve, locked (SKIP LOCKED), at most p_batch_size, each
+-- tenant's least recently served first; and whether the line moves (line_moves: this claim left an
+-- endpoint that may send waiting).
+CREATE OR REPLACE FUNCTION webhooks.lock_claimable_endpoints(p_batch_size integer, p_tenants text[],
+                                                             p_exclude_tenants text[],
+                                                             OUT endpoints bigint[], OUT line_moves boolean)
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, webhooks, pg_temp
-SET jit = off
--- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
--- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
--- statement here reaches rows through an index whatever the estimates (see `claimed`); the two
--- clean-ups it calls keep their own plan_cache_mode (below). A plan is kept until a table it reads
--- is next analyzed, so it must also hold for a queue far larger than the one it was made for: a
--- seq scan never does. (Seq scans are off in what it calls too, triggers included: each of their
--- statements has its index.)
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
 AS $$
-#variable_conflict use_column
 DECLARE
     v_endpoints bigint[];
-    v_one_plain_endpoint boolean := false;
-    v_tenants bigint[];
     v_walk bigint;
     v_walk_cut boolean;
+    v_walked bigint;
 BEGIN
-    -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
-    -- of more rows than any worker can hold only locks them.
-    IF p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
-        RAISE EXCEPTION 'acquire: p_batch_size must be between 1 and 10000, not %', p_batch_size
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF p_lease_seconds IS NULL OR p_lease_seconds NOT BETWEEN 1 AND 3600 THEN
-        RAISE EXCEPTION 'acquire: p_lease_seconds must be between 1 and 3600, not %', p_lease_seconds
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    PERFORM webhooks.reap_expired_leases();
-    PERFORM webhooks.expire_deliveries();
-
     -- Each tenant's line is walked up to v_walk endpoints that may send (twice the batch: the claim
     -- never takes more, and other claims may hold some). Claims of a fleet overlap, and when they
     -- hold all of a tenant's first v_walk (three claims at once can), the walk goes further: with a
@@ -372,8 +326,9 @@ BEGIN
               AND (p_exclude_tenants IS NULL OR NOT t.name = ANY (p_exclude_tenants))
         )
         SELECT array_agg(x.webhook_id ORDER BY x.webhook_id),
-               coalesce((SELECT max(r.walked) FROM ranked r), 0) >= v_walk
-        INTO v_endpoints, v_walk_cut
+               coalesce((SELECT max(r.walked) FROM ranked r), 0) >= v_walk,
+               (SELECT count(*) FROM ranked r)
+        INTO v_endpoints, v_walk_cut, v_walked
         FROM (
             SELECT h.webhook_id
             FROM webhooks.webhook_health_metrics h
@@ -397,13 +352,35 @@ BEGIN
     IF v_endpoints IS NULL THEN
         RETURN;
     END IF;
+    -- The line moves (the endpoints locked here go to its back) only when this claim left an
+    -- endpoint that may send waiting: one it did not reach, or one another claim holds. When it
+    -- locked every endpoint that may send, nobody waits behind them and their order does not
+    -- matter, so their state rows keep last_claimed_at, which the line's index is keyed on: the
+    -- update of those rows stays heap-only (HOT), and a claim that takes nothing writes nothing.
+    -- Why: a busy endpoint's state row was rewritten with new index entries twice a second per
+    -- worker; its dead versions piled up in the table and its indexes between two autovacuums,
+    -- and every claim and finish walked them.
+    endpoints := v_endpoints;
+    line_moves := v_walk_cut OR v_walked > cardinality(v_endpoints);
+END;
+$$;
+REVOKE EXECUTE ON FUNCTION webhooks.lock_claimable_endpoints(integer, text[], text[]) FROM PUBLIC;
 
+-- Step 3, which claim: true for one endpoint that makes no digest, answers to no tenant limit and
+-- has no circuit to half-open, which claim_from_one_endpoint() serves.
+CREATE OR REPLACE FUNCTION webhooks.is_one_plain_endpoint(p_endpoints bigint[]) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_one_plain_endpoint boolean := false;
+BEGIN
     -- One endpoint that makes no digest, answers to no tenant limit and has no circuit to half-open
-    -- (the usual claim of a row or two, woken by their NOTIFY) takes the short claim below: the
-    -- full claim without the steps only those cases need, so the same rows. The full claim's plan,
+    -- (the usual claim of a row or two, woken by their NOTIFY) takes the short claim,
+    -- claim_from_one_endpoint(): the full claim without the steps only those cases need, so the
+    -- same rows. The full claim's plan,
     -- about 170 nodes, cost more to start than a one-row claim's work. The setting
     -- webhooks.claim_path = 'full' sends every claim the long way (the tests compare the two).
-    IF cardinality(v_endpoints) = 1
+    IF cardinality(p_endpoints) = 1
        AND current_setting('webhooks.claim_path', true) IS DISTINCT FROM 'full' THEN
         -- (coalesce_max is set only for bodies that can coalesce: endpoints_coalesce_format)
         SELECT h.circuit_state <> 'open' AND e.coalesce_max IS NULL
@@ -412,100 +389,23 @@ BEGIN
         FROM webhooks.webhook_health_metrics h
         JOIN webhooks.endpoints e ON e.id = h.webhook_id
         JOIN webhooks.tenants t ON t.id = e.tenant_id
-        WHERE h.webhook_id = v_endpoints[1];
+        WHERE h.webhook_id = p_endpoints[1];
     END IF;
-    IF v_one_plain_endpoint THEN
-        RAISE DEBUG 'acquire: the short claim, endpoint %', v_endpoints[1];
-        RETURN QUERY
-        WITH cfg AS (
-            SELECT * FROM webhooks.delivery_config
-        ), clock AS (
-            SELECT clock_timestamp() AS now_exact
-        ), quota AS (
-            SELECT qt.*
-            FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
-        ), heads AS (
-            -- one request each: a row of its own, or the first waiting member of a failed digest
-            SELECT r.delivery_id, r.digest_id
-            FROM quota qt
-            CROSS JOIN LATERAL (
-                SELECT q.delivery_id, q.digest_id
-                FROM webhooks.request_heads q
-                WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
-                ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
-                LIMIT greatest(qt.quota, 0)
-            ) r
-        ), picked AS (
-            SELECT hd.delivery_id FROM heads hd
-            UNION ALL
-            -- the other members of a failed digest, as in the full claim
-            SELECT m.delivery_id
-            FROM heads hd
-            JOIN webhooks.alert_delivery_queue m
-              ON m.digest_id = hd.digest_id AND m.delivery_id <> hd.delivery_id
-             -- (waiting; written to match the digest index and not the indexes of waiting rows the
-             -- claim reads, `claimable` and `due`: see `claimed`)
-             AND m.status IN ('pending', 'retrying', 'delivering') AND m.status <> 'delivering'
-        ), claimed AS (
-            UPDATE webhooks.alert_delivery_queue q
-            SET status = 'delivering',
-                attempts = q.attempts + 1,
-                locked_by = p_worker_id,
-                lease_token = gen_random_uuid(),
-                locked_until = now() + make_interval(secs => p_lease_seconds),
-                updated_at = now()
-            -- (by primary key, as in the full claim)
-            WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
-              AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
-            RETURNING q.*
-        ), debited AS (
-            UPDATE webhooks.webhook_health_metrics h
-            SET rate_tokens = CASE WHEN n.claimed = 0 THEN h.rate_tokens
-                                   WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
-                rate_refilled_at = CASE WHEN n.claimed = 0 THEN h.rate_refilled_at
-                                        WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
-                last_claimed_at = clock.now_exact,
-                updated_at = CASE WHEN n.claimed = 0 THEN h.updated_at ELSE now() END
-            FROM quota qt
-            CROSS JOIN (SELECT count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
-                        FROM claimed c) n
-            CROSS JOIN clock
-            WHERE h.webhook_id = qt.webhook_id
-            RETURNING 1
-        ), claimed_tenants AS MATERIALIZED (  -- (as in the full claim)
-            SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank, t.allow_networks
-            FROM webhooks.tenants t
-            WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
-        )
-        SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
-               coalesce(m.payload, q.payload)::text, q.attempts,
-               coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
-               q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
-               e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
-               coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
-               cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank,
-               ct.allow_networks
-        FROM claimed q
-        -- the payload is the message's (a row inserted with the triggers off keeps its own)
-        LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
-        JOIN webhooks.endpoints e ON e.id = q.webhook_id
-        JOIN claimed_tenants ct ON ct.id = q.tenant_id
-        CROSS JOIN cfg
-        ORDER BY q.priority DESC, q.delivery_id;
-        RETURN;
-    END IF;
+    RETURN coalesce(v_one_plain_endpoint, false);
+END;
+$$;
+REVOKE EXECUTE ON FUNCTION webhooks.is_one_plain_endpoint(bigint[]) FROM PUBLIC;
 
-    -- The limited tenants of these endpoints, locked as the endpoints are (SKIP LOCKED: a claim
-    -- never waits for another); a limited tenant another claim holds sends nothing in this one.
-    SELECT array_agg(x.id) INTO v_tenants
-    FROM (
-        SELECT t.id FROM webhooks.tenants t
-        WHERE t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e WHERE e.id = ANY (v_endpoints))
-          AND (t.rate_limit_per_second IS NOT NULL OR t.max_in_flight IS NOT NULL)
-        ORDER BY t.id
-        FOR UPDATE OF t SKIP LOCKED
-    ) x;
-
+-- Step 3 and 4, the short claim: one plain endpoint's rows (is_one_plain_endpoint()), as
+-- claim_from_endpoints() would take them, leased, counted, its tokens debited.
+CREATE OR REPLACE FUNCTION webhooks.claim_from_one_endpoint(p_worker_id text, p_batch_size integer,
+                                                            p_lease_seconds integer, p_endpoints bigint[],
+                                                            p_line_moves boolean)
+RETURNS SETOF webhooks.claimed_delivery
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE DEBUG 'acquire: the short claim, endpoint %', p_endpoints[1];
     RETURN QUERY
     WITH cfg AS (
         SELECT * FROM webhooks.delivery_config
@@ -513,14 +413,129 @@ BEGIN
         SELECT clock_timestamp() AS now_exact
     ), quota AS (
         SELECT qt.*
-        FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(v_endpoints, p_batch_size, clock.now_exact) qt
+        FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(p_endpoints, p_batch_size, clock.now_exact) qt
+    ), heads AS (
+        -- one request each: a row of its own, or the first waiting member of a failed digest
+        SELECT r.delivery_id, r.digest_id
+        FROM quota qt
+        CROSS JOIN LATERAL (
+            SELECT q.delivery_id, q.digest_id
+            FROM webhooks.request_heads q
+            WHERE q.webhook_id = qt.webhook_id AND q.next_retry_at <= now()
+            ORDER BY q.priority DESC, q.next_retry_at, q.delivery_id
+            LIMIT greatest(qt.quota, 0)
+        ) r
+    ), picked AS (
+        SELECT hd.delivery_id FROM heads hd
+        UNION ALL
+        -- the other members of a failed digest, as in the full claim
+        SELECT m.delivery_id
+        FROM heads hd
+        JOIN webhooks.alert_delivery_queue m
+          ON m.digest_id = hd.digest_id AND m.delivery_id <> hd.delivery_id
+         -- (waiting; written to match the digest index and not the indexes of waiting rows the
+         -- claim reads, `claimable` and `due`: see `claimed`)
+         AND m.status IN ('pending', 'retrying', 'delivering') AND m.status <> 'delivering'
+    ), claimed AS (
+        UPDATE webhooks.alert_delivery_queue q
+        SET status = 'delivering',
+            attempts = q.attempts + 1,
+            locked_by = p_worker_id,
+            lease_token = gen_random_uuid(),
+            locked_until = now() + make_interval(secs => p_lease_seconds),
+            updated_at = now()
+        -- (by primary key, as in the full claim)
+        WHERE q.delivery_id = ANY (ARRAY(SELECT p.delivery_id FROM picked p))
+          AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
+        RETURNING q.*
+    ), debited AS (
+        UPDATE webhooks.webhook_health_metrics h
+        SET rate_tokens = CASE WHEN n.claimed = 0 THEN h.rate_tokens
+                               WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
+            rate_refilled_at = CASE WHEN n.claimed = 0 THEN h.rate_refilled_at
+                                    WHEN qt.rate IS NOT NULL THEN clock.now_exact END,
+            last_claimed_at = CASE WHEN p_line_moves THEN clock.now_exact ELSE h.last_claimed_at END,
+            updated_at = CASE WHEN n.claimed = 0 THEN h.updated_at ELSE now() END
+        FROM quota qt
+        CROSS JOIN (SELECT count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
+                    FROM claimed c) n
+        CROSS JOIN clock
+        WHERE h.webhook_id = qt.webhook_id AND (n.claimed > 0 OR p_line_moves)
+        RETURNING 1
+    ), claimed_tenants AS MATERIALIZED (  -- (as in the full claim)
+        SELECT t.id, t.name, webhooks.tenant_rank(t.id) AS rank, t.allow_networks
+        FROM webhooks.tenants t
+        WHERE t.id = ANY (ARRAY(SELECT DISTINCT c.tenant_id FROM claimed c))
+    )
+    SELECT q.delivery_id, q.webhook_id, q.event_id, q.idempotency_key, q.event_type,
+           coalesce(m.payload, q.payload)::text, q.attempts,
+           coalesce(q.max_attempts, e.max_attempts, cfg.max_attempts),
+           q.deferrals, q.replays, q.lease_token, q.locked_until, q.traceparent,
+           e.url, e.signing_secrets, e.headers, e.body_format, e.secret_settings, e.timeout_ms,
+           coalesce(e.retry_schedule, cfg.retry_schedule), cfg.retry_jitter, q.created_at,
+           cfg.retry_policy || e.retry_policy, q.digest_id, ct.name, ct.rank,
+           ct.allow_networks
+    FROM claimed q
+    -- the payload is the message's (a row inserted with the triggers off keeps its own)
+    LEFT JOIN webhooks.messages m ON m.message_id = q.message_id
+    JOIN webhooks.endpoints e ON e.id = q.webhook_id
+    JOIN claimed_tenants ct ON ct.id = q.tenant_id
+    CROSS JOIN cfg
+    ORDER BY q.priority DESC, q.delivery_id;
+END;
+$$;
+REVOKE EXECUTE ON FUNCTION webhooks.claim_from_one_endpoint(text, integer, integer, bigint[], boolean)
+    FROM PUBLIC;
+
+-- Step 3, for the full claim: the limited tenants of the locked endpoints, locked as the endpoints
+-- are; a limited tenant another claim holds sends nothing in this claim.
+CREATE OR REPLACE FUNCTION webhooks.lock_limited_tenants(p_endpoints bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_tenants bigint[];
+BEGIN
+    -- The limited tenants of these endpoints, locked as the endpoints are (SKIP LOCKED: a claim
+    -- never waits for another); a limited tenant another claim holds sends nothing in this one.
+    SELECT array_agg(x.id) INTO v_tenants
+    FROM (
+        SELECT t.id FROM webhooks.tenants t
+        WHERE t.id IN (SELECT e.tenant_id FROM webhooks.endpoints e WHERE e.id = ANY (p_endpoints))
+          AND (t.rate_limit_per_second IS NOT NULL OR t.max_in_flight IS NOT NULL)
+        ORDER BY t.id
+        FOR UPDATE OF t SKIP LOCKED
+    ) x;
+    RETURN v_tenants;
+END;
+$$;
+REVOKE EXECUTE ON FUNCTION webhooks.lock_limited_tenants(bigint[]) FROM PUBLIC;
+
+-- Steps 3 to 5, the full claim: quotas of the locked endpoints and their tenants, coalescing, the
+-- batch shared between tenants and then across each tenant's endpoints, ordering keys and
+-- digests; the rows leased and counted, tokens debited, the line moved (p_line_moves), a circuit
+-- whose sleep is over half-opened; each row with its endpoint's settings and tenant.
+CREATE OR REPLACE FUNCTION webhooks.claim_from_endpoints(p_worker_id text, p_batch_size integer,
+                                                         p_lease_seconds integer, p_endpoints bigint[],
+                                                         p_tenants bigint[], p_line_moves boolean)
+RETURNS SETOF webhooks.claimed_delivery
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH cfg AS (
+        SELECT * FROM webhooks.delivery_config
+    ), clock AS (
+        SELECT clock_timestamp() AS now_exact
+    ), quota AS (
+        SELECT qt.*
+        FROM clock CROSS JOIN LATERAL webhooks.endpoint_quotas(p_endpoints, p_batch_size, clock.now_exact) qt
     ), tenant_quota AS (
         -- What each tenant may still send now, across all its endpoints and the fleet: the least
         -- of its free concurrency and its rate tokens (requests, as for endpoints); unlimited,
         -- the batch; limited but held by another claim, nothing.
         SELECT t.id AS tenant_id, t.rate_limit_per_second AS rate, tt.tokens_now,
                CASE WHEN t.rate_limit_per_second IS NULL AND t.max_in_flight IS NULL THEN p_batch_size
-                    WHEN NOT t.id = ANY (coalesce(v_tenants, '{}')) THEN 0
+                    WHEN NOT t.id = ANY (coalesce(p_tenants, '{}')) THEN 0
                     ELSE least(p_batch_size,
                                t.max_in_flight - f.flying,
                                floor(tt.tokens_now)::integer)
@@ -710,9 +725,10 @@ BEGIN
           AND q.status NOT IN ('delivering', 'delivered', 'dead_letter')
         RETURNING q.*
     ), debited AS (
-        -- Every endpoint looked at goes to the back of the line, whether it got rows or was at its
-        -- cap: otherwise endpoints that can take nothing would keep the front and crowd out the
-        -- rest. Those that got rows pay their rate tokens, and an open circuit's sleep is over.
+        -- Every endpoint looked at goes to the back of the line (when the line moves: p_line_moves),
+        -- whether it got rows or was at its cap: otherwise endpoints that can take nothing would
+        -- keep the front and crowd out the rest. Those that got rows pay their rate tokens, and an
+        -- open circuit's sleep is over.
         UPDATE webhooks.webhook_health_metrics h
         SET rate_tokens = CASE WHEN n.claimed IS NULL THEN h.rate_tokens
                                WHEN qt.rate IS NOT NULL THEN qt.tokens_now - n.claimed END,
@@ -724,14 +740,14 @@ BEGIN
                                    ELSE h.probe_successes END,
             probe_failures = CASE WHEN h.circuit_state = 'open' AND n.claimed IS NOT NULL THEN 0
                                   ELSE h.probe_failures END,
-            last_claimed_at = clock.now_exact,
+            last_claimed_at = CASE WHEN p_line_moves THEN clock.now_exact ELSE h.last_claimed_at END,
             updated_at = CASE WHEN n.claimed IS NULL THEN h.updated_at ELSE now() END
         -- tokens are per request: a digest costs one
         FROM quota qt
         LEFT JOIN (SELECT c.webhook_id, count(DISTINCT coalesce(c.digest_id, -c.delivery_id))::integer AS claimed
                    FROM claimed c GROUP BY c.webhook_id) n ON n.webhook_id = qt.webhook_id
         CROSS JOIN clock
-        WHERE h.webhook_id = qt.webhook_id
+        WHERE h.webhook_id = qt.webhook_id AND (n.claimed IS NOT NULL OR p_line_moves)
         RETURNING h.webhook_id, n.claimed IS NOT NULL AS claimed_any
     ), tenants_debited AS (
         UPDATE webhooks.tenants t
@@ -770,6 +786,56 @@ BEGIN
     JOIN claimed_tenants ct ON ct.id = q.tenant_id
     CROSS JOIN cfg
     ORDER BY q.priority DESC, q.delivery_id;
+END;
+$$;
+REVOKE EXECUTE ON FUNCTION webhooks.claim_from_endpoints(text, integer, integer, bigint[], bigint[], boolean)
+    FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION webhooks.acquire(p_worker_id text, p_batch_size integer, p_lease_seconds integer,
+                                            p_tenants text[] DEFAULT NULL, p_exclude_tenants text[] DEFAULT NULL)
+-- (the row's columns: the type webhooks.claimed_delivery, migrations/021)
+RETURNS SETOF webhooks.claimed_delivery
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+SET jit = off
+-- Planned once per session, not on every call: the custom plans PostgreSQL chose otherwise cost
+-- 1.7-2 ms of planning per claim, four times the claim itself when one row is due. Every
+-- statement here and in its steps reaches rows through an index whatever the estimates (see
+-- `claimed`); the two clean-ups it calls keep their own plan_cache_mode (below). A plan is kept
+-- until a table it reads is next analyzed, so it must also hold for a queue far larger than the
+-- one it was made for: a seq scan never does. (Seq scans are off in what it calls too, triggers
+-- included: each of their statements has its index.)
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_locked record;
+BEGIN
+    -- Bounds: a lease beyond an hour keeps a crashed worker's rows for that long, and a claim
+    -- of more rows than any worker can hold only locks them.
+    IF p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'acquire: p_batch_size must be between 1 and 10000, not %', p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_lease_seconds IS NULL OR p_lease_seconds NOT BETWEEN 1 AND 3600 THEN
+        RAISE EXCEPTION 'acquire: p_lease_seconds must be between 1 and 3600, not %', p_lease_seconds
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM webhooks.reap_expired_leases();
+    PERFORM webhooks.expire_deliveries();
+    v_locked := webhooks.lock_claimable_endpoints(p_batch_size, p_tenants, p_exclude_tenants);
+    IF v_locked.endpoints IS NULL THEN
+        RETURN;
+    END IF;
+    IF webhooks.is_one_plain_endpoint(v_locked.endpoints) THEN
+        RETURN QUERY SELECT * FROM webhooks.claim_from_one_endpoint(
+            p_worker_id, p_batch_size, p_lease_seconds, v_locked.endpoints, v_locked.line_moves);
+    ELSE
+        RETURN QUERY SELECT * FROM webhooks.claim_from_endpoints(
+            p_worker_id, p_batch_size, p_lease_seconds, v_locked.endpoints,
+            webhooks.lock_limited_tenants(v_locked.endpoints), v_locked.line_moves);
+    END IF;
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.acquire(text, integer, integer, text[], text[]) TO webhooks_worker;

@@ -119,3 +119,25 @@ def assert_feature_prices(features):
         else:
             assert len(entry["pg_cpu_us_per_delivery"]["values"]) == 3, entry["index"]
             assert all(run["final_status"] == {"delivered": run["rows"]} for run in entry["runs"])
+
+
+@pytest.mark.timeout(QUICK_RUN_HANG_SECONDS + 60)
+def test_quick_restart_and_messages_sections_report(tmp_path):
+    # Not in the default run: a drain through a crash of the cluster, and the message history's pages.
+    out = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "restart,messages", "--out", str(out)],
+        capture_output=True, text=True, timeout=QUICK_RUN_HANG_SECONDS, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["errors"] == {}
+    restart = data["restart"]
+    assert restart["complete"] and restart["crash_at_seconds"] > 0 and restart["per_second_before"] > 0
+    assert set(restart["state_after_drain"]) == {"webhook_health_metrics", "alert_delivery_queue"}
+    pages = data["messages"]["ms"]
+    assert set(pages) == {"messages, first page", "messages, a page half way back",
+                          "messages, first page of one event type", "deliveries, first page"}
+    assert all(len(page["values"]) == 2 for page in pages.values())
+    assert {t["target"].split(":")[0] for t in data["targets"]} >= {
+        "restart -m immediate mid-drain", "GET /v1/messages, a page of 100 with 3,000 stored"}

@@ -53,6 +53,40 @@ def test_claim_takes_due_rows_by_priority_then_age(db):
     assert row(db, low[0]) == ("delivering", 1)  # the attempt is counted at claim time
 
 
+def _health_row_writes(conn):
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                        " WHERE relid = 'webhooks.webhook_health_metrics'::regclass").fetchone()
+
+
+def test_a_claim_that_leaves_no_endpoint_waiting_keeps_the_line_and_writes_its_state_rows_heap_only(db):
+    # The line (last_claimed_at, which an index is keyed on) moves only when an endpoint that may
+    # send was left waiting; otherwise the state row's update is heap-only, and nothing is written
+    # for an endpoint that got nothing.
+    lone = add_endpoint(db, "http://127.0.0.1:9/lone", max_in_flight=2)
+    enqueue(db, lone, count=4)
+    with psycopg.connect(db, autocommit=True) as conn:
+        def claim(batch):
+            return [r[0] for r in conn.execute(
+                "SELECT webhook_id FROM webhooks.acquire('w', %s, 30)", (batch,)).fetchall()]
+        before = _health_row_writes(conn)
+        assert claim(1) == [lone]
+        assert claim(1) == [lone]
+        writes = _health_row_writes(conn)
+        assert (writes[0] - before[0], writes[1] - before[1]) == (2, 2), "two updates, both heap-only"
+        assert claim(1) == [], "at its cap"
+        assert _health_row_writes(conn) == writes, "a claim that took nothing wrote nothing"
+        [[placed]] = conn.execute("SELECT last_claimed_at FROM webhooks.webhook_health_metrics"
+                                  " WHERE webhook_id = %s", (lone,)).fetchall()
+        assert placed is None
+        # two endpoints that may send and one claim a time: the line moves, round-robin
+        query(db, "UPDATE webhooks.endpoints SET max_in_flight = 100 WHERE id = %s RETURNING 1", (lone,))
+        other = add_endpoint(db, "http://127.0.0.1:9/other")
+        enqueue(db, other, count=3)
+        assert [claim(1) for _ in range(4)] == [[lone], [other], [lone], [other]]
+
+
 def test_finish_applies_under_the_same_lease(db):
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
     enqueue(db, endpoint)
