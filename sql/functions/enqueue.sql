@@ -200,15 +200,18 @@ CREATE OR REPLACE TRIGGER notify_workers
 -- passes its rows in one call):
 --
 -- * the caller's tenant (caller_tenant()): an endpoint of another tenant is answered as a missing
---   one, and a fan-out reaches the caller's tenant only. The worker's own events name theirs.
+--   one, and a fan-out reaches the caller's tenant only. The worker's own events name theirs, and
+--   so do a table trigger's (p_caller 'trigger', functions/triggers.sql): a request's tenant_id is
+--   its audience, that tenant's subscribers alone, whatever the writing session's tenant.
 -- * the tenant's max_queued, for the API's callers (p_caller 'api', and 'test': a test event is an
 --   operator's, never a producer's): a request that would take the tenant past it is refused
 --   (SQLSTATE 53400) and queues nothing. Requests are taken in their order: from the first that
 --   does not fit, every later one is refused too (constraint tenant_queue_full), so what a caller
 --   sends again comes after what was queued. One that needs more rows than max_queued itself can
 --   never fit (constraint tenant_quota_too_small) and stops nothing after it. An idempotency key
---   already queued needs no room. Producers writing SQL ('producer') and the worker ('worker',
---   'operator') are never refused: their rows wait under the tenant's rate limit.
+--   already queued needs no room. Producers writing SQL ('producer', and their tables' triggers,
+--   'trigger') and the worker ('worker', 'operator') are never refused: their rows wait under the
+--   tenant's rate limit.
 -- * disabled endpoints: a fan-out skips them; a row addressed to one is queued and waits (until
 --   expire_disabled_endpoint_rows() dead-letters it once its retry window has passed); a message
 --   (one request within one tenant) none of whose subscribers is enabled is kept for the disabled
@@ -223,6 +226,10 @@ CREATE OR REPLACE TRIGGER notify_workers
 -- * the bounds, and the tenant and message of each row: the queue's insert trigger
 --   fill_idempotency_key(), the gate's row step, which a producer's own INSERT passes too (a plain
 --   INSERT addresses one endpoint as a SQL producer: no rule above but those applies to it).
+--
+-- A request with a dead_letter_category is queued as a dead letter at once, with that category and
+-- its dead_letter_reason, as a message none of whose subscribers is enabled is (no attempt made;
+-- replayable): a table's row that cannot be sent, too large or naming no known tenant.
 --
 -- p_replays: dead letters and delivered rows to put back to pending (attempts and deferrals reset,
 -- replays counted, the same key, audited), the caller's tenant's only; a deleted endpoint's rows are
@@ -275,7 +282,7 @@ DECLARE
     v_key       text;
     v_one       webhooks.delivery_request;  -- the request, when there is one
 BEGIN
-    IF p_caller IS NULL OR p_caller NOT IN ('producer', 'api', 'test', 'worker', 'operator') THEN
+    IF p_caller IS NULL OR p_caller NOT IN ('producer', 'api', 'test', 'worker', 'operator', 'trigger') THEN
         RAISE EXCEPTION 'queue_deliveries: unknown caller %', p_caller USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -337,13 +344,14 @@ BEGIN
         FROM unnest(p_requests) WITH ORDINALITY AS r(ordinal, webhook_id, event_type, event_id, idempotency_key,
                                                     payload, metadata, source_ref, priority, ordering_key,
                                                     max_attempts, deliver_at, traceparent, expires_at,
-                                                    tenant_id, exclude_webhook_id, i);
+                                                    tenant_id, exclude_webhook_id, dead_letter_category,
+                                                    dead_letter_reason, i);
     END IF;
 
     -- the catalogue's reserved types: the API's callers never, a producer only holding the owner's
     -- rights (as for its own INSERT: refuse_reserved_event_type()); this runs as the owner, so the
     -- acting role is the one the session set, or its login
-    IF v_reserved IS NOT NULL AND (p_caller = 'api' OR (p_caller = 'producer' AND NOT pg_has_role(
+    IF v_reserved IS NOT NULL AND (p_caller IN ('api', 'trigger') OR (p_caller = 'producer' AND NOT pg_has_role(
             CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role') END,
             (SELECT c.relowner FROM pg_class c WHERE c.oid = 'webhooks.alert_delivery_queue'::regclass),
             'USAGE'))) THEN
@@ -398,7 +406,8 @@ BEGIN
         INTO v_hook, v_hook_tenant, v_kept
         FROM webhooks.endpoints e
         WHERE e.id IS DISTINCT FROM v_one.exclude_webhook_id
-          AND CASE WHEN p_caller = 'worker' AND v_one.tenant_id IS NOT NULL
+          AND CASE WHEN p_caller = 'trigger' THEN e.tenant_id = v_one.tenant_id
+                   WHEN p_caller = 'worker' AND v_one.tenant_id IS NOT NULL
                    THEN e.tenant_id = v_one.tenant_id OR e.operational_all_tenants
                    ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
           AND webhooks.subscribes(CASE WHEN v_reserved IS NOT NULL THEN array_remove(e.event_types, '*')
@@ -430,7 +439,8 @@ BEGIN
                                                                 idempotency_key, payload, metadata, source_ref,
                                                                 priority, ordering_key, max_attempts, deliver_at,
                                                                 traceparent, expires_at, tenant_id,
-                                                                exclude_webhook_id, i)
+                                                                exclude_webhook_id, dead_letter_category,
+                                                                dead_letter_reason, i)
                     LEFT JOIN webhooks.endpoints e ON e.id = r.webhook_id
                     WHERE r.webhook_id IS NOT NULL
                     UNION ALL
@@ -439,11 +449,13 @@ BEGIN
                                                                 idempotency_key, payload, metadata, source_ref,
                                                                 priority, ordering_key, max_attempts, deliver_at,
                                                                 traceparent, expires_at, tenant_id,
-                                                                exclude_webhook_id, i)
+                                                                exclude_webhook_id, dead_letter_category,
+                                                                dead_letter_reason, i)
                     JOIN webhooks.endpoints e
                       ON r.webhook_id IS NULL
                      AND e.id IS DISTINCT FROM r.exclude_webhook_id
-                     AND CASE WHEN p_caller = 'worker' AND r.tenant_id IS NOT NULL
+                     AND CASE WHEN p_caller = 'trigger' THEN e.tenant_id = r.tenant_id
+                              WHEN p_caller = 'worker' AND r.tenant_id IS NOT NULL
                               THEN e.tenant_id = r.tenant_id OR e.operational_all_tenants
                               ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
                      AND webhooks.subscribes(CASE WHEN starts_with(r.event_type, 'webhook.')
@@ -537,11 +549,13 @@ BEGIN
                coalesce((p_requests[t.i]).priority, 0), (p_requests[t.i]).ordering_key,
                (p_requests[t.i]).max_attempts, coalesce((p_requests[t.i]).deliver_at, now()),
                (p_requests[t.i]).traceparent, (p_requests[t.i]).expires_at,
-               CASE WHEN t.kept THEN 'dead_letter' ELSE 'pending' END,
-               CASE WHEN t.kept THEN now() END,
-               CASE WHEN t.kept THEN 'disabled' END,
-               CASE WHEN t.kept THEN 'endpoint disabled: published while every subscriber was disabled; '
-                                     'replay it once enabled' END
+               CASE WHEN t.kept OR (p_requests[t.i]).dead_letter_category IS NOT NULL THEN 'dead_letter'
+                    ELSE 'pending' END,
+               CASE WHEN t.kept OR (p_requests[t.i]).dead_letter_category IS NOT NULL THEN now() END,
+               coalesce((p_requests[t.i]).dead_letter_category, CASE WHEN t.kept THEN 'disabled' END),
+               coalesce((p_requests[t.i]).dead_letter_reason,
+                        CASE WHEN t.kept THEN 'endpoint disabled: published while every subscriber was '
+                                              'disabled; replay it once enabled' END)
         FROM unnest(v_req, v_hook, v_kept) AS t(i, webhook_id, kept)
         WHERE NOT t.i = ANY (v_refused)
         ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
@@ -619,7 +633,7 @@ BEGIN
     FROM webhooks.queue_deliveries(
         ARRAY[ROW(1, p_webhook_id, p_event_type, p_event_id, p_idempotency_key, p_payload, p_metadata,
                   p_source_ref, p_priority, p_ordering_key, p_max_attempts, p_deliver_at, p_traceparent,
-                  p_expires_at, NULL, NULL)::webhooks.delivery_request], 'producer') g;
+                  p_expires_at, NULL, NULL, NULL, NULL)::webhooks.delivery_request], 'producer') g;
     RETURN v_id;
 END;
 $$;
@@ -664,7 +678,7 @@ BEGIN
     RETURN (SELECT count(*) FILTER (WHERE g.created)
             FROM webhooks.queue_deliveries(
                 ARRAY[ROW(1, NULL, p_event_type, v_event_id, v_event_id, p_payload, NULL, p_source_ref,
-                          p_priority, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request],
+                          p_priority, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request],
                 'producer') g);
 END;
 $$;
