@@ -271,7 +271,8 @@ SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
     SELECT CASE WHEN count(a.attnum) = cardinality(p_columns) THEN
                format('(SELECT coalesce((%s), false) FROM (SELECT %s) AS webhooks_condition)', p_condition,
-                      coalesce(string_agg(format('%s.%I AS %I', p_row, a.attname, c.name), ', '), '1'))
+                      coalesce(string_agg(format('%s.%I AS %I', p_row, a.attname, c.name), ', ')
+                                   FILTER (WHERE a.attnum IS NOT NULL), '1'))
            END
     FROM unnest(p_columns, p_names) AS c(attnum, name)
     LEFT JOIN pg_attribute a ON a.attrelid = p_table AND a.attnum = c.attnum AND NOT a.attisdropped;
@@ -297,6 +298,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
+-- Planned once per session: its statements read only their parameters and the catalog by key.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_limit    integer;
