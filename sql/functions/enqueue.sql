@@ -1,11 +1,15 @@
 -- enqueue: the ways in. A plain INSERT into webhooks.alert_delivery_queue, webhooks.enqueue() (the
 -- idempotent way for producers that may retry), webhooks.publish() (one event, one delivery per
--- subscribed endpoint), and webhooks.observer_queue_alert(), the trigger an application attaches to
--- its own table:
+-- subscribed endpoint; publish_many() for many at once), and webhooks.observer_queue_alert(), the
+-- trigger an application attaches to its own table:
 --   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts FOR EACH ROW
 --       EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
 -- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
--- holding a stable event key; the payload is the row as JSON).
+-- holding a stable event key; the payload is the row as JSON), or, for statements of many rows,
+--   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts REFERENCING NEW TABLE AS webhooks_new
+--       FOR EACH STATEMENT EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
+-- A table trigger (functions/triggers.sql) does the same with updates and deletes, without writing
+-- a trigger by hand.
 --
 -- Every function that queues (these, the API's publish, test events, replays, operational events)
 -- does it through one gate, webhooks.queue_deliveries() below, which applies the tenant, quota,
@@ -192,9 +196,9 @@ CREATE OR REPLACE TRIGGER notify_workers
     AFTER INSERT ON webhooks.alert_delivery_queue
     FOR EACH STATEMENT EXECUTE FUNCTION webhooks.notify_workers();
 
--- The gate: every function that queues a delivery (enqueue, publish and the table trigger
--- observer_queue_alert, the API's publish and batch, test events, replays one and bulk, operational
--- events) calls queue_deliveries(), the only function that inserts into the queue or puts a row back
+-- The gate: every function that queues a delivery (enqueue, publish, publish_many and the trigger
+-- observer_queue_alert, table triggers, the API's publish and batch, test events, replays one and
+-- bulk, operational events) calls queue_deliveries(), the only function that inserts into the queue or puts a row back
 -- in it; tests/integration/test_gate.py reads every function's source to hold it so. It applies,
 -- once, for a whole set of requests at a time (a statement-level trigger with a transition table
 -- passes its rows in one call):
@@ -684,16 +688,79 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.publish(text, jsonb, text, text, integer) TO webhooks_producer;
 
+-- Many events at once, each to its subscribers (the gate's fan-out, one call): element i of each
+-- array is one event (type, payload, optional stable key as in publish(), optional source_ref). The
+-- count of rows it made. What observer_queue_alert() calls for a statement's rows.
+CREATE OR REPLACE FUNCTION webhooks.publish_many(
+    p_event_types text[],
+    p_payloads    jsonb[],
+    p_event_keys  text[] DEFAULT NULL,
+    p_source_refs text[] DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF cardinality(p_event_types) IS DISTINCT FROM cardinality(p_payloads)
+       OR cardinality(p_event_keys) <> cardinality(p_payloads) OR cardinality(p_source_refs) <> cardinality(p_payloads) THEN
+        RAISE EXCEPTION 'publish_many: the arrays must be of the same length' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (SELECT count(*) FILTER (WHERE g.created)
+            FROM webhooks.queue_deliveries(ARRAY(
+                SELECT ROW(e.i, NULL, e.event_type, webhooks.published_event_id(e.event_type, e.event_key),
+                           NULL, e.payload, NULL, e.source_ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                           NULL, NULL)::webhooks.delivery_request
+                FROM unnest(p_event_types, p_payloads, p_event_keys, p_source_refs)
+                     WITH ORDINALITY AS e(event_type, payload, event_key, source_ref, i)
+                WHERE e.payload IS NOT NULL
+                ORDER BY e.i), 'producer') g);
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.publish_many(text[], jsonb[], text[], text[]) TO webhooks_producer;
+
+-- The trigger an application attaches to its own table (README), for each row or, declared FOR EACH
+-- STATEMENT REFERENCING NEW TABLE AS webhooks_new, for all of a statement's rows in one call of the
+-- gate (publish_many()): an INSERT … SELECT of many rows then costs about what inserting their
+-- deliveries does, where a row trigger calls publish() once per row. It runs as whoever inserts
+-- (their row is converted with their rights: a cast of theirs runs as them), who must be a member
+-- of webhooks_producer. Arguments: the event type, or 'column:<name>' to read it from each row;
+-- optionally the column holding a stable event key (then the event id derives from the table, the
+-- column's value and the type, so a producer that inserts again queues nothing twice).
 CREATE OR REPLACE FUNCTION webhooks.observer_queue_alert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_row        jsonb := to_jsonb(NEW);
+    v_row        jsonb;
     v_event_type text := TG_ARGV[0];
     v_key        text;
+    v_types      text[];
+    v_rows       jsonb[];
+    v_keys       text[];
+    v_refs       text[];
 BEGIN
     IF TG_NARGS < 1 THEN
         RAISE EXCEPTION 'webhooks.observer_queue_alert needs an event type argument';
     END IF;
+    IF TG_LEVEL = 'STATEMENT' THEN
+        SELECT array_agg(CASE WHEN starts_with(TG_ARGV[0], 'column:') THEN r.rw ->> substr(TG_ARGV[0], 8)
+                              ELSE TG_ARGV[0] END ORDER BY r.n),
+               array_agg(r.rw ORDER BY r.n),
+               array_agg(CASE WHEN TG_NARGS >= 2
+                              THEN TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME || ':' || (r.rw ->> TG_ARGV[1]) END
+                         ORDER BY r.n),
+               array_agg(TG_TABLE_NAME || coalesce(':' || (r.rw ->> coalesce(TG_ARGV[1], 'id')), '') ORDER BY r.n)
+        INTO v_types, v_rows, v_keys, v_refs
+        FROM (SELECT row_number() OVER () AS n, to_jsonb(t) AS rw FROM webhooks_new t) r;
+        IF array_position(v_types, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION 'webhooks.observer_queue_alert: column % is missing or null', TG_ARGV[0];
+        END IF;
+        IF cardinality(v_rows) > 0 THEN
+            PERFORM webhooks.publish_many(v_types, v_rows, v_keys, v_refs);
+        END IF;
+        RETURN NULL;
+    END IF;
+    v_row := to_jsonb(NEW);
     IF starts_with(v_event_type, 'column:') THEN
         v_event_type := v_row ->> substr(v_event_type, 8);
         IF v_event_type IS NULL THEN
