@@ -308,6 +308,7 @@ DECLARE
     v_watched  text[];
     v_key      text[];
     v_tenant_column text;
+    v_nonkey   text[];
     v_table    jsonb := jsonb_build_object('schema', p_schema, 'name', p_table);
     v_made     integer;
 BEGIN
@@ -318,14 +319,15 @@ BEGIN
                     '{}'),
            array_agg(a.attname::text ORDER BY array_position(p_trigger.key_columns, a.attnum))
                FILTER (WHERE a.attnum = ANY (p_trigger.key_columns)),
-           min(a.attname::text) FILTER (WHERE a.attnum = p_trigger.tenant_column)
-    INTO v_columns, v_excluded, v_watched, v_key, v_tenant_column
+           min(a.attname::text) FILTER (WHERE a.attnum = p_trigger.tenant_column),
+           coalesce(array_agg(a.attname::text) FILTER (WHERE NOT a.attnum = ANY (p_trigger.key_columns)), '{}'),
+           (SELECT c.max_payload_bytes FROM webhooks.delivery_config c LIMIT 1)
+    INTO v_columns, v_excluded, v_watched, v_key, v_tenant_column, v_nonkey, v_limit
     FROM pg_attribute a
     WHERE a.attrelid = p_trigger.table_oid AND a.attnum > 0 AND NOT a.attisdropped;
     IF p_trigger.watched_columns IS NULL THEN
         v_watched := v_columns;
     END IF;
-    SELECT c.max_payload_bytes INTO v_limit FROM webhooks.delivery_config c LIMIT 1;
 
     SELECT count(*) FILTER (WHERE g.created) INTO v_made
     FROM webhooks.queue_deliveries(ARRAY(
@@ -354,7 +356,7 @@ BEGIN
                         WHEN c.size > v_limit THEN 'too_large' END AS category
             FROM (
                 SELECT b.*, octet_length(b.payload::text) AS size,
-                       coalesce(p_trigger.tenant_id, tn.id) AS tenant_id
+                       coalesce(p_trigger.tenant_id, (SELECT tn.id FROM webhooks.tenants tn WHERE tn.name = b.tenant_name)) AS tenant_id
                 FROM (
                     SELECT r.o, r.rw, r.key, r.tenant_name,
                            'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || r.key_text) AS event_id,
@@ -367,10 +369,9 @@ BEGIN
                     FROM (
                         SELECT t.o, t.new_row, t.old_row, s.rw, s.rw ->> v_tenant_column AS tenant_name,
                                CASE WHEN cardinality(v_key) = 1 THEN jsonb_build_object(v_key[1], s.rw -> v_key[1])
-                                    ELSE (SELECT jsonb_object_agg(k, s.rw -> k) FROM unnest(v_key) k) END AS key,
+                                    ELSE s.rw - v_nonkey END AS key,
                                CASE WHEN cardinality(v_key) = 1 THEN s.rw ->> v_key[1]
-                                    ELSE (SELECT jsonb_agg(s.rw -> k ORDER BY n)
-                                          FROM unnest(v_key) WITH ORDINALITY AS kk(k, n))::text END AS key_text,
+                                    ELSE (s.rw - v_nonkey)::text END AS key_text,
                                CASE WHEN p_op = 'update'
                                     THEN ARRAY(SELECT c FROM unnest(v_columns) c
                                                WHERE t.new_row -> c IS DISTINCT FROM t.old_row -> c)
@@ -381,7 +382,6 @@ BEGIN
                                                           WHERE t.new_row -> w IS DISTINCT FROM t.old_row -> w)
                     ) r
                 ) b
-                LEFT JOIN webhooks.tenants tn ON p_trigger.tenant_column IS NOT NULL AND tn.name = b.tenant_name
             ) c
         ) e
         ORDER BY e.o), 'trigger') g;

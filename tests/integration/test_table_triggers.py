@@ -493,3 +493,51 @@ def test_concurrent_writers_each_queue_their_own_rows(db):
         thread.join()
     assert errors == []
     assert query(db, "SELECT count(DISTINCT event_id) FROM webhooks.alert_delivery_queue") == [(150,)]
+
+
+def test_a_key_of_several_columns_orders_invokes_and_backfills_by_all_of_them(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("line.*",))
+    query(db, "CREATE TABLE public.lines (order_id bigint, line smallint, sku text,"
+              " PRIMARY KEY (order_id, line))")
+    query(db, "SELECT webhooks.table_trigger_add('lines', 'public.lines', ARRAY['insert'], 'line.added')")
+    query(db, "INSERT INTO public.lines VALUES (1, 1, 'a'), (1, 2, 'b'), (2, 1, 'c')")
+    assert query(db, "SELECT payload -> 'key', ordering_key FROM webhooks.deliveries"
+                     " ORDER BY delivery_id") == [
+        ({"order_id": 1, "line": 1}, 'public.lines:{"line": 1, "order_id": 1}'),
+        ({"order_id": 1, "line": 2}, 'public.lines:{"line": 2, "order_id": 1}'),
+        ({"order_id": 2, "line": 1}, 'public.lines:{"line": 1, "order_id": 2}')]
+    assert query(db, "SELECT webhooks.table_trigger_invoke('lines', '[1, 2]')") == [(1,)]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="give a JSON array of their values"):
+        query(db, "SELECT webhooks.table_trigger_invoke('lines', '1')")
+    [(operation,)] = query(db, "SELECT webhooks.table_trigger_backfill('lines')")
+    assert query(db, "SELECT * FROM webhooks.api_replay_step(%s, 2)", (operation,)) == [("running", 2)]
+    assert query(db, "SELECT position FROM webhooks.api_operations WHERE id = %s", (operation,)) == [
+        (["1", "2"],)]
+    assert query(db, "SELECT * FROM webhooks.api_replay_step(%s, 2)", (operation,)) == [("done", 3)]
+    assert sorted(p["new"]["sku"] for p in payloads(db) if p["op"] == "backfill") == ["a", "b", "c"]
+
+
+def test_readmes_trigger_for_each_statement_queues_a_statements_rows_in_one_call(db):
+    endpoints = [add_endpoint(db, f"http://127.0.0.1:9/{i}", event_types=("alert.*",)) for i in range(2)]
+    query(db, "CREATE TABLE public.alerts (id bigserial PRIMARY KEY, title text,"
+              " kind text DEFAULT 'alert.created')")
+    query(db, "CREATE TRIGGER alerts_webhooks AFTER INSERT ON public.alerts"
+              " REFERENCING NEW TABLE AS webhooks_new FOR EACH STATEMENT"
+              " EXECUTE FUNCTION webhooks.observer_queue_alert('column:kind', 'id')")
+    with psycopg.connect(db) as conn:
+        conn.execute("SET track_functions = 'all'")
+        conn.execute("INSERT INTO public.alerts (title) SELECT 'alert ' || n FROM generate_series(1, 300) n")
+        calls = dict(conn.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                                  " WHERE funcname IN ('queue_deliveries', 'publish', 'publish_many')"
+                                  ).fetchall())
+        conn.commit()
+    assert calls == {"queue_deliveries": 1, "publish_many": 1}
+    assert query(db, "SELECT webhook_id, count(*), count(DISTINCT event_id), min(event_type)"
+                     " FROM webhooks.deliveries GROUP BY 1 ORDER BY 1") == [
+        (e, 300, 300, "alert.created") for e in endpoints]
+    # the key column makes the event id stable: the same row inserted again queues nothing
+    query(db, "DELETE FROM public.alerts WHERE id = 1")
+    query(db, "INSERT INTO public.alerts (id, title) VALUES (1, 'again')")
+    assert query(db, "SELECT source_ref FROM webhooks.deliveries ORDER BY delivery_id LIMIT 1") == [
+        ("alerts:1",)]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(600,)]
