@@ -5,7 +5,7 @@
 --   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts FOR EACH ROW
 --       EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
 -- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
--- holding a stable event key; the payload is the row as JSON), or, for statements of many rows,
+-- holding a stable event key; the payload is the row as JSON), or, for statements of many rows:
 --   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts REFERENCING NEW TABLE AS webhooks_new
 --       FOR EACH STATEMENT EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
 -- A table trigger (functions/triggers.sql) does the same with updates and deletes, without writing

@@ -1,6 +1,5 @@
 -- triggers: webhooks from an application's own tables, registered by name (the table:
--- migrations/029_table_triggers.sql). One function per command of `webhook-worker triggers`:
---
+-- migrations/029_table_triggers.sql). One function per command of the CLI's `triggers` group:
 --   SELECT webhooks.table_trigger_add('orders', 'public.orders', ARRAY['insert', 'update', 'delete'],
 --                                     'order.changed', p_exclude_columns => ARRAY['card_token'],
 --                                     p_when => 'status <> ''draft''', p_tenant_column => 'tenant');
