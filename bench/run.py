@@ -32,7 +32,7 @@ from bench.section import Context, Figures, Section, Target, log
 # printed table. A new section is a new module and its name here.
 SECTION_MODULES = ("http", "db", "e2e", "latency", "backlog", "producer", "many", "naive", "endpoint", "slow",
                    "features", "sweep", "storm", "tenants", "retention", "reclaim", "spread", "pgqueuer",
-                   "api", "restart", "messages")
+                   "api", "restart", "messages", "triggers")
 
 
 def registry() -> dict[str, Section]:

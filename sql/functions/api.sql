@@ -203,7 +203,7 @@ BEGIN
     SELECT g.delivery_id, g.webhook_id, e.name, g.created, v_key
     FROM webhooks.queue_deliveries(
         ARRAY[ROW(1, v_webhook_id, p_event_type, v_key, v_key, p_payload, NULL, NULL, p_priority,
-                  p_ordering_key, NULL, NULL, p_traceparent, p_expires_at, NULL, NULL)::webhooks.delivery_request],
+                  p_ordering_key, NULL, NULL, p_traceparent, p_expires_at, NULL, NULL, NULL, NULL)::webhooks.delivery_request],
         'api') g
     LEFT JOIN webhooks.endpoints e ON e.id = g.webhook_id
     ORDER BY g.webhook_id;
@@ -431,7 +431,8 @@ AS $$
     RETURNING id;
 $$;
 
--- One step of a running replay operation: at most p_limit more dead letters (and no more than its
+-- One step of a running operation: a table trigger's backfill (table_trigger_backfill_step()), or a
+-- bulk replay: at most p_limit more dead letters (and no more than its
 -- max_rows in all). No row when the operation is not running, another session is stepping it, or
 -- its next step is not due: a step of n rows at rate r makes the next one due n / r seconds later,
 -- in the row, so every API process together keeps the rate.
@@ -454,8 +455,14 @@ BEGIN
         RAISE EXCEPTION 'api_replay_step: p_limit must be 1 to 10000, got %', p_limit
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- a table trigger's backfill is stepped by its own function (functions/triggers.sql)
+    IF (SELECT o.kind FROM webhooks.api_operations o WHERE o.id = p_operation_id) = 'trigger_backfill' THEN
+        RETURN QUERY SELECT * FROM webhooks.table_trigger_backfill_step(p_operation_id, p_limit);
+        RETURN;
+    END IF;
     SELECT * INTO v_op FROM webhooks.api_operations o
-    WHERE o.id = p_operation_id AND o.status = 'running' AND o.next_step_at <= now()
+    WHERE o.id = p_operation_id AND o.kind = 'replay_dead_letters' AND o.status = 'running'
+      AND o.next_step_at <= now()
     FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;

@@ -146,7 +146,7 @@ BEGIN
                     'delivery_id', ev.delivery_id, 'at', ev.at),
                 NULL, 'endpoint_events:' || ev.id, 10, NULL, NULL, NULL, NULL, NULL,
                 -- its endpoint's tenant (and the endpoints marked operational_all_tenants), never itself
-                ev.tenant_id, ev.webhook_id)::webhooks.delivery_request], 'worker') g);
+                ev.tenant_id, ev.webhook_id, NULL, NULL)::webhooks.delivery_request], 'worker') g);
 END;
 $$;
 

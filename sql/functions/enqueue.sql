@@ -1,11 +1,15 @@
 -- enqueue: the ways in. A plain INSERT into webhooks.alert_delivery_queue, webhooks.enqueue() (the
 -- idempotent way for producers that may retry), webhooks.publish() (one event, one delivery per
--- subscribed endpoint), and webhooks.observer_queue_alert(), the trigger an application attaches to
--- its own table:
+-- subscribed endpoint; publish_many() for many at once), and webhooks.observer_queue_alert(), the
+-- trigger an application attaches to its own table:
 --   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts FOR EACH ROW
 --       EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
 -- (arguments: the event type, or 'column:<name>' to read it from the row; optionally the column
--- holding a stable event key; the payload is the row as JSON).
+-- holding a stable event key; the payload is the row as JSON), or, for statements of many rows:
+--   CREATE TRIGGER alerts_webhooks AFTER INSERT ON alerts REFERENCING NEW TABLE AS webhooks_new
+--       FOR EACH STATEMENT EXECUTE FUNCTION webhooks.observer_queue_alert('alert.created', 'id');
+-- A table trigger (functions/triggers.sql) does the same with updates and deletes, without writing
+-- a trigger by hand.
 --
 -- Every function that queues (these, the API's publish, test events, replays, operational events)
 -- does it through one gate, webhooks.queue_deliveries() below, which applies the tenant, quota,
@@ -192,23 +196,26 @@ CREATE OR REPLACE TRIGGER notify_workers
     AFTER INSERT ON webhooks.alert_delivery_queue
     FOR EACH STATEMENT EXECUTE FUNCTION webhooks.notify_workers();
 
--- The gate: every function that queues a delivery (enqueue, publish and the table trigger
--- observer_queue_alert, the API's publish and batch, test events, replays one and bulk, operational
--- events) calls queue_deliveries(), the only function that inserts into the queue or puts a row back
+-- The gate: every function that queues a delivery (enqueue, publish, publish_many and the trigger
+-- observer_queue_alert, table triggers, the API's publish and batch, test events, replays one and
+-- bulk, operational events) calls queue_deliveries(), the only function that inserts into the queue or puts a row back
 -- in it; tests/integration/test_gate.py reads every function's source to hold it so. It applies,
 -- once, for a whole set of requests at a time (a statement-level trigger with a transition table
 -- passes its rows in one call):
 --
 -- * the caller's tenant (caller_tenant()): an endpoint of another tenant is answered as a missing
---   one, and a fan-out reaches the caller's tenant only. The worker's own events name theirs.
+--   one, and a fan-out reaches the caller's tenant only. The worker's own events name theirs, and
+--   so do a table trigger's (p_caller 'trigger', functions/triggers.sql): a request's tenant_id is
+--   its audience, that tenant's subscribers alone, whatever the writing session's tenant.
 -- * the tenant's max_queued, for the API's callers (p_caller 'api', and 'test': a test event is an
 --   operator's, never a producer's): a request that would take the tenant past it is refused
 --   (SQLSTATE 53400) and queues nothing. Requests are taken in their order: from the first that
 --   does not fit, every later one is refused too (constraint tenant_queue_full), so what a caller
 --   sends again comes after what was queued. One that needs more rows than max_queued itself can
 --   never fit (constraint tenant_quota_too_small) and stops nothing after it. An idempotency key
---   already queued needs no room. Producers writing SQL ('producer') and the worker ('worker',
---   'operator') are never refused: their rows wait under the tenant's rate limit.
+--   already queued needs no room. Producers writing SQL ('producer', and their tables' triggers,
+--   'trigger') and the worker ('worker', 'operator') are never refused: their rows wait under the
+--   tenant's rate limit.
 -- * disabled endpoints: a fan-out skips them; a row addressed to one is queued and waits (until
 --   expire_disabled_endpoint_rows() dead-letters it once its retry window has passed); a message
 --   (one request within one tenant) none of whose subscribers is enabled is kept for the disabled
@@ -223,6 +230,10 @@ CREATE OR REPLACE TRIGGER notify_workers
 -- * the bounds, and the tenant and message of each row: the queue's insert trigger
 --   fill_idempotency_key(), the gate's row step, which a producer's own INSERT passes too (a plain
 --   INSERT addresses one endpoint as a SQL producer: no rule above but those applies to it).
+--
+-- A request with a dead_letter_category is queued as a dead letter at once, with that category and
+-- its dead_letter_reason, as a message none of whose subscribers is enabled is (no attempt made;
+-- replayable): a table's row that cannot be sent, too large or naming no known tenant.
 --
 -- p_replays: dead letters and delivered rows to put back to pending (attempts and deferrals reset,
 -- replays counted, the same key, audited), the caller's tenant's only; a deleted endpoint's rows are
@@ -275,7 +286,7 @@ DECLARE
     v_key       text;
     v_one       webhooks.delivery_request;  -- the request, when there is one
 BEGIN
-    IF p_caller IS NULL OR p_caller NOT IN ('producer', 'api', 'test', 'worker', 'operator') THEN
+    IF p_caller IS NULL OR p_caller NOT IN ('producer', 'api', 'test', 'worker', 'operator', 'trigger') THEN
         RAISE EXCEPTION 'queue_deliveries: unknown caller %', p_caller USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -337,13 +348,14 @@ BEGIN
         FROM unnest(p_requests) WITH ORDINALITY AS r(ordinal, webhook_id, event_type, event_id, idempotency_key,
                                                     payload, metadata, source_ref, priority, ordering_key,
                                                     max_attempts, deliver_at, traceparent, expires_at,
-                                                    tenant_id, exclude_webhook_id, i);
+                                                    tenant_id, exclude_webhook_id, dead_letter_category,
+                                                    dead_letter_reason, i);
     END IF;
 
     -- the catalogue's reserved types: the API's callers never, a producer only holding the owner's
     -- rights (as for its own INSERT: refuse_reserved_event_type()); this runs as the owner, so the
     -- acting role is the one the session set, or its login
-    IF v_reserved IS NOT NULL AND (p_caller = 'api' OR (p_caller = 'producer' AND NOT pg_has_role(
+    IF v_reserved IS NOT NULL AND (p_caller IN ('api', 'trigger') OR (p_caller = 'producer' AND NOT pg_has_role(
             CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role') END,
             (SELECT c.relowner FROM pg_class c WHERE c.oid = 'webhooks.alert_delivery_queue'::regclass),
             'USAGE'))) THEN
@@ -398,7 +410,8 @@ BEGIN
         INTO v_hook, v_hook_tenant, v_kept
         FROM webhooks.endpoints e
         WHERE e.id IS DISTINCT FROM v_one.exclude_webhook_id
-          AND CASE WHEN p_caller = 'worker' AND v_one.tenant_id IS NOT NULL
+          AND CASE WHEN p_caller = 'trigger' THEN e.tenant_id = v_one.tenant_id
+                   WHEN p_caller = 'worker' AND v_one.tenant_id IS NOT NULL
                    THEN e.tenant_id = v_one.tenant_id OR e.operational_all_tenants
                    ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
           AND webhooks.subscribes(CASE WHEN v_reserved IS NOT NULL THEN array_remove(e.event_types, '*')
@@ -430,7 +443,8 @@ BEGIN
                                                                 idempotency_key, payload, metadata, source_ref,
                                                                 priority, ordering_key, max_attempts, deliver_at,
                                                                 traceparent, expires_at, tenant_id,
-                                                                exclude_webhook_id, i)
+                                                                exclude_webhook_id, dead_letter_category,
+                                                                dead_letter_reason, i)
                     LEFT JOIN webhooks.endpoints e ON e.id = r.webhook_id
                     WHERE r.webhook_id IS NOT NULL
                     UNION ALL
@@ -439,11 +453,13 @@ BEGIN
                                                                 idempotency_key, payload, metadata, source_ref,
                                                                 priority, ordering_key, max_attempts, deliver_at,
                                                                 traceparent, expires_at, tenant_id,
-                                                                exclude_webhook_id, i)
+                                                                exclude_webhook_id, dead_letter_category,
+                                                                dead_letter_reason, i)
                     JOIN webhooks.endpoints e
                       ON r.webhook_id IS NULL
                      AND e.id IS DISTINCT FROM r.exclude_webhook_id
-                     AND CASE WHEN p_caller = 'worker' AND r.tenant_id IS NOT NULL
+                     AND CASE WHEN p_caller = 'trigger' THEN e.tenant_id = r.tenant_id
+                              WHEN p_caller = 'worker' AND r.tenant_id IS NOT NULL
                               THEN e.tenant_id = r.tenant_id OR e.operational_all_tenants
                               ELSE v_tenant IS NULL OR e.tenant_id = v_tenant END
                      AND webhooks.subscribes(CASE WHEN starts_with(r.event_type, 'webhook.')
@@ -537,11 +553,13 @@ BEGIN
                coalesce((p_requests[t.i]).priority, 0), (p_requests[t.i]).ordering_key,
                (p_requests[t.i]).max_attempts, coalesce((p_requests[t.i]).deliver_at, now()),
                (p_requests[t.i]).traceparent, (p_requests[t.i]).expires_at,
-               CASE WHEN t.kept THEN 'dead_letter' ELSE 'pending' END,
-               CASE WHEN t.kept THEN now() END,
-               CASE WHEN t.kept THEN 'disabled' END,
-               CASE WHEN t.kept THEN 'endpoint disabled: published while every subscriber was disabled; '
-                                     'replay it once enabled' END
+               CASE WHEN t.kept OR (p_requests[t.i]).dead_letter_category IS NOT NULL THEN 'dead_letter'
+                    ELSE 'pending' END,
+               CASE WHEN t.kept OR (p_requests[t.i]).dead_letter_category IS NOT NULL THEN now() END,
+               coalesce((p_requests[t.i]).dead_letter_category, CASE WHEN t.kept THEN 'disabled' END),
+               coalesce((p_requests[t.i]).dead_letter_reason,
+                        CASE WHEN t.kept THEN 'endpoint disabled: published while every subscriber was '
+                                              'disabled; replay it once enabled' END)
         FROM unnest(v_req, v_hook, v_kept) AS t(i, webhook_id, kept)
         WHERE NOT t.i = ANY (v_refused)
         ON CONFLICT (webhook_id, idempotency_key) DO NOTHING
@@ -619,7 +637,7 @@ BEGIN
     FROM webhooks.queue_deliveries(
         ARRAY[ROW(1, p_webhook_id, p_event_type, p_event_id, p_idempotency_key, p_payload, p_metadata,
                   p_source_ref, p_priority, p_ordering_key, p_max_attempts, p_deliver_at, p_traceparent,
-                  p_expires_at, NULL, NULL)::webhooks.delivery_request], 'producer') g;
+                  p_expires_at, NULL, NULL, NULL, NULL)::webhooks.delivery_request], 'producer') g;
     RETURN v_id;
 END;
 $$;
@@ -664,22 +682,85 @@ BEGIN
     RETURN (SELECT count(*) FILTER (WHERE g.created)
             FROM webhooks.queue_deliveries(
                 ARRAY[ROW(1, NULL, p_event_type, v_event_id, v_event_id, p_payload, NULL, p_source_ref,
-                          p_priority, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request],
+                          p_priority, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request],
                 'producer') g);
 END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.publish(text, jsonb, text, text, integer) TO webhooks_producer;
 
+-- Many events at once, each to its subscribers (the gate's fan-out, one call): element i of each
+-- array is one event (type, payload, optional stable key as in publish(), optional source_ref). The
+-- count of rows it made. What observer_queue_alert() calls for a statement's rows.
+CREATE OR REPLACE FUNCTION webhooks.publish_many(
+    p_event_types text[],
+    p_payloads    jsonb[],
+    p_event_keys  text[] DEFAULT NULL,
+    p_source_refs text[] DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+SECURITY DEFINER
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+BEGIN
+    IF cardinality(p_event_types) IS DISTINCT FROM cardinality(p_payloads)
+       OR cardinality(p_event_keys) <> cardinality(p_payloads) OR cardinality(p_source_refs) <> cardinality(p_payloads) THEN
+        RAISE EXCEPTION 'publish_many: the arrays must be of the same length' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (SELECT count(*) FILTER (WHERE g.created)
+            FROM webhooks.queue_deliveries(ARRAY(
+                SELECT ROW(e.i, NULL, e.event_type, webhooks.published_event_id(e.event_type, e.event_key),
+                           NULL, e.payload, NULL, e.source_ref, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                           NULL, NULL)::webhooks.delivery_request
+                FROM unnest(p_event_types, p_payloads, p_event_keys, p_source_refs)
+                     WITH ORDINALITY AS e(event_type, payload, event_key, source_ref, i)
+                WHERE e.payload IS NOT NULL
+                ORDER BY e.i), 'producer') g);
+END;
+$$;
+GRANT EXECUTE ON FUNCTION webhooks.publish_many(text[], jsonb[], text[], text[]) TO webhooks_producer;
+
+-- The trigger an application attaches to its own table (README), for each row or, declared FOR EACH
+-- STATEMENT REFERENCING NEW TABLE AS webhooks_new, for all of a statement's rows in one call of the
+-- gate (publish_many()): an INSERT … SELECT of many rows then costs about what inserting their
+-- deliveries does, where a row trigger calls publish() once per row. It runs as whoever inserts
+-- (their row is converted with their rights: a cast of theirs runs as them), who must be a member
+-- of webhooks_producer. Arguments: the event type, or 'column:<name>' to read it from each row;
+-- optionally the column holding a stable event key (then the event id derives from the table, the
+-- column's value and the type, so a producer that inserts again queues nothing twice).
 CREATE OR REPLACE FUNCTION webhooks.observer_queue_alert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_row        jsonb := to_jsonb(NEW);
+    v_row        jsonb;
     v_event_type text := TG_ARGV[0];
     v_key        text;
+    v_types      text[];
+    v_rows       jsonb[];
+    v_keys       text[];
+    v_refs       text[];
 BEGIN
     IF TG_NARGS < 1 THEN
         RAISE EXCEPTION 'webhooks.observer_queue_alert needs an event type argument';
     END IF;
+    IF TG_LEVEL = 'STATEMENT' THEN
+        SELECT array_agg(CASE WHEN starts_with(TG_ARGV[0], 'column:') THEN r.rw ->> substr(TG_ARGV[0], 8)
+                              ELSE TG_ARGV[0] END ORDER BY r.n),
+               array_agg(r.rw ORDER BY r.n),
+               array_agg(CASE WHEN TG_NARGS >= 2
+                              THEN TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME || ':' || (r.rw ->> TG_ARGV[1]) END
+                         ORDER BY r.n),
+               array_agg(TG_TABLE_NAME || coalesce(':' || (r.rw ->> coalesce(TG_ARGV[1], 'id')), '') ORDER BY r.n)
+        INTO v_types, v_rows, v_keys, v_refs
+        FROM (SELECT row_number() OVER () AS n, to_jsonb(t) AS rw FROM webhooks_new t) r;
+        IF array_position(v_types, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION 'webhooks.observer_queue_alert: column % is missing or null', TG_ARGV[0];
+        END IF;
+        IF cardinality(v_rows) > 0 THEN
+            PERFORM webhooks.publish_many(v_types, v_rows, v_keys, v_refs);
+        END IF;
+        RETURN NULL;
+    END IF;
+    v_row := to_jsonb(NEW);
     IF starts_with(v_event_type, 'column:') THEN
         v_event_type := v_row ->> substr(v_event_type, 8);
         IF v_event_type IS NULL THEN

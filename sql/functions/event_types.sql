@@ -193,7 +193,7 @@ BEGIN
         jsonb_build_object('type', 'webhook.test', 'endpoint', v_endpoint.name, 'tenant', v_endpoint.tenant,
                            'sent_at', now(),
                            'message', 'A test event from webhook-worker: this endpoint is reachable.'),
-        NULL, 'test_event', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request], 'test') g;
+        NULL, 'test_event', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request], 'test') g;
     RETURN v_found;
 END;
 $$;

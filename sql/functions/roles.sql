@@ -17,11 +17,14 @@
 --   granted beside each of the reader's grants (and under the same row-level security), and changes
 --   things only through the administration functions granted to it (SECURITY DEFINER, fixed
 --   search_path: registering and changing endpoints, their circuits and credentials, replay,
---   tenants, bulk operations) and the settable columns of delivery_config (`config set`: each
---   column's type and CHECK constraints are the rule). No table may it write directly otherwise.
+--   tenants, bulk operations, table triggers: functions/triggers.sql, whose table_trigger_add()
+--   runs as its caller and needs the table's owner or its TRIGGER privilege besides) and the
+--   settable columns of delivery_config (`config set`: each column's type and CHECK constraints are
+--   the rule). No table may it write directly otherwise.
 -- webhooks_tenant_admin (a tenant_admin token's requests, always with webhooks.tenant set) reads
 --   what a reader kept to its tenant reads of the tenant's own rows (not the fleet's liveness or
---   stats sample, which name other tenants), the event-type catalogue, and changes things through
+--   stats sample, which name other tenants), the event-type catalogue, the table triggers whose
+--   fixed tenant is its own (table_trigger_summary), and changes things through
 --   the administration functions of endpoints, replay and bulk operations, each of which keeps to
 --   the caller's tenant (caller_tenant(), functions/access.sql). Without the setting it sees no
 --   row (the restrictive policies of migrations/015_self_service.sql) and those functions refuse.

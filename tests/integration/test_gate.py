@@ -17,7 +17,8 @@ REQUEUES = re.compile(r"\breplays\s*=\s*(?:\w+\s*\.\s*)?replays\s*\+\s*1", re.IG
 # Every way in that is a function: each must reach the gate, directly or through another of these.
 WAYS_IN = ("enqueue", "publish", "observer_queue_alert", "api_publish", "api_publish_batch", "api_publish_as",
            "api_publish_batch_as", "send_test_event", "replay", "replay_dead_letters", "api_replay_step",
-           "publish_operational", "record_endpoint_event")
+           "publish_operational", "record_endpoint_event", "table_trigger_fire", "table_trigger_invoke",
+           "table_trigger_backfill_step")
 
 
 def function_sources(db: str) -> dict[str, str]:
@@ -106,7 +107,7 @@ def test_the_gate_takes_many_requests_in_one_call_as_a_statement_trigger_would(d
     query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (off,))
     requests = """ARRAY(
             SELECT ROW(n, NULL, 'row.changed', NULL, 'row-' || n, jsonb_build_object('n', n), NULL, NULL,
-                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request
+                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request
             FROM generate_series(1, 50) n)"""
     rows = query(db, f"SELECT g.ordinal, g.webhook_id, g.created FROM webhooks.queue_deliveries({requests},"
                      " 'producer') g ORDER BY g.ordinal, g.webhook_id")
