@@ -28,9 +28,9 @@ from worker.liveness import Liveness, id_in_use
 from worker.maintenance import Maintenance
 from worker.model import Claimed
 from worker.observability import Metrics, ProbeServer, get_logger
-from worker.queue import DeliverySettings, Queue
 from worker.retrying import DATABASE_ERRORS, Backoff, brief
 from worker.runtime import cancel_and_wait
+from worker.store.queue import DeliverySettings, Queue
 
 T = TypeVar("T")
 SCHEMA_MISSING = (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)

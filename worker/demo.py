@@ -15,7 +15,7 @@ from worker.daemon import Worker, sender_for
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres
 from worker.observability import configure_logging
-from worker.queue import Queue
+from worker.store.queue import Queue
 from worker.tables import cell, print_table
 
 SEVERITIES = ("critical", "warning", "info")

@@ -13,8 +13,8 @@ import psycopg
 from worker.model import Finished, FinishResult
 from worker.observability import Metrics
 from worker.policy import Outcome
-from worker.queue import Queue
 from worker.retrying import TRANSIENT_ERRORS, Backoff, brief
+from worker.store.queue import Queue
 
 
 class Finisher:

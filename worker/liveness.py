@@ -10,8 +10,8 @@ from uuid import UUID, uuid4
 
 import psycopg
 
-from worker.queue import Queue, Registration
 from worker.retrying import DATABASE_ERRORS, Backoff, brief
+from worker.store.queue import Queue, Registration
 
 # Each worker checks its own liveness connection and reclaims the rows of lost workers this often;
 # a worker's lock must be missing for the grace before its rows are reclaimed, which a cut liveness

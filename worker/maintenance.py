@@ -10,8 +10,8 @@ from typing import Any
 
 from worker.config import Config
 from worker.observability import Metrics
-from worker.queue import Queue
 from worker.retrying import DATABASE_ERRORS, Backoff, brief
+from worker.store.queue import Queue
 
 
 @dataclass(frozen=True)

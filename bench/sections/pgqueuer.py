@@ -343,7 +343,7 @@ def _finish_profiler(process: subprocess.Popen[bytes], path: Path) -> dict[str, 
 PROFILE_PARTS = (
     ("start-up (imports)", "importlib._bootstrap"),
     ("our POST (Sender.send)", "Sender.send (worker/delivery.py"),
-    ("our claims (Queue.acquire)", "Queue.acquire (worker/queue.py"),
+    ("our claims (Queue.acquire)", "Queue.acquire (worker/store/queue.py"),
     ("our finishes (Finisher.run)", "Finisher.run (worker/finisher.py"),
     ("the PGQueuer job's POST (deliver)", "deliver (bench/pgqueuer_consumer.py"),
     ("PGQueuer's dequeues (fetch_jobs)", "QueueManager.fetch_jobs (pgqueuer/"),

@@ -25,7 +25,7 @@ from tests.support import (
     wait_started,
     worker_dsn,
 )
-from worker.queue import LIVENESS_SERVER_SETTINGS, Queue
+from worker.store.queue import LIVENESS_SERVER_SETTINGS, Queue
 
 DEFAULT_LEASE_SECONDS = 60
 # Requests held at the receiver stay open while a case sets its scene, however long a loaded machine

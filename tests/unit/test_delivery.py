@@ -29,7 +29,7 @@ from worker.delivery import (
 from worker.destinations import url_problem
 from worker.model import Claimed
 from worker.policy import Category, RetrySchedule
-from worker.queue import _claimed
+from worker.store.queue import _claimed
 
 
 @pytest.mark.parametrize(

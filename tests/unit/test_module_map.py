@@ -72,7 +72,7 @@ def test_the_http_side_and_the_attempt_do_not_import_the_database_side_or_the_lo
         for module in graph[todo.pop()] - reached:
             reached.add(module)
             todo.append(module)
-    assert not reached & {"worker.queue", "worker.operator_sql", "worker.schema", "worker.daemon",
+    assert not reached & {"worker.store.queue", "worker.operator_sql", "worker.schema", "worker.daemon",
                           "worker.finisher", "worker.liveness"}
 
 
