@@ -14,9 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from worker import wording
-from worker.api.forwarded import network_problem
 from worker.errors import ConfigError
-from worker.portal import base_url_problem, origin
+from worker.rules.portal import base_url_problem, origin
+from worker.web.forwarded import network_problem
 
 ENV_PREFIX = "WEBHOOK_WORKER_"
 # What PyYAML raises, besides YAMLError, for a malformed tagged scalar such as `!!int x`.
@@ -229,7 +229,7 @@ class ApiConfig(_Section):
     # host and port.
     public_url: str | None = None
     # A publish's payloads are checked against their types' JSON Schemas in processes of their own
-    # (worker/api/schema_checks.py): this many, and a request's checks may take this long together;
+    # (worker/web/schema_checks.py): this many, and a request's checks may take this long together;
     # past it the process is killed, and the payloads not checked by then are refused (422).
     schema_validation_processes: int = Field(default=1, ge=1, le=64)
     schema_validation_budget_seconds: float = Field(default=1.0, gt=0, le=60)

@@ -9,12 +9,15 @@ from typing import Any
 
 from aiohttp import web
 
-from worker import operator_sql, schema, signing
+from worker import schema, signing
 from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, SecurityConfig, WorkerConfig
 from worker.daemon import Worker, sender_for
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres
 from worker.observability import configure_logging
+from worker.store import database
+from worker.store import deliveries as delivery_store
+from worker.store import endpoints as endpoint_store
 from worker.store.queue import Queue
 from worker.tables import cell, print_table
 
@@ -76,23 +79,22 @@ async def _demo(url: str, alerts: int) -> int:
         # the receiver is on loopback, which workers refuse unless it is allowed explicitly
         security=SecurityConfig(allow_networks=["127.0.0.1/32"]),
     )
-    with operator_sql.connect(config) as conn:
+    async with database.connect(url) as conn:
         name = f"demo-receiver-{int(time.time())}"
-        endpoint_id = operator_sql.register_endpoint(
-            conn, operator_sql.EndpointSpec(name=name, url=receiver_url, url_display=f"http://127.0.0.1:{port}",
+        endpoint_id = await endpoint_store.register_endpoint(
+            conn, endpoint_store.EndpointSpec(name=name, url=receiver_url, url_display=f"http://127.0.0.1:{port}",
                                           signing_secrets=(secret,)),
             keyring,
         )
         print(f"registered endpoint {endpoint_id} ({name}) → {receiver_url}")
-        ids = operator_sql.insert_sample_alerts(conn, endpoint_id, alerts, SEVERITIES)
+        ids = await delivery_store.insert_sample_alerts(conn, endpoint_id, alerts, SEVERITIES)
         print(f"enqueued {len(ids)} alerts with a plain INSERT; starting a worker\n")
 
         worker = Worker(config, Queue.create(url, 1, 2, 10.0, "demo-worker", keyring), sender_for(config))
         task = asyncio.create_task(worker.run())
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            # off the event loop, which the worker shares
-            counts = await asyncio.to_thread(operator_sql.final_counts, conn, ids)
+            counts = await delivery_store.final_counts(conn, ids)
             if counts["final"] == len(ids):
                 break
             await asyncio.sleep(0.2)
@@ -100,10 +102,10 @@ async def _demo(url: str, alerts: int) -> int:
         await task
         await runner.cleanup()
         print()
-        for title, columns, rows in operator_sql.demo_report(conn, ids, endpoint_id):
+        for title, columns, rows in await delivery_store.demo_report(conn, ids, endpoint_id):
             print(f"-- {title}")
             print_table(columns, [[cell(v) for v in r] for r in rows])
             print()
-        delivered = operator_sql.final_counts(conn, ids)["delivered"]
+        delivered = (await delivery_store.final_counts(conn, ids))["delivered"]
     print(f"\n{delivered} of {len(ids)} alerts delivered")
     return 0 if delivered == len(ids) else 1

@@ -1,20 +1,18 @@
 """Endpoints: the one shape an endpoint is read and written in (pydantic models holding every bound
-once) and the two changes, register() and update(), each one transaction; the CLI and the HTTP API
-call these, and the console lists what they store."""
+once), and the rules a registration or a change must pass before worker.store.endpoints stores it;
+the CLI, the HTTP API and the console all call these."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import psycopg
-from psycopg.rows import dict_row
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker import coalescing, formats, operator_sql, signing, wording
+from worker import coalescing, formats, wording
 from worker import tenants as tenant_rules
 from worker.config import Config
 from worker.delivery import display_url
@@ -26,15 +24,12 @@ from worker.destinations import (
     refused_as_private,
     tenant_policy,
 )
-from worker.encryption import Keyring
-from worker.operator_sql import EndpointSpec
 from worker.policy import MAX_DELAY_SECONDS, RetrySchedule
 from worker.registration import (
     MAX_ENDPOINT_NAME_CHARS,
     MAX_URL_CHARS,
     endpoint_name_problem,
     header_problem,
-    headers_problem,
     registration_url_problem,
 )
 
@@ -283,28 +278,6 @@ class DestinationScope:
         return tenant_policy(destination_policy(config), self.tenant, self.granted)
 
 
-# The tenant a new endpoint goes to (its name given, or NULL: `default`, or a scoped caller's own)
-# or, with an endpoint's id, that endpoint's tenant; no row: an endpoint the caller does not see.
-DESTINATION_SCOPE = "SELECT tenant, allow_networks FROM webhooks.tenant_destinations(%s, %s)"
-
-
-def scope_of(row: Any) -> DestinationScope | None:
-    """A DESTINATION_SCOPE row as a DestinationScope."""
-    return None if row is None else DestinationScope(str(row[0]), tuple(row[1] or ()))
-
-
-def destination_scope(conn: psycopg.Connection, tenant: str | None = None,
-                      endpoint_id: int | None = None) -> DestinationScope | None:
-    """Where an endpoint registered in `tenant` (or the endpoint `endpoint_id`) may deliver, as the
-    caller's session sees it; None: no such endpoint for this caller. A tenant that does not exist
-    is an EndpointProblem on `tenant`; another tenant than a scoped caller's own raises
-    InsufficientPrivilege, as registration would."""
-    try:
-        return scope_of(conn.execute(DESTINATION_SCOPE, (tenant, endpoint_id)).fetchone())
-    except psycopg.errors.NoDataFound:
-        raise _refused_tenant(tenant) from None
-
-
 def allow_networks_hint(problem: str, address: Address | None) -> str:
     """How to allow a refused private address, for a message that says it was refused."""
     if not refused_as_private(problem):
@@ -393,7 +366,7 @@ _COALESCING_OPTIONS = {"--coalesce-max": "coalesce_max", "--coalesce-window": "c
                        "--format": "body_format"}
 
 
-def _coalescing(body: EndpointFields, body_format: str | None, stored_max: int | None = None
+def coalescing_changes(body: EndpointFields, body_format: str | None, stored_max: int | None = None
                 ) -> dict[str, Any]:
     try:
         return coalescing.policy_changes(body.coalesce_max, body.coalesce_window, body_format, stored_max)
@@ -405,7 +378,7 @@ def _coalescing(body: EndpointFields, body_format: str | None, stored_max: int |
         raise EndpointProblem(field, detail) from None
 
 
-def _columns(body: EndpointFields) -> dict[str, Any]:
+def columns_of(body: EndpointFields) -> dict[str, Any]:
     """webhooks.update_endpoint's fields for what the body gives (OWN_RULES apart, but the URL)."""
     found: dict[str, Any] = {}
     if body.url is not None:
@@ -422,105 +395,5 @@ def _columns(body: EndpointFields) -> dict[str, Any]:
     return found
 
 
-def _refused_tenant(tenant: str | None) -> EndpointProblem:
+def refused_tenant(tenant: str | None) -> EndpointProblem:
     return EndpointProblem("tenant", f"no tenant named {tenant!r} (tenants list shows them)")
-
-
-def _refused(exc: psycopg.Error, name: str | None = None, tenant: str | None = None) -> EndpointProblem:
-    """What the database refused, as a field problem (its DETAIL may quote the row: never used)."""
-    if isinstance(exc, psycopg.errors.UniqueViolation):
-        # names are unique within a tenant: the clash is always in the endpoint's own tenant
-        return EndpointProblem("name", f"an endpoint named {name!r} exists in this tenant" if name else
-                               "an endpoint with this name exists in this tenant", conflict=True)
-    if isinstance(exc, psycopg.errors.NoDataFound):
-        return _refused_tenant(tenant)
-    constraint = getattr(exc.diag, "constraint_name", None) or ""
-    if constraint == "tenant_max_endpoints":
-        return EndpointProblem("tenant", str(exc.diag.message_primary), conflict=True)
-    return EndpointProblem("(body)", f"refused by constraint {constraint or type(exc).__name__}")
-
-
-def register(conn: psycopg.Connection, body: EndpointCreate, keyring: Keyring, *,
-             tenant: str | None = None, active: bool = True) -> Registered:
-    """Store a new endpoint in one transaction (check_destination first: it may block on DNS), in
-    `tenant` or else the body's."""
-    tenant = tenant if tenant is not None else body.tenant
-    secret = body.secret or signing.generate_secret()
-    if (problem := signing.secret_problem(secret)) is not None:
-        raise EndpointProblem("secret", problem)
-    body_format = body.body_format or "raw"
-    check_routing_key(body.body_format, body.routing_key)
-    problem = headers_problem(body.url, body.headers or {})
-    if problem is not None:
-        raise EndpointProblem("headers", problem)
-    # the columns webhooks.register_endpoint takes; the others follow in the same transaction
-    taken = {spec_field.name for spec_field in fields(EndpointSpec)}
-    later = {**_coalescing(body, body_format),
-             **{k: v for k, v in _columns(body).items() if k not in taken}}
-    spec = EndpointSpec(
-        name=body.name, url=body.url, url_display=display_url(body.url), signing_secrets=(secret,),
-        event_types=tuple(body.event_types or ["*"]), headers=body.headers or {},
-        max_attempts=body.max_attempts,
-        timeout_ms=round(body.timeout_seconds * 1000) if body.timeout_seconds else None,
-        retry_schedule={"delays": body.retry_delays} if body.retry_delays else None,
-        rate_limit_per_second=body.rate_limit_per_second, rate_limit_burst=body.rate_limit_burst,
-        max_in_flight=body.max_in_flight, body_format=body_format,
-        secret_settings={"routing_key": body.routing_key} if body.routing_key else {},
-        active=active, tenant=tenant, operational_all_tenants=bool(body.operational_all_tenants),
-    )
-    try:
-        with conn.transaction():
-            endpoint_id = operator_sql.register_endpoint(conn, spec, keyring)
-            if later:
-                operator_sql.update_endpoint(conn, endpoint_id, later, keyring)
-    except operator_sql.InvalidEndpoint as exc:
-        field, _, detail = str(exc).partition(": ")
-        raise EndpointProblem(field, detail) from None
-    except (psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound, psycopg.errors.CheckViolation) as exc:
-        raise _refused(exc, body.name, tenant) from None
-    return Registered(endpoint_id, body.name, spec.url_display, secret)
-
-
-def update(conn: psycopg.Connection, endpoint_id: int, body: EndpointUpdate, keyring: Keyring) -> list[str]:
-    """Change what the body gives, in one transaction (check_destination first for a new URL); the
-    fields changed."""
-    changes = _columns(body)
-    coalesce = body.coalesce_max is not None or body.coalesce_window is not None
-    if not changes and body.routing_key is None and not coalesce:
-        raise EndpointProblem("(body)", "nothing to change: give at least one field")
-    try:
-        with conn.transaction():
-            if coalesce or body.body_format is not None:
-                stored = operator_sql.endpoint_coalescing(conn, endpoint_id)
-                stored_format, stored_max = stored or (None, None)
-                changes.update(_coalescing(body, body.body_format or stored_format, stored_max))
-            if body.routing_key is not None or body.body_format == "pagerduty":
-                stored_format, settings = operator_sql.endpoint_format_and_settings(
-                    conn, endpoint_id, keyring)
-                check_routing_key(body.body_format, body.routing_key, stored_format,
-                                  "routing_key" in settings)
-                if body.routing_key is not None:
-                    changes["secret_settings"] = {**settings, "routing_key": body.routing_key}
-            operator_sql.update_endpoint(conn, endpoint_id, changes, keyring)
-    except operator_sql.InvalidEndpoint as exc:
-        field, _, detail = str(exc).partition(": ")
-        raise EndpointProblem(field, detail) from None
-    except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
-        raise _refused(exc) from None
-    renamed = {"secret_settings": "routing_key", "timeout_ms": "timeout_seconds",
-               "retry_schedule": "retry_delays", "delivery_ttl": "ttl_seconds"}
-    return sorted({renamed.get(k, k) for k in changes if k != "url_display"})
-
-
-def read(conn: psycopg.Connection, endpoint_id: int) -> dict[str, Any] | None:
-    """An endpoint in its one shape (COLUMNS)."""
-    cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(f"SELECT {COLUMNS} FROM webhooks.endpoint_summary WHERE id = %s",
-                       (endpoint_id,)).fetchone()
-
-
-def listing(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """Every endpoint in its one shape, with its attempt counts (`endpoints list`)."""
-    cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(f"SELECT {COLUMNS}, successes, failures FROM webhooks.endpoint_summary ORDER BY id"
-                       ).fetchall()

@@ -8,9 +8,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import psycopg
-from psycopg.rows import dict_row
-
 from worker import wording
 from worker.schemas import (
     MAX_SCHEMA_DEPTH,
@@ -33,8 +30,6 @@ MAX_NAME_BYTES = 256
 MAX_DESCRIPTION_CHARS = 2000
 # The worker's own types: catalogued by the migrations, changed by no caller.
 RESERVED_PREFIX = "webhook."
-_COLUMNS = "name, description, schema, deprecated"
-
 
 class EventTypeError(ValueError):
     """A catalogue change that breaks a rule: the message names the field and the problem."""
@@ -135,7 +130,7 @@ def payload_refusal(event_type: str, problem: PayloadProblem) -> PublishProblem:
 def publish_problem(event_type: str, known: EventType | None, payload: Any,
                     require_known: bool) -> PublishProblem | None:
     """type_problem(), then the payload checked against the type's schema here and now (the API checks
-    payloads in processes of their own, within a time budget: worker.api.schema_checks)."""
+    payloads in processes of their own, within a time budget: worker.web.schema_checks)."""
     refused = type_problem(event_type, known, require_known)
     if refused is not None or known is None:
         return refused
@@ -146,85 +141,11 @@ def publish_problem(event_type: str, known: EventType | None, payload: Any,
     return None if problem is None else payload_refusal(event_type, problem)
 
 
-# --- The catalogue's rows (sql/functions/event_types.sql) -------------------------------------------
+# --- The catalogue's rows (sql/functions/event_types.sql; worker.store.event_types reads them) -------
 
 
 def from_row(row: dict[str, Any]) -> EventType:
     return EventType(str(row["name"]), str(row["description"]), row["schema"], bool(row["deprecated"]))
-
-
-def get(conn: psycopg.Connection, name: str) -> EventType | None:
-    row = conn.cursor(row_factory=dict_row).execute(
-        f"SELECT {_COLUMNS} FROM webhooks.event_type(%s)", (name,)).fetchone()
-    return None if row is None else from_row(row)
-
-
-async def get_async(conn: psycopg.AsyncConnection[Any], name: str) -> EventType | None:
-    """get() for the API's connections."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(f"SELECT {_COLUMNS} FROM webhooks.event_type(%s)", (name,))
-    row = await cur.fetchone()
-    return None if row is None else from_row(row)
-
-
-_LISTING = f"SELECT {_COLUMNS} FROM webhooks.event_type_list(%s)"
-
-
-def listing(conn: psycopg.Connection, include_deprecated: bool = True) -> list[EventType]:
-    rows = conn.cursor(row_factory=dict_row).execute(_LISTING, (include_deprecated,)).fetchall()
-    return [from_row(row) for row in rows]
-
-
-async def listing_async(conn: psycopg.AsyncConnection[Any],
-                        include_deprecated: bool = True) -> list[EventType]:
-    """listing() for the console's connections."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_LISTING, (include_deprecated,))
-    return [from_row(row) for row in await cur.fetchall()]
-
-
-def upsert(conn: psycopg.Connection, name: str, description: str = "", schema: Any | None = None,
-           deprecated: bool | None = None) -> bool:
-    """Add a type or replace its description and schema; whether it is new. A name, description
-    or schema that breaks a rule raises EventTypeError naming the field, and nothing is written."""
-    problem = name_problem(name)
-    if problem is not None:
-        raise EventTypeError(f"name: {problem}")
-    if len(description) > MAX_DESCRIPTION_CHARS:
-        raise EventTypeError(f"description: at most {MAX_DESCRIPTION_CHARS} characters")
-    if schema is not None:
-        problem = schema_problem(schema)
-        if problem is not None:
-            raise EventTypeError(f"schema: {problem}")
-    row = conn.execute("SELECT webhooks.upsert_event_type(%s, %s, %s::jsonb, %s)",
-                       (name, description, None if schema is None else json.dumps(schema),
-                        deprecated)).fetchone()
-    assert row is not None
-    return bool(row[0])
-
-
-def deprecate(conn: psycopg.Connection, name: str, deprecated: bool = True) -> bool:
-    """Mark a type deprecated (or current again); whether it exists."""
-    if name.startswith(RESERVED_PREFIX):
-        raise EventTypeError(f"name: types starting with {RESERVED_PREFIX!r} are the worker's own")
-    row = conn.execute("SELECT webhooks.deprecate_event_type(%s, %s)", (name, deprecated)).fetchone()
-    return bool(row and row[0])
-
-
-_UNMATCHED = "SELECT webhook_id, endpoint_name, pattern, problem FROM webhooks.unmatched_subscriptions()"
-
-
-def unmatched_subscriptions(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """Each endpoint's subscription pattern that no catalogued type matches ('unknown') or only
-    deprecated ones do ('deprecated'), for the caller's tenant if it is kept to one."""
-    return conn.cursor(row_factory=dict_row).execute(_UNMATCHED).fetchall()
-
-
-async def unmatched_subscriptions_async(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-    """unmatched_subscriptions() for the console's connections."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_UNMATCHED)
-    return await cur.fetchall()
 
 
 def unmatched_of_endpoint(rows: list[dict[str, Any]], endpoint_id: int) -> list[dict[str, Any]]:

@@ -336,7 +336,7 @@ def first_problem(validator: Validator, payload: Any) -> PayloadProblem | None:
 
 
 def payload_problem(schema: Any, payload: Any) -> PayloadProblem | None:
-    """A payload checked against a schema, here and now (worker.api.schema_checks runs the same
+    """A payload checked against a schema, here and now (worker.web.schema_checks runs the same
     check in processes of their own, within a time budget); SchemaUnusable for a schema that
     breaks the catalogue's rules."""
     if schema is None:

@@ -1,13 +1,9 @@
-"""Tenants as the operator manages them: their limits and granted networks checked, and the SQL
-functions that store them."""
+"""Tenants as the operator manages them: their names, limits and granted networks checked before
+worker.store.tenants stores them."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-import psycopg
-from psycopg.rows import dict_row
 
 from worker.destinations import granted_networks
 from worker.observability import OTHER_TENANTS
@@ -86,35 +82,8 @@ def stored(limits: dict[str, Any]) -> dict[str, Any]:
     return {**limits, "allow_networks": granted_networks(limits["allow_networks"] or [])}
 
 
-def add(conn: psycopg.Connection, name: str, limits: dict[str, Any]) -> int:
-    _check(name, limits)
-    row = conn.execute("SELECT webhooks.register_tenant(%s, %s)",
-                       (name, json.dumps(stored(limits)))).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def update(conn: psycopg.Connection, name: str, limits: dict[str, Any]) -> int:
-    _check(name, limits)
-    row = conn.execute("SELECT webhooks.update_tenant(%s, %s)",
-                       (name, json.dumps(stored(limits)))).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def listing(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM webhooks.tenant_summary"
-                       " ORDER BY id").fetchall()
-
-
-def show(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM webhooks.tenant_summary WHERE name = %s",
-                       (name,)).fetchone()
-
-
-def _check(name: str, limits: dict[str, Any]) -> None:
+def check(name: str, limits: dict[str, Any]) -> None:
+    """InvalidTenant naming the option, unless the name and the limits can be stored."""
     problem = name_problem(name)
     if problem is not None:
         raise InvalidTenant(f"NAME: {problem}")

@@ -7,7 +7,7 @@ import json
 from tests.api.test_tenant_isolation import scoped_token
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, query
 from worker import encryption
-from worker.api import tokens
+from worker.rules import tokens
 
 SECRET_URL = "https://hooks.example.com/services/T000/B000/very-secret-path?token=abc123"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from worker.api import tokens
 from worker.config import load_config
 from worker.errors import ConfigError
 from worker.event_types import (
@@ -20,6 +19,7 @@ from worker.event_types import (
     schema_from_text,
     schema_problem,
 )
+from worker.rules import tokens
 
 INVOICE = {
     "type": "object",

@@ -1,5 +1,6 @@
 """The module map holds (docs/design.md): no import circles, the HTTP side apart from the database,
-and the operator's connections opened in one place. Read from the source, without importing it."""
+one door to the database (worker/store/: only it opens connections and runs SQL), and the API and
+the console apart. Read from the source, without importing it."""
 
 import ast
 from pathlib import Path
@@ -72,25 +73,60 @@ def test_the_http_side_and_the_attempt_do_not_import_the_database_side_or_the_lo
         for module in graph[todo.pop()] - reached:
             reached.add(module)
             todo.append(module)
-    assert not reached & {"worker.store.queue", "worker.operator_sql", "worker.schema", "worker.daemon",
-                          "worker.finisher", "worker.liveness"}
+    assert not {m for m in reached if m.startswith("worker.store")}
+    assert not reached & {"worker.schema", "worker.daemon", "worker.finisher", "worker.liveness"}
 
 
 def test_encryption_does_not_import_the_configuration():
     assert "worker.config" not in imports()["worker.encryption"]
 
 
-def test_only_the_database_modules_open_connections():
-    opening = set()
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "connect" and "psycopg" in ast.unparse(node.func.value)):
-                opening.add(path.stem)
-    # queue: the worker's pool and its own connections; operator_sql: the CLI's and the demo's;
-    # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests;
-    # the API's own pool is in api/database; its endpoint writes go through operator_sql, as the CLI's do.
-    assert opening == {"queue", "operator_sql", "schema", "localpg"}
+# Besides the store: the migration runner and the throwaway cluster of the demo and the tests.
+SQL_OUTSIDE_THE_STORE = {"worker.schema", "worker.localpg"}
+# What speaks to PostgreSQL: a statement run, a cursor, COPY, a pipeline, a connection or a pool made.
+SPEAKING = {"execute", "executemany", "cursor", "copy", "stream", "pipeline", "fetchone", "fetchall"}
+
+
+def sql_calls(path: Path) -> list[str]:
+    """Where a module runs SQL or opens a connection: `name@line` for each such call."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        opens = name in ("AsyncConnectionPool", "ConnectionPool") \
+            or (name == "connect" and "psycopg" in ast.unparse(func))
+        if name in SPEAKING or opens:
+            found.append(f"{name}@{node.lineno}")
+    return found
+
+
+def test_the_scan_finds_sql_where_it_is():
+    assert sql_calls(PACKAGE / "store" / "queue.py")
+    assert sql_calls(PACKAGE / "store" / "database.py")
+
+
+def test_only_the_store_opens_connections_and_runs_sql():
+    outside = {name: calls for name, path in ((module_name(p), p) for p in sorted(PACKAGE.rglob("*.py")))
+               if not name.startswith("worker.store") and name not in SQL_OUTSIDE_THE_STORE
+               and (calls := sql_calls(path))}
+    assert outside == {}
+
+
+def test_the_api_and_the_console_do_not_import_each_other():
+    """Not even deferred or through importlib: what both need is in the modules both import, and the
+    `api` command mounts the console."""
+    graph = imports()
+
+    def side(module: str) -> str:
+        return [*module.split("."), ""][1]
+
+    crossing = {(a, b) for a, found in graph.items() for b in found
+                if {side(a), side(b)} == {"api", "console"}}
+    assert crossing == set()
+    for path in [*(PACKAGE / "api").rglob("*.py"), *(PACKAGE / "console").rglob("*.py")]:
+        assert "importlib" not in path.read_text(), path
 
 
 BENCH = Path(bench.__file__).parent

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model
 
 from worker import endpoints as endpoint_service
-from worker.api.tokens import Role
+from worker.rules.tokens import Role
 
 Status = Literal["pending", "delivering", "retrying", "delivered", "dead_letter"]
 

@@ -1,5 +1,5 @@
-"""Endpoint registration and changes over HTTP: worker.endpoints' models and service, its problems
-as problem documents."""
+"""Endpoint registration and changes over HTTP: worker.endpoints' models and worker.store.endpoints,
+their problems as problem documents; the endpoint a path or a filter names."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import psycopg
 from pydantic import Field
 
 from worker import endpoints as service
 from worker import signing
 from worker.api.inputs import Body
-from worker.api.problems import Problem, conflict, invalid
 from worker.config import Config
+from worker.store import endpoints as endpoint_store
+from worker.store.database import Conn
+from worker.web.problems import Problem, conflict, invalid, not_found
 
 T = TypeVar("T")
 # The request bodies: the service's models (one shape: what GET answers can be sent back).
@@ -69,3 +72,29 @@ async def check_destination(url: str | None, config: Config, scope: service.Dest
     if scope is None:  # an endpoint the caller does not see (answered 404 before this)
         raise invalid("url", "no endpoint to check the destination for")
     await settled(asyncio.to_thread(service.check_destination, url, config, scope, advise))
+
+
+async def endpoint_id(conn: Conn, name_or_id: str, field: str | None = None) -> int | None:
+    """The endpoint an id, a name or `tenant/name` names (webhooks.endpoint_ref()); a name several
+    tenants hold, to a caller that is no tenant's, is a conflict (409) asking for the id or
+    `tenant/name`, naming `field` if the name came in one."""
+    try:
+        return await endpoint_store.endpoint_ref(conn, name_or_id)
+    except psycopg.errors.TooManyRows as exc:
+        raise conflict(str(exc.diag.message_primary), field=field) from None
+
+
+async def endpoint_named(conn: Conn, name_or_id: str) -> int:
+    """The endpoint a path names, by id, by name or as `tenant/name` (as the CLI's ENDPOINT
+    arguments); one the caller cannot see (another tenant's) is a missing one: 404."""
+    found = await endpoint_id(conn, name_or_id)
+    if found is None:
+        raise not_found(f"endpoint {name_or_id}")
+    return found
+
+
+async def destination_scope(conn: Conn, tenant: str | None = None, endpoint_id: int | None = None
+                            ) -> service.DestinationScope | None:
+    """Where an endpoint registered in `tenant`, or the endpoint `endpoint_id`, may deliver
+    (worker.store.endpoints.destination_scope, on the request's connection)."""
+    return await settled(endpoint_store.destination_scope(conn, tenant, endpoint_id))

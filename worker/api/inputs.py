@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from worker import wording
-from worker.api.problems import Problem, bad_request, invalid, unsupported_media_type
+from worker.web.problems import Problem, bad_request, invalid, unsupported_media_type
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100

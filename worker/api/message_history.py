@@ -8,12 +8,13 @@ from datetime import datetime
 from aiohttp import web
 from pydantic import Field, JsonValue
 
-from worker.api import queries, self_service
+from worker.api import self_service
 from worker.api.answers import Answer, DeliveryState
-from worker.api.context import READ, STATE, caller_of, json_response
 from worker.api.declare import Route, id_of, query_of
 from worker.api.inputs import DEFAULT_PAGE, MAX_PAGE, Id, Query, Text, Timestamp
-from worker.api.problems import not_found
+from worker.store import messages as message_store
+from worker.web.context import READ, STATE, caller_of, json_response
+from worker.web.problems import not_found
 
 # --- what the routes answer ---------------------------------------------------------------------------
 
@@ -62,10 +63,10 @@ async def list_messages(request: web.Request) -> web.Response:
                "since": query.since, "until": query.until}
     async with request.app[STATE].db.transaction(caller_of(request)) as conn:
         await self_service.narrow_to_tenant(conn, query.tenant)
-        rows = await queries.messages(conn, filters, query.cursor, query.limit + 1)
+        rows = await message_store.page(conn, filters, query.cursor, query.limit + 1)
         more = len(rows) > query.limit
         rows = rows[:query.limit]
-        deliveries = await queries.message_deliveries(conn, [row["message_id"] for row in rows])
+        deliveries = await message_store.deliveries(conn, [row["message_id"] for row in rows])
     for row in rows:
         row["deliveries"] = deliveries[row["message_id"]]
     cursor = str(rows[-1]["message_id"]) if more else None
@@ -75,10 +76,10 @@ async def list_messages(request: web.Request) -> web.Response:
 async def get_message(request: web.Request) -> web.Response:
     message_id = id_of(request)
     async with request.app[STATE].db.transaction(caller_of(request)) as conn:
-        row = await queries.message(conn, message_id)
+        row = await message_store.message(conn, message_id)
         if row is None:
             raise not_found(f"message {message_id}")
-        row["deliveries"] = (await queries.message_deliveries(conn, [message_id]))[message_id]
+        row["deliveries"] = (await message_store.deliveries(conn, [message_id]))[message_id]
     return json_response(row)
 
 

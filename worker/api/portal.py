@@ -7,14 +7,15 @@ from datetime import datetime, timedelta
 from aiohttp import web
 from pydantic import Field
 
-from worker import portal
-from worker.api import forwarded, queries
 from worker.api.answers import Answer
-from worker.api.context import FLEET_ADMIN, STATE, caller_of, json_response
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.inputs import Body
-from worker.api.problems import not_found
 from worker.observability import get_logger
+from worker.rules import portal
+from worker.store import tenants as tenant_store
+from worker.web import forwarded
+from worker.web.context import FLEET_ADMIN, STATE, caller_of, json_response
+from worker.web.problems import not_found
 
 
 class PortalLinkBody(Body):
@@ -58,11 +59,11 @@ async def create_portal_link(request: web.Request) -> web.Response:
     lifetime = timedelta(seconds=body_of(request, PortalLinkBody).expires_in_seconds)
     caller = caller_of(request)
     async with request.app[STATE].db.transaction(caller) as conn:
-        found = await queries.tenant(conn, tenant)  # by name or id, as GET /v1/tenants/{id}
+        found = await tenant_store.tenant(conn, tenant)  # by name or id, as GET /v1/tenants/{id}
         if found is None:
             raise not_found(f"tenant {tenant}")
         base, warning = base_url(request)
-        link = await portal.create_async(conn, str(found["name"]), lifetime, base)
+        link = await tenant_store.create_portal_link(conn, str(found["name"]), lifetime, base)
     get_logger().info("api made a portal link", tenant=link.tenant, token_name=link.token_name,
                       by=caller.name)
     if warning is not None:

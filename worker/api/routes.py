@@ -15,23 +15,9 @@ from pydantic import AfterValidator, ConfigDict, Field, JsonValue, create_model,
 
 from worker import coalescing, event_types, signing, wording
 from worker import endpoints as endpoint_service
-from worker import operator_sql as operator_queries
 from worker import tenants as tenant_rules
-from worker.api import answers, message_history, portal, queries, self_service
+from worker.api import answers, message_history, portal, self_service
 from worker.api import endpoints as endpoint_rules
-from worker.api.context import (
-    ADMIN,
-    DOCUMENT,
-    FLEET_ADMIN,
-    FLEET_READ,
-    PUBLISH,
-    READ,
-    STATE,
-    ApiState,
-    Publishing,
-    caller_of,
-    json_response,
-)
 from worker.api.declare import Header, Route, body_of, id_of, query_of, ref_of
 from worker.api.inputs import (
     BIGINT_MAX,
@@ -51,14 +37,33 @@ from worker.api.inputs import (
     one_field_given,
     parse,
 )
-from worker.api.problems import Problem, conflict, invalid, not_found, refused, unauthorized
-from worker.api.schema_checks import Check, ChecksFailed, OverBudget, RequestChecks
-from worker.api.tokens import Caller
 from worker.destinations import MAX_GRANTED_NETWORKS, granted_networks
 from worker.observability import get_logger
 from worker.policy import CATEGORIES, RetrySchedule, category_problem
+from worker.rules.tokens import Caller
 from worker.schemas import SchemaUnusable
 from worker.shapes import json_default
+from worker.store import deliveries as delivery_store
+from worker.store import endpoints as endpoint_store
+from worker.store import messages as message_store
+from worker.store import operations as operation_store
+from worker.store import settings as setting_store
+from worker.store import tenants as tenant_store
+from worker.web.context import (
+    ADMIN,
+    DOCUMENT,
+    FLEET_ADMIN,
+    FLEET_READ,
+    PUBLISH,
+    READ,
+    STATE,
+    ApiState,
+    Publishing,
+    caller_of,
+    json_response,
+)
+from worker.web.problems import Problem, conflict, invalid, not_found, refused, unauthorized
+from worker.web.schema_checks import Check, ChecksFailed, OverBudget, RequestChecks
 
 T = TypeVar("T")
 # W3C trace context, as the queue's traceparent_w3c_format constraint accepts it.
@@ -138,7 +143,7 @@ async def _refusals(request: web.Request, messages: Sequence[tuple[MessageBody, 
                     checks: RequestChecks) -> list[Problem | None]:
     """What each message (with its payload's JSON text) is refused for by its type's catalogue entry
     (or api.require_known_event_types), or None. Payloads are checked against their types' schemas
-    off the event loop, within the request's budget (worker/api/schema_checks.py)."""
+    off the event loop, within the request's budget (worker/web/schema_checks.py)."""
     require_known = _state(request).config.api.require_known_event_types
     refusals: list[Problem | None] = []
     wanted: list[tuple[int, Check]] = []
@@ -200,7 +205,7 @@ def _refused(exc: psycopg.Error) -> Problem | None:
     """What a publish whose statement failed is answered, or None for an error that is no refusal."""
     if exc.sqlstate == "28000":  # invalid_authorization_specification: the token is not usable
         return unauthorized("the token is not valid (unknown, revoked or expired)")
-    if exc.sqlstate == queries.CATALOGUE_CHANGED:  # again, as it was read afresh: changing now
+    if exc.sqlstate == message_store.CATALOGUE_CHANGED:  # again, as it was read afresh: changing now
         return Problem(503, "catalogue-changing", "The event-type catalogue is changing", "try again",
                        headers={"Retry-After": "1"})
     return _refusal(exc.sqlstate, exc.diag.constraint_name, exc.diag.message_primary)
@@ -233,7 +238,7 @@ async def _publish_with(request: web.Request, names: list[str],
         except _ReadAfresh:
             continue
         except psycopg.Error as exc:
-            if exc.sqlstate == queries.CATALOGUE_CHANGED and not fresh:
+            if exc.sqlstate == message_store.CATALOGUE_CHANGED and not fresh:
                 continue
             refusal = _refused(exc)
             if refusal is None:
@@ -257,7 +262,7 @@ async def publish(request: web.Request) -> web.Response:
         [refused] = await _refusals(request, [(body, payload)], pub, checks)
         if refused is not None:
             raise refused
-        return await queries.publish_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
+        return await message_store.publish_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
                                         pub.catalogue_version, body.event_type, payload, endpoint,
                                         body.idempotency_key, body.ordering_key, body.priority,
                                         body.expires_at, traceparent)
@@ -325,7 +330,7 @@ async def publish_batch(request: web.Request) -> web.Response:
             items.append(_batch_item(message, payload))
         # Sent even when every message was refused above: the statement is what checks the token
         # (an empty batch publishes nothing).
-        return await queries.publish_batch_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
+        return await message_store.publish_batch_as(pub.conn, pub.credential.token_hash, pub.credential.roles,
                                               pub.catalogue_version, orjson.dumps(items).decode(),
                                               traceparent)
 
@@ -377,7 +382,7 @@ def _valid_traceparent(value: str) -> bool:
 async def _endpoint_filter(conn: psycopg.AsyncConnection[Any], value: str | None, field: str) -> int | None:
     if value is None:
         return None
-    found = await queries.endpoint_id(conn, value, field)
+    found = await endpoint_rules.endpoint_id(conn, value, field)
     if found is None:
         raise invalid(field, "no endpoint with this name or id")
     return found
@@ -413,7 +418,7 @@ async def list_deliveries(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
         await self_service.narrow_to_tenant(conn, query.tenant)
         filters["webhook_id"] = await _endpoint_filter(conn, _ref(query.endpoint), "endpoint")
-        rows = await queries.deliveries(conn, filters, query.cursor, query.limit + 1)
+        rows = await delivery_store.page(conn, filters, query.cursor, query.limit + 1)
     more = len(rows) > query.limit
     rows = rows[:query.limit]
     cursor = str(rows[-1]["delivery_id"]) if more else None
@@ -427,7 +432,7 @@ def _ref(value: int | str | None) -> str | None:
 async def get_delivery(request: web.Request) -> web.Response:
     delivery_id = id_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.delivery(conn, delivery_id)
+        row = await delivery_store.delivery(conn, delivery_id)
     if row is None:
         raise not_found(f"delivery {delivery_id}")
     for attempt in row["attempts_history"]:
@@ -442,8 +447,8 @@ async def get_delivery(request: web.Request) -> web.Response:
 async def replay_delivery(request: web.Request) -> web.Response:
     delivery_id = id_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        replayed = await queries.replay(conn, delivery_id)
-        status = None if replayed else await queries.delivery_status(conn, delivery_id)
+        replayed = await delivery_store.replay(conn, delivery_id)
+        status = None if replayed else await delivery_store.status(conn, delivery_id)
     if replayed:
         get_logger().info("api replayed a delivery", delivery_id=delivery_id, by=caller_of(request).name)
         return json_response({"delivery_id": delivery_id, "status": "pending"}, status=202,
@@ -451,7 +456,7 @@ async def replay_delivery(request: web.Request) -> web.Response:
     if status is None:
         raise not_found(f"delivery {delivery_id}")
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        refusal = await queries.replay_refusal(conn, delivery_id)
+        refusal = await delivery_store.replay_refusal(conn, delivery_id)
     raise conflict(refusal or f"delivery {delivery_id} was not replayed: try again")
 
 
@@ -470,7 +475,7 @@ async def list_dead_letters(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
         await self_service.narrow_to_tenant(conn, query.tenant)
         filters["webhook_id"] = await _endpoint_filter(conn, _ref(query.endpoint), "endpoint")
-        rows = await queries.dead_letters(conn, filters, after, query.limit + 1)
+        rows = await delivery_store.dead_letter_page(conn, filters, after, query.limit + 1)
     more = len(rows) > query.limit
     rows = rows[:query.limit]
     last = rows[-1] if more else None
@@ -502,8 +507,9 @@ async def replay_dead_letters(request: web.Request) -> web.Response:
                                "since": given.since, "until": given.until}
     async with state.db.transaction(caller) as conn:
         filters["webhook_id"] = await _endpoint_filter(conn, _ref(given.endpoint), "filter.endpoint")
-        operation_id = await queries.start_replay(conn, filters, body.rate, body.max, _decided_by(caller))
-        operation = await queries.operation(conn, operation_id)
+        operation_id = await operation_store.start_replay(conn, filters, body.rate, body.max,
+                                                          _decided_by(caller))
+        operation = await operation_store.operation(conn, operation_id)
     state.operations_wakeup.set()
     get_logger().info("api bulk replay started", operation_id=operation_id, by=caller.name)
     return json_response(operation, status=202, location=f"/v1/operations/{operation_id}")
@@ -512,7 +518,7 @@ async def replay_dead_letters(request: web.Request) -> web.Response:
 async def get_operation(request: web.Request) -> web.Response:
     operation_id = id_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        operation = await queries.operation(conn, operation_id)
+        operation = await operation_store.operation(conn, operation_id)
     if operation is None:
         raise not_found(f"operation {operation_id}")
     return json_response(operation)
@@ -522,8 +528,8 @@ async def cancel_operation(request: web.Request) -> web.Response:
     operation_id = id_of(request)
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
-        status = await queries.cancel_operation(conn, operation_id, _decided_by(caller))
-        operation = await queries.operation(conn, operation_id)
+        status = await operation_store.cancel(conn, operation_id, _decided_by(caller))
+        operation = await operation_store.operation(conn, operation_id)
     if status is None or operation is None:
         raise not_found(f"operation {operation_id}")
     if status != "cancelled":
@@ -543,12 +549,6 @@ def _keyring(state: ApiState) -> Any:
     return state.keyring
 
 
-async def _sync(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The operator functions of worker.operator_sql (sealing credentials bound to the endpoint's id) in
-    a thread, under the caller's database role and tenant (self_service.in_thread)."""
-    return await self_service.in_thread(state, caller, work)
-
-
 class EndpointQuery(Page):
     tenant: Text | None = self_service.TENANT_FILTER
     cursor: Id | None = Field(default=None, description="next_cursor of the previous page")
@@ -558,7 +558,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
     query = query_of(request, EndpointQuery)
     async with _state(request).db.transaction(caller_of(request)) as conn:
         await self_service.narrow_to_tenant(conn, query.tenant)
-        rows = await queries.endpoints(conn, query.cursor, query.limit + 1)
+        rows = await endpoint_store.page(conn, query.cursor, query.limit + 1)
     more = len(rows) > query.limit
     rows = rows[:query.limit]
     return json_response({"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None})
@@ -572,23 +572,23 @@ async def create_endpoint(request: web.Request) -> web.Response:
     keyring = _keyring(state)
     try:
         async with state.db.transaction(caller) as conn:
-            scope = await queries.destination_scope(conn, tenant=body.tenant)
+            scope = await endpoint_rules.destination_scope(conn, tenant=body.tenant)
         await endpoint_rules.check_destination(body.url, state.config, scope, advise=caller.tenant_id is None)
-        registered = await endpoint_rules.settled(
-            _sync(state, caller, lambda conn: endpoint_service.register(conn, body, keyring)))
+        async with state.db.transaction(caller) as conn:
+            registered = await endpoint_rules.settled(endpoint_store.register(conn, body, keyring))
     except psycopg.errors.InsufficientPrivilege as exc:  # a tenant not the scoped caller's own
         raise Problem(403, "forbidden", "The token may not do this", str(exc.diag.message_primary),
                       field="tenant") from None
     get_logger().info("api registered an endpoint", endpoint_id=registered.id, by=caller_of(request).name)
     async with state.db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint(conn, registered.id)
+        row = await endpoint_store.details(conn, registered.id)
     return json_response({**(row or {}), "signing_secret": registered.signing_secret}, status=201,
                          location=f"/v1/endpoints/{registered.id}")
 
 
 async def get_endpoint(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint(conn, await queries.endpoint_named(conn, ref_of(request)))
+        row = await endpoint_store.details(conn, await endpoint_rules.endpoint_named(conn, ref_of(request)))
     return json_response(row)
 
 
@@ -599,15 +599,15 @@ async def update_endpoint(request: web.Request) -> web.Response:
     endpoint_rules.refuse_scoped(body, caller.tenant_id)
     keyring = _keyring(state)
     async with state.db.transaction(caller) as conn:
-        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-        scope = None if body.url is None else await queries.destination_scope(conn, endpoint_id=endpoint_id)
+        endpoint_id = await endpoint_rules.endpoint_named(conn, ref_of(request))
+        scope = None if body.url is None \
+            else await endpoint_rules.destination_scope(conn, endpoint_id=endpoint_id)
     # the endpoint's tenant decides where it may deliver
     await endpoint_rules.check_destination(body.url, state.config, scope, advise=caller.tenant_id is None)
-    await endpoint_rules.settled(
-        _sync(state, caller_of(request),
-              lambda conn: endpoint_service.update(conn, endpoint_id, body, keyring)))
+    async with state.db.transaction(caller) as conn:
+        await endpoint_rules.settled(endpoint_store.update(conn, endpoint_id, body, keyring))
     async with state.db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint(conn, endpoint_id)
+        row = await endpoint_store.details(conn, endpoint_id)
     return json_response(row)
 
 
@@ -622,8 +622,8 @@ async def delete_endpoint(request: web.Request) -> web.Response:
     caller = caller_of(request)
     try:
         async with _state(request).db.transaction(caller) as conn:
-            endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-            dropped = await queries.delete_endpoint(conn, endpoint_id, drop_pending, _decided_by(caller))
+            endpoint_id = await endpoint_rules.endpoint_named(conn, ref_of(request))
+            dropped = await endpoint_store.delete(conn, endpoint_id, drop_pending, _decided_by(caller))
     except (psycopg.errors.ObjectInUse, psycopg.errors.ForeignKeyViolation) as exc:
         raise conflict(str(exc.diag.message_primary or "the endpoint still has deliveries")) from None
     if dropped is None:
@@ -639,7 +639,8 @@ class HealthQuery(Query):
 async def endpoint_health(request: web.Request) -> web.Response:
     hours = query_of(request, HealthQuery).hours
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.endpoint_health(conn, await queries.endpoint_named(conn, ref_of(request)), hours)
+        endpoint_id = await endpoint_rules.endpoint_named(conn, ref_of(request))
+        row = await endpoint_store.health(conn, endpoint_id, hours)
     return json_response(row)
 
 
@@ -655,9 +656,9 @@ async def endpoint_circuit(request: web.Request) -> web.Response:
     until = body.until
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
-        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-        change = await queries.set_circuit(conn, endpoint_id, body.action, until, _decided_by(caller))
-        health = await queries.endpoint_health(conn, endpoint_id, HEALTH_WINDOW_HOURS)
+        endpoint_id = await endpoint_rules.endpoint_named(conn, ref_of(request))
+        change = await endpoint_store.set_circuit(conn, endpoint_id, body.action, until, _decided_by(caller))
+        health = await endpoint_store.health(conn, endpoint_id, HEALTH_WINDOW_HOURS)
     return json_response({"endpoint_id": endpoint_id, "change": change,
                           "circuit_state": health and health["circuit_state"]})
 
@@ -670,8 +671,8 @@ async def _set_active(request: web.Request, active: bool) -> web.Response:
     reason = body_of(request, ReasonBody).reason if not active else None
     caller = caller_of(request)
     async with _state(request).db.transaction(caller) as conn:
-        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-        change = await queries.set_active(conn, endpoint_id, active, reason or "disabled over the API",
+        endpoint_id = await endpoint_rules.endpoint_named(conn, ref_of(request))
+        change = await endpoint_store.set_active(conn, endpoint_id, active, reason or "disabled over the API",
                                           _decided_by(caller))
     return json_response({"endpoint_id": endpoint_id, "active": active, "changed": change is not None})
 
@@ -695,9 +696,10 @@ async def rotate_secret(request: web.Request) -> web.Response:
         expire_at = datetime.now(UTC) + timedelta(hours=body.expire_old_after_hours)
     caller = caller_of(request)
     async with state.db.transaction(caller) as conn:
-        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-    active = await _sync(state, caller, lambda conn: operator_queries.rotate_secret(
-        conn, endpoint_id, secret, expire_at, keyring, _decided_by(caller)))
+        endpoint_id = await endpoint_rules.endpoint_named(conn, ref_of(request))
+    async with state.db.transaction(caller) as conn:
+        active = await endpoint_store.rotate_secret(conn, endpoint_id, secret, expire_at, keyring,
+                                                    _decided_by(caller))
     if not active:
         raise not_found(f"endpoint {request.match_info['id']}")
     # who rotated which endpoint's secret, never the secret (as a read is logged)
@@ -757,15 +759,15 @@ class TenantCreate(TenantLimits):
 
 async def list_tenants(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        return json_response({"items": await queries.tenants(conn)})
+        return json_response({"items": await tenant_store.listing(conn)})
 
 
 async def create_tenant(request: web.Request) -> web.Response:
     body = body_of(request, TenantCreate)
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
-            await queries.add_tenant(conn, body.name, body.given())
-            row = await queries.tenant(conn, body.name)
+            await tenant_store.add(conn, body.name, body.given())
+            row = await tenant_store.tenant(conn, body.name)
     except psycopg.errors.UniqueViolation:
         raise conflict(f"name: a tenant named {body.name!r} exists", field="name") from None
     get_logger().info("api added a tenant", tenant=body.name, by=caller_of(request).name)
@@ -774,7 +776,7 @@ async def create_tenant(request: web.Request) -> web.Response:
 
 async def get_tenant(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.tenant(conn, ref_of(request))
+        row = await tenant_store.tenant(conn, ref_of(request))
     if row is None:
         raise not_found(f"tenant {request.match_info['id']}")
     return json_response(row)
@@ -786,11 +788,11 @@ async def update_tenant(request: web.Request) -> web.Response:
     if not limits:
         raise invalid("(body)", "nothing to change: give at least one limit")
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        row = await queries.tenant(conn, ref_of(request))
+        row = await tenant_store.tenant(conn, ref_of(request))
         if row is None:
             raise not_found(f"tenant {request.match_info['id']}")
-        await queries.update_tenant(conn, row["name"], limits)
-        row = await queries.tenant(conn, row["name"])
+        await tenant_store.update(conn, row["name"], limits)
+        row = await tenant_store.tenant(conn, row["name"])
     return json_response(row)
 
 
@@ -799,12 +801,12 @@ async def update_tenant(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        return json_response(await queries.stats(conn))
+        return json_response(await delivery_store.statistics(conn))
 
 
 async def get_config(request: web.Request) -> web.Response:
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        return json_response(await queries.config(conn))
+        return json_response(await setting_store.read(conn))
 
 
 # A real setting (a ratio, the jitter) is stored rounded to this many decimals: a value too small
@@ -843,7 +845,7 @@ def _setting_field(key: str, sql_type: str) -> Any:
     annotated: Any = Annotated[kind, Field(**bounds)]
     if sql_type == "interval":
         seconds: Any = Annotated[float, Field(ge=0, description="seconds")]
-        minimum = operator_queries.SETTING_MINIMUMS.get(key)
+        minimum = setting_store.SETTING_MINIMUMS.get(key)
         if minimum is not None:
             # the bound documented, and checked with its reason (an interval's text: by the database)
             least = minimum.minimum.total_seconds()
@@ -876,7 +878,7 @@ def _retry_schedule(value: Any) -> Any:
 CONFIG_READ_ONLY = ("retry_policy", "dead_letter_alert_threshold", "max_payload_bytes", "updated_at")
 
 _CONFIG_FIELDS: dict[str, Any] = {
-    **{key: _setting_field(key, sql_type) for key, sql_type in operator_queries.SETTABLE.items()},
+    **{key: _setting_field(key, sql_type) for key, sql_type in setting_store.SETTABLE.items()},
     # read-only columns GET /v1/config answers, so that its answer can be sent back unchanged
     **{key: (Annotated[JsonValue, Field(description="read-only: accepted only unchanged")], None)
        for key in CONFIG_READ_ONLY},
@@ -897,22 +899,22 @@ async def patch_config(request: web.Request) -> web.Response:
     given = body.model_fields_set
     if not given:
         raise invalid("(body)", "nothing to change: give at least one setting")
-    read_only = given - set(operator_queries.SETTABLE)
+    read_only = given - set(setting_store.SETTABLE)
     if read_only:
         # what GET answers can be sent back: a column no setting changes is ignored when unchanged
         async with _state(request).db.transaction(caller_of(request)) as conn:
-            current = orjson.loads(orjson.dumps(await queries.config(conn), default=json_default))
+            current = orjson.loads(orjson.dumps(await setting_store.read(conn), default=json_default))
         for key in sorted(read_only):
             if current.get(key) != getattr(body, key):
                 raise invalid(key, "read-only")
-    changes = {key: _setting_text(operator_queries.SETTABLE[key], getattr(body, key))
+    changes = {key: _setting_text(setting_store.SETTABLE[key], getattr(body, key))
                for key in given - read_only}
     try:
         async with _state(request).db.transaction(caller_of(request)) as conn:
-            await queries.set_config(conn, changes)
-            settings = await queries.config(conn)
+            await setting_store.change(conn, changes)
+            settings = await setting_store.read(conn)
     except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-        message = operator_queries.setting_refusal(exc)
+        message = setting_store.setting_refusal(exc)
         # the setting named by the refusal, or the only one given; a rule over several names them all
         named = exc.diag.column_name or exc.diag.constraint_name or ""
         field = next((key for key in changes if key in named), None)

@@ -3,32 +3,31 @@ event-type catalogue, tokens over HTTP, and the `?tenant=` filter of the lists."
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import quote
 
 import psycopg
 from aiohttp import web
 from pydantic import Field, JsonValue
 
-from worker import encryption, event_types, operator_sql
+from worker import encryption, event_types
 from worker import self_service as secrets_service
-from worker.api import queries
-from worker.api import tokens as token_rules
 from worker.api.answers import Answer
-from worker.api.context import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, caller_of, json_response
-from worker.api.database import TENANT_SETTING, begin_as
 from worker.api.declare import Route, body_of, ref_of
+from worker.api.endpoints import endpoint_named
 from worker.api.inputs import Body
-from worker.api.problems import Problem, conflict, invalid, not_found, refused
-from worker.api.tokens import Caller, Role
 from worker.observability import get_logger
-
-T = TypeVar("T")
-
+from worker.rules import tokens as token_rules
+from worker.rules.tokens import Role
+from worker.store import deliveries as delivery_store
+from worker.store import endpoints as endpoint_store
+from worker.store import tenants as tenant_store
+from worker.store import tokens as token_store
+from worker.store.event_types import deprecate, get, rows, unmatched_subscriptions, upsert
+from worker.web.context import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, caller_of, json_response
+from worker.web.problems import Problem, conflict, invalid, not_found, refused
 
 # --- what the routes answer (one model per answer body; the OpenAPI document is written from them) ---
 
@@ -112,21 +111,6 @@ def _state(request: web.Request) -> ApiState:
     return request.app[STATE]
 
 
-async def in_thread(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """Blocking work (the endpoint service and worker.operator_sql, which seal credentials bound to
-    the endpoint's id; the token functions) on a connection of its own, in a thread, in one
-    transaction under the caller's database role and tenant: the code the CLI runs, kept by
-    PostgreSQL to what the caller may do."""
-
-    def run() -> T:
-        with (operator_sql.connect(state.config, application_name="webhook-worker api") as conn,
-              conn.transaction()):
-            begin_as(conn, caller)
-            return work(conn)
-
-    return await asyncio.to_thread(run)
-
-
 def keyring_of(state: ApiState) -> encryption.Keyring:
     if state.keyring is None:
         raise Problem(503, "no-encryption-keys", "Endpoint credentials cannot be sealed",
@@ -146,10 +130,10 @@ async def narrow_to_tenant(conn: psycopg.AsyncConnection[Any], name: str | None)
     other (the tenants table shows it its own), so the filter never widens what it sees."""
     if name is None:
         return
-    tenant_id = await queries.tenant_id(conn, name)
+    tenant_id = await tenant_store.tenant_id(conn, name)
     if tenant_id is None:
         raise invalid("tenant", "no tenant with this name")
-    await conn.execute(TENANT_SETTING, (str(tenant_id),))
+    await tenant_store.keep_to(conn, tenant_id)
 
 
 # --- an endpoint's signing secrets and test events -----------------------------------------------------
@@ -160,11 +144,11 @@ async def read_secret(request: web.Request) -> web.Response:
     state, caller = _state(request), caller_of(request)
     keyring = keyring_of(state)
     async with state.db.transaction(caller) as conn:
-        endpoint_id = await queries.endpoint_named(conn, ref_of(request))
+        endpoint_id = await endpoint_named(conn, ref_of(request))
     plaintext = not state.config.security.require_sealed
     try:
-        found = await in_thread(state, caller, lambda conn: secrets_service.signing_secrets(
-            conn, keyring, endpoint_id, plaintext))
+        async with state.db.transaction(caller) as conn:
+            found = await endpoint_store.signing_secrets(conn, keyring, endpoint_id, plaintext)
     except encryption.DecryptionError as exc:
         # the message names the purpose and the key, never the value
         raise Problem(503, "secret-unreadable", "The signing secret cannot be opened", str(exc)) from None
@@ -183,8 +167,8 @@ async def send_test_event(request: web.Request) -> web.Response:
     caller = caller_of(request)
     try:
         async with _state(request).db.transaction(caller) as conn:
-            endpoint_id = await queries.endpoint_named(conn, ref_of(request))
-            delivery_id = await queries.send_test_event(conn, endpoint_id)
+            endpoint_id = await endpoint_named(conn, ref_of(request))
+            delivery_id = await delivery_store.send_test_event(conn, endpoint_id)
     except psycopg.errors.NoDataFound:
         raise not_found(f"endpoint {request.match_info['id']}") from None
     except psycopg.Error as exc:
@@ -237,8 +221,10 @@ def _where(name: str) -> str:
 async def list_event_types(request: web.Request) -> web.Response:
     """The catalogue, and the caller's endpoints' subscriptions no current type matches."""
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        items = await queries.event_types(conn)
-        unmatched = await queries.unmatched_subscriptions(conn)
+        items = await rows(conn)
+        unmatched = [{"endpoint_id": row["webhook_id"], "endpoint_name": row["endpoint_name"],
+                      "pattern": row["pattern"], "problem": row["problem"]}
+                     for row in await unmatched_subscriptions(conn)]
     entries = await event_types.with_problems([event_types.from_row(item) for item in items])
     for item, entry in zip(items, entries, strict=True):
         item["problem"] = entry.problem
@@ -248,7 +234,7 @@ async def list_event_types(request: web.Request) -> web.Response:
 async def get_event_type(request: web.Request) -> web.Response:
     name = ref_of(request)
     async with _state(request).db.transaction(caller_of(request)) as conn:
-        found = await event_types.get_async(conn, name)
+        found = await get(conn, name)
     if found is None:
         raise not_found(f"event type {name}")
     return json_response(await _event_type(found))
@@ -258,12 +244,10 @@ async def put_event_type(request: web.Request) -> web.Response:
     name = _type_name(request)
     body = body_of(request, EventTypeBody)
 
-    def upsert(conn: psycopg.Connection[Any]) -> tuple[bool, event_types.EventType | None]:
-        created = event_types.upsert(conn, name, body.description, body.json_schema, body.deprecated)
-        return created, event_types.get(conn, name)
-
     try:
-        created, found = await in_thread(_state(request), caller_of(request), upsert)
+        async with _state(request).db.transaction(caller_of(request)) as conn:
+            created = await upsert(conn, name, body.description, body.json_schema, body.deprecated)
+            found = await get(conn, name)
     except event_types.EventTypeError as exc:
         field, _, detail = str(exc).partition(": ")
         raise invalid(field, detail) from None
@@ -277,10 +261,8 @@ async def deprecate_event_type(request: web.Request) -> web.Response:
     name = _type_name(request)
     body = body_of(request, DeprecateBody)
 
-    def deprecate(conn: psycopg.Connection[Any]) -> event_types.EventType | None:
-        return event_types.get(conn, name) if event_types.deprecate(conn, name, body.deprecated) else None
-
-    found = await in_thread(_state(request), caller_of(request), deprecate)
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        found = await get(conn, name) if await deprecate(conn, name, body.deprecated) else None
     if found is None:
         raise not_found(f"event type {name}")
     return json_response(await _event_type(found))
@@ -299,8 +281,9 @@ class TokenCreate(Body):
 
 
 async def list_tokens(request: web.Request) -> web.Response:
-    rows = await in_thread(_state(request), caller_of(request), token_rules.listing)
-    return json_response({"items": rows})
+    async with _state(request).db.transaction(caller_of(request)) as conn:
+        tokens = await token_store.listing(conn)
+    return json_response({"items": tokens})
 
 
 async def create_token(request: web.Request) -> web.Response:
@@ -315,8 +298,8 @@ async def create_token(request: web.Request) -> web.Response:
         else datetime.now(UTC) + timedelta(days=body.expires_in_days)
     caller = caller_of(request)
     try:
-        token = await in_thread(_state(request), caller, lambda conn: token_rules.create(
-            conn, body.name, body.role, expires_at, body.tenant))
+        async with _state(request).db.transaction(caller) as conn:
+            token = await token_store.create(conn, body.name, body.role, expires_at, body.tenant)
     except psycopg.errors.UniqueViolation:
         raise conflict(f"name: a token named {body.name!r} exists", field="name") from None
     except psycopg.errors.NoDataFound:
@@ -330,7 +313,8 @@ async def create_token(request: web.Request) -> web.Response:
 async def revoke_token(request: web.Request) -> web.Response:
     name = ref_of(request)
     caller = caller_of(request)
-    revoked = await in_thread(_state(request), caller, lambda conn: token_rules.revoke(conn, name))
+    async with _state(request).db.transaction(caller) as conn:
+        revoked = await token_store.revoke(conn, name)
     if not revoked:
         raise not_found(f"token {name} (no active token with this name)")
     get_logger().info("api revoked a token", token=name, by=caller.name)

@@ -54,11 +54,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    # the one place the HTTP API and the console meet: the API serves, with the console mounted
     from worker.api.app import serve as serve_api
+    from worker.console import create_console_app
 
     config = config_of(args)
     configure_logging(config.logging.level, config.logging.format)
-    asyncio.run(serve_api(config))
+    asyncio.run(serve_api(config, create_console_app))
     return 0
 
 

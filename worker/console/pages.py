@@ -13,16 +13,19 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker import portal, wording
-from worker.api.context import STATE, ApiState, client_address
-from worker.api.problems import Problem
-from worker.api.tokens import Caller
+from worker import wording
 from worker.console import forms, queries, sessions
 from worker.event_types import MAX_DESCRIPTION_CHARS
 from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
 from worker.policy import CATEGORIES
+from worker.rules import portal
+from worker.rules.tokens import Caller
+from worker.store import endpoints as endpoint_store
+from worker.store import tokens as token_store
 from worker.tables import endpoint_label
+from worker.web.context import STATE, ApiState, client_address
+from worker.web.problems import Problem
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PREFIX = "/console"
@@ -215,7 +218,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
 
 async def _session_caller(state: ApiState, session_id: str) -> Caller | None:
     async with state.db.connection() as conn:
-        return await sessions.caller(conn, session_id)
+        return await token_store.session_caller(conn, sessions.session_hash(session_id))
 
 
 def _text(value: Any) -> str:
@@ -259,7 +262,8 @@ async def login(request: web.Request) -> web.Response:
                                          "admin or tenant_admin token.", 403)
     session_id = sessions.new_secret()
     async with state.db.connection() as conn:
-        opened = await sessions.start(conn, session_id, token)
+        opened = await token_store.start_session(conn, sessions.session_hash(session_id), token,
+                                                 sessions.LIFETIME)
     if opened is None:
         return await login_form(request, "The token stopped being valid; use another.", 401)
     get_logger().info("console login", name=opened.name, role=opened.role)
@@ -273,7 +277,7 @@ async def login(request: web.Request) -> web.Response:
 
 async def logout(request: web.Request) -> web.Response:
     async with request.app[STATE].db.connection() as conn:
-        await sessions.end(conn, request[SESSION])
+        await token_store.end_session(conn, sessions.session_hash(request[SESSION]))
     if request.cookies.get(sessions.PORTAL_COOKIE):
         response = see_other("/portal-ended", notice="portal_logged_out")
     else:
@@ -308,7 +312,7 @@ async def portal_open(request: web.Request) -> web.Response:
 
     async def lookup() -> Caller | None:
         async with state.db.connection() as conn:
-            return await sessions.open_portal_link(conn, link, session_id)
+            return await token_store.open_portal_link(conn, link, sessions.session_hash(session_id))
 
     # a wrong link counts against the address as a failed login does
     key = portal.link_hash(link) if portal.well_formed(link) else None
@@ -467,7 +471,7 @@ async def replay_one(request: web.Request) -> web.Response:
 
 async def endpoints(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await queries.endpoints(conn)
+        rows = await endpoint_store.summaries(conn, queries.PAGE_ROWS)
         events = await queries.endpoint_events(conn)
     return render(request, "endpoints.html", page="endpoints", rows=rows, events=events,
                   formats=BODY_FORMATS)
@@ -481,8 +485,7 @@ async def endpoint_action(request: web.Request) -> web.Response:
     caller = request[CALLER]
     try:
         async with request.app[STATE].db.transaction(caller) as conn:
-            cur = await conn.execute("SELECT 1 FROM webhooks.endpoints WHERE id = %s", (endpoint_id,))
-            if await cur.fetchone() is None:
+            if not await endpoint_store.stored(conn, endpoint_id):
                 return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
             change = await queries.endpoint_action(conn, endpoint_id, action, reason,
                                                    f"{caller.name} (console)")
@@ -496,7 +499,7 @@ async def endpoint_action(request: web.Request) -> web.Response:
 
 async def operations(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await queries.operations(conn)
+        rows = await queries.operations_page(conn)
     return render(request, "operations.html", page="operations", rows=rows)
 
 

@@ -16,16 +16,19 @@ import psycopg
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from worker.api import forwarded, queries, tokens
-from worker.api.database import Database
-from worker.api.limits import FailedAuthLimiter, Verdict
-from worker.api.problems import forbidden, too_many_failed_authentications, unauthorized
-from worker.api.schema_checks import SchemaChecks
-from worker.api.tokens import Caller
 from worker.config import Config
 from worker.encryption import Keyring
 from worker.event_types import EventType
+from worker.rules import tokens
+from worker.rules.tokens import Caller
 from worker.shapes import json_default
+from worker.store import messages as message_store
+from worker.store import tokens as token_store
+from worker.store.database import Database
+from worker.web import forwarded
+from worker.web.limits import FailedAuthLimiter, Verdict
+from worker.web.problems import forbidden, too_many_failed_authentications, unauthorized
+from worker.web.schema_checks import SchemaChecks
 
 # A tenant administrator (tenant_admin) reads, publishes and administers what admin does for
 # endpoints, deliveries, dead letters and operations, kept to its tenant by PostgreSQL
@@ -88,7 +91,7 @@ class ApiState:
     async def check_credential(self, address: str, key: bytes | None,
                                lookup: Callable[[], Awaitable[T | None]],
                                reason: str = "invalid") -> Verdict[T]:
-        """The limiter's verdict on a credential (worker.api.limits: a valid one always passes),
+        """The limiter's verdict on a credential (worker.web.limits: a valid one always passes),
         failures counted in the metrics by `reason`, or as rate_limited past the limit."""
         return self._counted(await self.limiter.check(address, key, lookup), reason)
 
@@ -105,7 +108,7 @@ class ApiState:
 
         async def lookup() -> Caller | None:
             async with self.db.connection() as conn:
-                return await tokens.verify(conn, token)
+                return await token_store.verify(conn, token)
 
         key = tokens.token_hash(token) if tokens.well_formed(token) else None
         return _caller_or_refusal(await self.check_credential(address, key, lookup))
@@ -135,7 +138,7 @@ class ApiState:
     @asynccontextmanager
     async def publishing(self, request: web.Request, names: Sequence[str],
                          fresh: bool = False) -> AsyncIterator[Publishing]:
-        """A connection to publish on with queries.publish_as() or publish_batch_as(), which check
+        """A connection to publish on with message_store.publish_as() or publish_batch_as(), which check
         the token in the publish's own statement, and the catalogue's entries of the event types
         `names` at their version (the publish is refused if the catalogue has changed since). When
         this process has not read those entries at the catalogue's newest version it knows of (or
@@ -154,7 +157,7 @@ class ApiState:
                     credential.settled = True
                     self.limiter.passed(credential.token_hash)
                 return
-            found, version, known = await queries.publish_check(conn, credential.token_hash, names)
+            found, version, known = await message_store.publish_check(conn, credential.token_hash, names)
             if not credential.settled:
                 credential.settled = True
                 verdict = self._counted(self.limiter.verdict(credential.address, credential.token_hash,

@@ -7,10 +7,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 from urllib.parse import urlsplit
-
-import psycopg
 
 # The console path a link opens; the secret follows it.
 PATH = "/console/portal/"
@@ -93,29 +90,7 @@ def origin(base: str) -> str:
     return base.rstrip("/")
 
 
-_CREATE = "SELECT token_name, tenant, expires_at FROM webhooks.create_portal_link(%s, %s, %s, %s)"
-
-
-def _made(row: Any, base: str, secret: str) -> PortalLink:
-    assert row is not None
-    return PortalLink(url(base, secret), str(row[1]), str(row[0]), row[2])
-
-
-def _hashes(secret: str) -> tuple[bytes, bytes]:
-    # the token behind the link: random bytes nobody keeps, so only the link opens its session
+def hashes(secret: str) -> tuple[bytes, bytes]:
+    """What the database keeps of a new link: its secret's hash, and the hash of the token behind it
+    (random bytes nobody keeps, so only the link opens its session)."""
     return link_hash(secret), hashlib.sha256(secrets.token_bytes(LINK_BYTES)).digest()
-
-
-def create(conn: psycopg.Connection, tenant: str, lifetime: timedelta, base: str) -> PortalLink:
-    """A new link to the console under `base` for the tenant named (NoDataFound: no such tenant)."""
-    secret = new_secret()
-    row = conn.execute(_CREATE, (tenant, *_hashes(secret), lifetime)).fetchone()
-    return _made(row, base, secret)
-
-
-async def create_async(conn: psycopg.AsyncConnection[Any], tenant: str, lifetime: timedelta,
-                       base: str) -> PortalLink:
-    """create() over the API's connection."""
-    secret = new_secret()
-    cur = await conn.execute(_CREATE, (tenant, *_hashes(secret), lifetime))
-    return _made(await cur.fetchone(), base, secret)

@@ -4,7 +4,7 @@ check that runs past the budget is cut off by killing its process (started again
 and no schema or payload holds the API's event loop, or a CPU, longer than
 api.schema_validation_budget_seconds.
 
-Run as `python -m worker.api.schema_checks`, this module is such a process: it reads checks on its
+Run as `python -m worker.web.schema_checks`, this module is such a process: it reads checks on its
 standard input and writes their verdicts on its standard output as it reaches them."""
 
 from __future__ import annotations

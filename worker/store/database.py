@@ -1,4 +1,6 @@
-"""The API's database handle: an async pool, and transactions under the caller's database role."""
+"""Connections: the API's pool and its transactions under the caller's database role and tenant
+(as_caller, the one place that sets them), the CLI's connection, and the rows-as-dicts helpers every
+store module reads with."""
 
 from __future__ import annotations
 
@@ -11,19 +13,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from worker.api.tokens import Caller, Role
+from worker.rules.tokens import ROLES, Caller, database_role
 
-# The group role each token role runs as, so the grants enforce what the API checks
-# (sql/functions/roles.sql). Admin rights are what webhooks_admin is granted: the API's login is
-# neither the schema owner nor able to create roles (sql/migrations/007_api_login.sql).
-# api_authorize() (sql/functions/api.sql) takes the same group for a token: webhooks_<role>.
-DATABASE_ROLES: dict[Role, str] = {
-    "producer": "webhooks_producer",
-    "reader": "webhooks_reader",
-    "admin": "webhooks_admin",
-    # always with webhooks.tenant set (its token has a tenant); PostgreSQL keeps it there
-    "tenant_admin": "webhooks_tenant_admin",
-}
+Conn = psycopg.AsyncConnection[Any]
 # What the API's login rests as between requests: token and session checks, the schema version.
 AUTHENTICATOR_ROLE = "webhooks_authenticator"
 APPLICATION_NAME = "webhook-worker api"
@@ -76,7 +68,9 @@ _LOGIN_CHECKS = """
 """
 
 
-API_GROUPS = (AUTHENTICATOR_ROLE, *DATABASE_ROLES.values())
+# Admin rights are what webhooks_admin is granted: the API's login is neither the schema owner nor
+# able to create roles (sql/migrations/007_api_login.sql).
+API_GROUPS = (AUTHENTICATOR_ROLE, *(database_role(role) for role in ROLES))
 
 
 async def login_problems(conn: psycopg.AsyncConnection[Any], groups: tuple[str, ...] = API_GROUPS
@@ -149,9 +143,7 @@ class Database:
         """One transaction under the caller's database role; SET LOCAL ends with it, so the pooled
         connection goes back resting as webhooks_authenticator."""
         async with self._pooled() as conn, conn.transaction():
-            await set_local_role(conn, DATABASE_ROLES[caller.role])
-            if caller.tenant_id is not None:
-                await conn.execute(TENANT_SETTING, (str(caller.tenant_id),))
+            await as_caller(conn, caller)
             yield conn
 
 
@@ -171,12 +163,13 @@ def _unreachable(exc: Exception) -> bool:
 TENANT_SETTING = "SELECT set_config('webhooks.tenant', %s, true)"
 
 
-def begin_as(conn: psycopg.Connection[Any], caller: Caller) -> None:
-    """What Database.transaction() does, on a blocking connection inside a transaction: the
-    caller's database role and tenant for the rest of it (the operator functions, run in a thread)."""
-    conn.execute(local_role(DATABASE_ROLES[caller.role]))
+async def as_caller(conn: Conn, caller: Caller) -> None:
+    """The rest of the transaction open on `conn` runs as the caller: its token role's group role,
+    and its tenant when it has one, so PostgreSQL's grants and row-level security, not only our
+    checks, keep it to what it may do."""
+    await set_local_role(conn, database_role(caller.role))
     if caller.tenant_id is not None:
-        conn.execute(TENANT_SETTING, (str(caller.tenant_id),))
+        await conn.execute(TENANT_SETTING, (str(caller.tenant_id),))
 
 
 def local_role(role: str) -> psycopg.sql.Composed:
@@ -184,8 +177,24 @@ def local_role(role: str) -> psycopg.sql.Composed:
     return psycopg.sql.SQL("SET LOCAL ROLE {}").format(psycopg.sql.Identifier(role))
 
 
-async def set_local_role(conn: psycopg.AsyncConnection[Any], role: str) -> None:
+async def set_local_role(conn: Conn, role: str) -> None:
     await conn.execute(local_role(role))
+
+
+@asynccontextmanager
+async def connect(url: str, application_name: str = "webhook-worker") -> AsyncIterator[Conn]:
+    """One connection for an operator command (the CLI, the demo), in autocommit: each call is its own
+    transaction unless it opens one."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True,
+                                                     application_name=application_name) as conn:
+        yield conn
+
+
+async def schema_version(conn: Conn) -> int | None:
+    """The schema's version as the database reports it (webhooks.schema_version()), for /ready."""
+    cur = await conn.execute("SELECT webhooks.schema_version()")
+    row = await cur.fetchone()
+    return None if row is None else row[0]
 
 
 async def fetch_all(conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""API tokens: generated with a recognisable prefix, stored only as a SHA-256 hash, checked by hash."""
+"""API tokens and roles: generated with a recognisable prefix, stored only as a SHA-256 hash, checked by
+hash; the roles a token may have and the database group role each runs as."""
 
 from __future__ import annotations
 
@@ -6,10 +7,7 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Literal
-
-import psycopg
+from typing import Literal, get_args
 
 # Secret scanners (GitHub's, gitleaks) find a leaked token by a fixed prefix and a known shape.
 TOKEN_PREFIX = "whk_"
@@ -18,8 +16,8 @@ TOKEN_PREFIX = "whk_"
 TOKEN_BYTES = 32
 _TOKEN_SHAPE = re.compile(r"^whk_[A-Za-z0-9_-]{43}$")
 # tenant_admin: an admin kept to one tenant by PostgreSQL (webhooks_tenant_admin; always scoped).
-ROLES = ("producer", "reader", "admin", "tenant_admin")
 Role = Literal["producer", "reader", "admin", "tenant_admin"]
+ROLES: tuple[Role, ...] = get_args(Role)
 MAX_NAME_LENGTH = 200
 # a token's lifetime in days, when it has one: the CLI's --expires-in and the API's expires_in_days
 MAX_EXPIRES_DAYS = 3650
@@ -70,41 +68,8 @@ class Caller:
     tenant_id: int | None = None  # a scoped token's tenant; None: every tenant
 
 
-def create(conn: psycopg.Connection, name: str, role: str, expires_at: datetime | None,
-           tenant: str | None = None) -> str:
-    """Store a new token's hash under its name and return the token (shown once, never stored);
-    with a tenant (its name), the token sees and changes only that tenant's rows. A role and tenant
-    that do not go together (scope_problem()) raise ValueError naming the tenant."""
-    problem = scope_problem(role, tenant)
-    if problem is not None:
-        raise ValueError(f"tenant: {problem}")
-    token = generate_token()
-    conn.execute("SELECT webhooks.api_create_token(%s, %s, %s, %s, %s)",
-                 (name, role, token_hash(token), expires_at, tenant))
-    return token
-
-
-def revoke(conn: psycopg.Connection, name: str) -> bool:
-    row = conn.execute("SELECT webhooks.api_revoke_token(%s)", (name,)).fetchone()
-    return bool(row and row[0])
-
-
-def listing(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-    cur.execute("SELECT * FROM webhooks.api_token_list()")
-    return cur.fetchall()
-
-
-async def verify(conn: psycopg.AsyncConnection[Any], token: str) -> Caller | None:
-    """The caller a token stands for, or None for a malformed, unknown, revoked or expired one. The
-    database answers every time, so a revocation takes effect on the next request."""
-    if not well_formed(token):
-        return None
-    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.api_token_role(%s)",
-                             (token_hash(token),))
-    row = await cur.fetchone()
-    if row is None:
-        return None
-    name, role, tenant_id = row
-    assert role in ROLES
-    return Caller(str(name), role, None if tenant_id is None else int(tenant_id))
+def database_role(role: Role) -> str:
+    """The group role a token's role runs as, so the grants enforce what the API checks
+    (sql/functions/roles.sql; api_authorize() in sql/functions/api.sql takes the same name): webhooks_<role>.
+    A tenant_admin always runs with webhooks.tenant set (its token has a tenant)."""
+    return f"webhooks_{role}"
