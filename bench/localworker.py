@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 import psycopg
 import yaml
 
-from worker import signing
-from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role
+from worker.rules import signing
+from worker.rules.redaction import display_url
 from worker.store.endpoints import EndpointSpec, register_endpoint
 
 T = TypeVar("T")

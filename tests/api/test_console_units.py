@@ -10,7 +10,7 @@ from worker.api.routes import ReasonBody
 from worker.console import forms, sessions
 from worker.console.chart import bucket_start, build
 from worker.console.pages import notice
-from worker.endpoints import MAX_REASON_CHARS
+from worker.rules.endpoints import MAX_REASON_CHARS
 
 TEN_MINUTES = timedelta(minutes=10)
 END = datetime(2026, 11, 26, 14, 7, 30, tzinfo=UTC)

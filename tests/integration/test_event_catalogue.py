@@ -20,8 +20,8 @@ from tests.support import (
     query,
     statuses,
 )
-from worker import signing
-from worker.event_types import EventType, EventTypeError
+from worker.rules import signing
+from worker.rules.event_types import EventType, EventTypeError
 from worker.store import deliveries as delivery_store
 from worker.store import event_types
 

@@ -13,9 +13,8 @@ import psycopg
 import pytest
 
 from tests.support import TEST_KEYRING, BlockingConnection, add_endpoint, api_dsn, enqueue, query, stored
-from worker import signing
-from worker.delivery import display_url
-from worker.rules import tokens
+from worker.rules import signing, tokens
+from worker.rules.redaction import display_url
 from worker.store import tokens as token_store
 from worker.store.endpoints import EndpointSpec, register_endpoint, signing_secrets
 
@@ -311,7 +310,7 @@ def test_the_tenant_admin_role_holds_what_it_needs_and_nothing_of_the_fleet(db):
 
 @pytest.mark.parametrize("name", ["", "a*", "bad\tname", "x" * 257])
 def test_sql_refuses_the_catalogue_names_the_python_rule_refuses(db, name):
-    from worker.event_types import name_problem
+    from worker.rules.event_types import name_problem
 
     assert name_problem(name) is not None
     with pytest.raises(psycopg.errors.CheckViolation):

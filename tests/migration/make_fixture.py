@@ -20,10 +20,10 @@ from pathlib import Path
 import psycopg
 
 from bench.localworker import stored
-from worker import signing
-from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring
 from worker.localpg import LocalPostgres, _find_binary
+from worker.rules import signing
+from worker.rules.redaction import display_url
 from worker.store.endpoints import EndpointSpec, register_endpoint
 
 # A key for this fixture only (it seals the fixture endpoints' URL and secrets): the migration test

@@ -6,12 +6,12 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from worker import coalescing
-from worker.attempt import Executor, InFlight, render
-from worker.delivery import Sender
-from worker.model import Claimed, Finished
+from worker.daemon.attempt import Executor, InFlight, render
+from worker.daemon.sender import Sender
 from worker.observability import Metrics, get_logger
-from worker.policy import Outcome, RetrySchedule
+from worker.rules import coalescing
+from worker.rules.model import Claimed, Finished
+from worker.rules.policy import Outcome, RetrySchedule
 
 GOOD = b'{"title": "disk full"}'
 BAD = b'{"severity": "critical"}'  # no title: a Slack message cannot be made of it

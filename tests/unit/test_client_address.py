@@ -1,5 +1,5 @@
 """Which address a request's failed authentications count against: the peer, or behind a trusted
-proxy the client it names (worker/web/forwarded.py), and the config key that lists the proxies."""
+proxy the client it names (worker/rules/forwarded.py), and the config key that lists the proxies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from worker.config import load_config
 from worker.errors import ConfigError
-from worker.web.forwarded import client_address, forwarded_origin, networks
+from worker.rules.forwarded import client_address, forwarded_origin, networks
 
 PROXIES = networks(["10.0.0.0/8", "fd00::/8", "192.0.2.1"])
 

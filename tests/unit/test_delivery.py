@@ -15,20 +15,21 @@ from aiohttp.client_reqrep import ConnectionKey
 from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
 from tests.support import TEST_KEYRING
-from worker import encryption, signing
-from worker.delivery import (
+from worker import encryption
+from worker.daemon.sender import (
     Sender,
     carries_transport_text,
-    display_url,
     dropped_keepalive,
     error_text,
     excerpt_text,
     request_headers,
     transport_failure,
 )
-from worker.destinations import url_problem
-from worker.model import Claimed
-from worker.policy import Category, RetrySchedule
+from worker.rules import signing
+from worker.rules.destinations import url_problem
+from worker.rules.model import Claimed
+from worker.rules.policy import Category, RetrySchedule
+from worker.rules.redaction import display_url
 from worker.store.queue import _claimed
 
 

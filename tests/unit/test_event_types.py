@@ -7,7 +7,8 @@ import pytest
 
 from worker.config import load_config
 from worker.errors import ConfigError
-from worker.event_types import (
+from worker.rules import tokens
+from worker.rules.event_types import (
     EventType,
     EventTypeError,
     PayloadProblem,
@@ -19,7 +20,6 @@ from worker.event_types import (
     schema_from_text,
     schema_problem,
 )
-from worker.rules import tokens
 
 INVOICE = {
     "type": "object",

@@ -1,11 +1,11 @@
-"""Every way an attempt becomes a Finished (worker/outcomes.py), without a database or a request."""
+"""Every way an attempt becomes a Finished (worker/daemon/outcomes.py), without a database or a request."""
 
 import uuid
 from datetime import UTC, datetime
 
-from worker import outcomes
-from worker.model import Claimed, Sent
-from worker.policy import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
+from worker.daemon import outcomes
+from worker.rules.model import Claimed, Sent
+from worker.rules.policy import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
 
 SCHEDULE = RetrySchedule(delays=(10.0, 20.0), jitter=0.0)
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from worker.schemas import PayloadProblem, SchemaUnusable, schema_text
+from worker.rules.schemas import PayloadProblem, SchemaUnusable, schema_text
 from worker.web.schema_checks import OVER_BUDGET, Budget, Check, ChecksFailed, SchemaChecks
 
 INVOICE = schema_text({"type": "object", "required": ["invoice_id"],

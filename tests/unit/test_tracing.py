@@ -10,12 +10,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from worker.attempt import Executor, InFlight
-from worker.delivery import Sender
-from worker.destinations import DestinationPolicy
-from worker.model import Claimed, Finished
+from worker.daemon.attempt import Executor, InFlight
+from worker.daemon.sender import Sender
 from worker.observability import Metrics, attempt_span, get_logger
-from worker.policy import Outcome, RetrySchedule
+from worker.rules.destinations import DestinationPolicy
+from worker.rules.model import Claimed, Finished
+from worker.rules.policy import Outcome, RetrySchedule
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

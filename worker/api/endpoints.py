@@ -1,4 +1,4 @@
-"""Endpoint registration and changes over HTTP: worker.endpoints' models and worker.store.endpoints,
+"""Endpoint registration and changes over HTTP: worker.rules.endpoints' models and worker.store.endpoints,
 their problems as problem documents; the endpoint a path or a filter names."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from typing import TypeVar
 import psycopg
 from pydantic import Field
 
-from worker import endpoints as service
-from worker import signing
+from worker import names
 from worker.api.inputs import Body
 from worker.config import Config
+from worker.rules import endpoints as service
+from worker.rules import signing
 from worker.store import endpoints as endpoint_store
 from worker.store.database import Conn
 from worker.web.problems import Problem, conflict, invalid, not_found
@@ -71,7 +72,7 @@ async def check_destination(url: str | None, config: Config, scope: service.Dest
         return
     if scope is None:  # an endpoint the caller does not see (answered 404 before this)
         raise invalid("url", "no endpoint to check the destination for")
-    await settled(asyncio.to_thread(service.check_destination, url, config, scope, advise))
+    await settled(asyncio.to_thread(service.check_destination, url, config, scope, advise, names.addresses))
 
 
 async def endpoint_id(conn: Conn, name_or_id: str, field: str | None = None) -> int | None:

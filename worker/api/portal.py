@@ -11,9 +11,8 @@ from worker.api.answers import Answer
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.inputs import Body
 from worker.observability import get_logger
-from worker.rules import portal
+from worker.rules import forwarded, portal
 from worker.store import tenants as tenant_store
-from worker.web import forwarded
 from worker.web.context import FLEET_ADMIN, STATE, caller_of, json_response
 from worker.web.problems import not_found
 

@@ -13,9 +13,6 @@ import psycopg
 from aiohttp import web
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, create_model, field_validator
 
-from worker import coalescing, event_types, signing, wording
-from worker import endpoints as endpoint_service
-from worker import tenants as tenant_rules
 from worker.api import answers, message_history, portal, self_service
 from worker.api import endpoints as endpoint_rules
 from worker.api.declare import Header, Route, body_of, id_of, query_of, ref_of
@@ -37,12 +34,15 @@ from worker.api.inputs import (
     one_field_given,
     parse,
 )
-from worker.destinations import MAX_GRANTED_NETWORKS, granted_networks
 from worker.observability import get_logger
-from worker.policy import CATEGORIES, RetrySchedule, category_problem
+from worker.rules import coalescing, event_types, signing, wording
+from worker.rules import endpoints as endpoint_service
+from worker.rules import tenants as tenant_rules
+from worker.rules.destinations import MAX_GRANTED_NETWORKS, granted_networks
+from worker.rules.policy import CATEGORIES, RetrySchedule, category_problem
+from worker.rules.schemas import SchemaUnusable
+from worker.rules.shapes import json_default
 from worker.rules.tokens import Caller
-from worker.schemas import SchemaUnusable
-from worker.shapes import json_default
 from worker.store import deliveries as delivery_store
 from worker.store import endpoints as endpoint_store
 from worker.store import messages as message_store

@@ -12,13 +12,14 @@ import psycopg
 from aiohttp import web
 from pydantic import Field, JsonValue
 
-from worker import encryption, event_types
-from worker import self_service as secrets_service
+from worker import encryption
 from worker.api.answers import Answer
 from worker.api.declare import Route, body_of, ref_of
 from worker.api.endpoints import endpoint_named
 from worker.api.inputs import Body
 from worker.observability import get_logger
+from worker.rules import event_types
+from worker.rules import self_service as secrets_service
 from worker.rules import tokens as token_rules
 from worker.rules.tokens import Role
 from worker.store import deliveries as delivery_store
@@ -28,6 +29,7 @@ from worker.store import tokens as token_store
 from worker.store.event_types import deprecate, get, rows, unmatched_subscriptions, upsert
 from worker.web.context import ADMIN, FLEET_ADMIN, READ, STATE, ApiState, caller_of, json_response
 from worker.web.problems import Problem, conflict, invalid, not_found, refused
+from worker.web.schema_checks import with_problems
 
 # --- what the routes answer (one model per answer body; the OpenAPI document is written from them) ---
 
@@ -209,7 +211,7 @@ def _type_name(request: web.Request) -> str:
 
 
 async def _event_type(found: event_types.EventType) -> dict[str, Any]:
-    [found] = await event_types.with_problems([found])
+    [found] = await with_problems([found])
     return {"name": found.name, "description": found.description, "schema": found.schema,
             "deprecated": found.deprecated, "problem": found.problem}
 
@@ -225,7 +227,7 @@ async def list_event_types(request: web.Request) -> web.Response:
         unmatched = [{"endpoint_id": row["webhook_id"], "endpoint_name": row["endpoint_name"],
                       "pattern": row["pattern"], "problem": row["problem"]}
                      for row in await unmatched_subscriptions(conn)]
-    entries = await event_types.with_problems([event_types.from_row(item) for item in items])
+    entries = await with_problems([event_types.from_row(item) for item in items])
     for item, entry in zip(items, entries, strict=True):
         item["problem"] = entry.problem
     return json_response({"items": items, "unmatched_subscriptions": unmatched})

@@ -16,7 +16,7 @@ import psycopg
 
 from worker.config import Config, load_config
 from worker.encryption import Keyring, load_keyring
-from worker.shapes import json_default
+from worker.rules.shapes import json_default
 from worker.store import database
 from worker.store import endpoints as endpoint_store
 from worker.store import tenants as tenant_store

@@ -10,7 +10,6 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from worker import coalescing
 from worker.cli.base import (
     CommandFailed,
     Commands,
@@ -21,7 +20,8 @@ from worker.cli.base import (
     run_async,
     tenant_scope,
 )
-from worker.policy import CATEGORIES
+from worker.rules import coalescing
+from worker.rules.policy import CATEGORIES
 from worker.store import deliveries as delivery_store
 from worker.store import operations as operation_store
 from worker.store.database import Conn

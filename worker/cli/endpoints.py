@@ -1,5 +1,5 @@
 """`webhook-worker endpoints …`: register, change, list and show endpoints; enable, disable, circuit.
-Registration and changes go through worker.endpoints (the service the API calls too); this module
+Registration and changes go through worker.rules.endpoints (the service the API calls too); this module
 reads the command line into its models and names its fields as options (FLAGS)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any, get_args
 
 import psycopg
 
-from worker import __version__, event_types, self_service, signing
-from worker import endpoints as service
+from worker import __version__, names
 from worker.cli.base import (
     EXIT_FAILURE,
     CommandFailed,
@@ -31,10 +30,12 @@ from worker.cli.base import (
     run_async,
 )
 from worker.config import Config
-from worker.destinations import Address
 from worker.encryption import Keyring, KeyringError
-from worker.model import Sent
-from worker.registration import header_problem
+from worker.rules import endpoints as service
+from worker.rules import event_types, self_service, signing
+from worker.rules.destinations import Address
+from worker.rules.model import Sent
+from worker.rules.registration import header_problem
 from worker.store import database
 from worker.store import deliveries as delivery_store
 from worker.store import endpoints as endpoint_store
@@ -185,7 +186,7 @@ async def verify_endpoint(url: str, secret: str, seconds: float, config: Config,
     """POST a signed challenge; None if the receiver echoed it in a 2xx answer, else the problem.
     Sent by the workers' own HTTP stack, so the same destination rules apply (those of the
     endpoint's tenant)."""
-    from worker.daemon import sender_for
+    from worker.daemon.worker import sender_for
 
     challenge = secrets.token_urlsafe(24)
     body = json.dumps({"type": "webhook.endpoint.verification", "challenge": challenge}).encode()
@@ -246,7 +247,7 @@ def _check_destination(url: str | None, config: Config, scope: service.Destinati
         return
     try:
         # the operator runs the CLI: a refusal says how to allow the address
-        warning = service.check_destination(url, config, scope, advise=True)
+        warning = service.check_destination(url, config, scope, True, names.addresses)
     except service.EndpointProblem as problem:
         raise usage(problem) from None
     if warning:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, run_async
-from worker.shapes import json_default
+from worker.rules.shapes import json_default
 
 
 def _as_dict(found: Any) -> dict[str, Any]:
@@ -40,7 +40,7 @@ async def cmd_event_types_list(args: argparse.Namespace) -> int:
 
 def _schema(args: argparse.Namespace) -> Any:
     """--schema JSON or --schema-file FILE; None when neither is given."""
-    from worker import event_types
+    from worker.rules import event_types
 
     if args.schema is not None:
         text, option = args.schema, "--schema"
@@ -60,7 +60,7 @@ def _schema(args: argparse.Namespace) -> Any:
 
 @run_async
 async def cmd_event_types_set(args: argparse.Namespace) -> int:
-    from worker import event_types
+    from worker.rules import event_types
     from worker.store import event_types as catalogue_store
 
     schema = _schema(args)
@@ -82,7 +82,7 @@ async def cmd_event_types_set(args: argparse.Namespace) -> int:
 
 @run_async
 async def cmd_event_types_deprecate(args: argparse.Namespace) -> int:
-    from worker import event_types
+    from worker.rules import event_types
     from worker.store import event_types as catalogue_store
 
     async with connect(args) as conn:

@@ -35,14 +35,14 @@ def _networks(text: str) -> list[str] | None:
 
 def _tenant_limits(args: argparse.Namespace) -> dict[str, Any]:
     """The limits given as options; `none` clears one."""
-    from worker import tenants
+    from worker.rules import tenants
 
     return {key: getattr(args, key) for key in tenants.LIMIT_OPTIONS if getattr(args, key) is not _UNSET}
 
 
 @run_async
 async def cmd_tenants_add(args: argparse.Namespace) -> int:
-    from worker import tenants
+    from worker.rules import tenants
     from worker.store import tenants as tenant_store
 
     async with connect(args) as conn:
@@ -59,7 +59,7 @@ async def cmd_tenants_add(args: argparse.Namespace) -> int:
 
 @run_async
 async def cmd_tenants_update(args: argparse.Namespace) -> int:
-    from worker import tenants
+    from worker.rules import tenants
     from worker.store import tenants as tenant_store
 
     limits = _tenant_limits(args)

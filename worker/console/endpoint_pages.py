@@ -11,12 +11,13 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from aiohttp import web
 
-from worker import endpoints as service
-from worker import self_service, signing
+from worker import names
 from worker.console import forms, queries
 from worker.console.pages import CALLER, FORM, error_page, render, see_other
 from worker.encryption import Keyring
 from worker.observability import get_logger
+from worker.rules import endpoints as service
+from worker.rules import self_service, signing
 from worker.store import deliveries as delivery_store
 from worker.store import endpoints as endpoint_store
 from worker.web.context import STATE
@@ -61,7 +62,7 @@ async def add_endpoint(request: web.Request) -> web.Response:
             scope = await endpoint_store.destination_scope(conn, body.tenant)
         assert scope is not None  # (a tenant, or an error: every registration has one)
         await asyncio.to_thread(service.check_destination, body.url, state.config, scope,
-                                caller.tenant_id is None)
+                                caller.tenant_id is None, names.addresses)
         async with state.db.transaction(caller) as conn:
             registered = await endpoint_store.register(conn, body, keyring)
     except service.EndpointProblem as found:
@@ -87,7 +88,7 @@ async def edit_endpoint(request: web.Request) -> web.Response:
             if scope is None:
                 return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
             await asyncio.to_thread(service.check_destination, body.url, state.config, scope,
-                                    caller.tenant_id is None)
+                                    caller.tenant_id is None, names.addresses)
         async with state.db.transaction(caller) as conn:
             changed = await endpoint_store.update(conn, endpoint_id, body, keyring) \
                 if await endpoint_store.visible(conn, endpoint_id) else None

@@ -11,13 +11,14 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from worker import event_types, wording
 from worker.console import forms, queries
 from worker.console.pages import CALLER, FORM, error_page, render, see_other
 from worker.observability import get_logger
+from worker.rules import event_types, wording
 from worker.rules.tokens import Caller
 from worker.store import event_types as catalogue_store
 from worker.web.context import FLEET_ADMIN, READ, STATE
+from worker.web.schema_checks import with_problems
 
 
 class _Exists(Exception):
@@ -62,7 +63,7 @@ async def catalogue(request: web.Request, typed: dict[str, Any] | None = None, e
     """The list; after a refused add, again with the form as it was typed and the error."""
     caller = _reader(request)
     async with request.app[STATE].db.transaction(caller) as conn:
-        types = await event_types.with_problems(await catalogue_store.listing(conn))
+        types = await with_problems(await catalogue_store.listing(conn))
         unmatched = await catalogue_store.unmatched_subscriptions(conn)
         subscriptions = await catalogue_store.subscriptions_by_type(conn, queries.SHOWN_SUBSCRIPTIONS)
     return render(request, "event_types.html", status=status, page="event_types", types=types,
@@ -82,7 +83,7 @@ async def event_type_page(request: web.Request, typed: dict[str, Any] | None = N
             else await catalogue_store.subscriptions(conn, name, queries.PAGE_ROWS)
     if found is None:
         return _not_catalogued(request, name)
-    await event_types.with_problems([found])
+    await with_problems([found])
     if typed is None:
         typed = {"name": found.name, "description": found.description, "schema": _schema_text(found.schema),
                  "deprecated": found.deprecated}

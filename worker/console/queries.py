@@ -7,9 +7,9 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from worker import event_types
-from worker.coalescing import digest_label
 from worker.console import chart
+from worker.rules import event_types
+from worker.rules.coalescing import digest_label
 from worker.store import deliveries, endpoints, operations, tenants
 from worker.store import event_types as catalogue
 from worker.store.database import Conn

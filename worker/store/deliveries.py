@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from worker.self_service import RefusedTestEvent, refusal_of
+from worker.rules.self_service import RefusedTestEvent, refusal_of
 from worker.store.database import Conn, fetch_all, fetch_one
 
 # The dead letters an operator's filter names, in webhooks.delivery_overview: the CLI's, the API's and

@@ -1,6 +1,6 @@
 """Endpoints as stored: registered and changed (their URL, signing secrets, headers and secret
 settings sealed bound to their id, in the same transaction as the row), read in their one shape
-(worker.endpoints.COLUMNS), enabled, disabled, deleted, their circuits set, their credentials
+(worker.rules.endpoints.COLUMNS), enabled, disabled, deleted, their circuits set, their credentials
 re-sealed; for the CLI, the API and the console alike."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import psycopg
 
-from worker import encryption, signing
-from worker.delivery import display_url
+from worker import encryption
 from worker.encryption import DecryptionError, Keyring
-from worker.endpoints import (
+from worker.rules import signing
+from worker.rules.endpoints import (
     COLUMNS,
     DestinationScope,
     EndpointCreate,
@@ -29,8 +29,9 @@ from worker.endpoints import (
     columns_of,
     refused_tenant,
 )
-from worker.registration import headers_problem, url_has_userinfo
-from worker.self_service import SigningSecret
+from worker.rules.redaction import display_url
+from worker.rules.registration import headers_problem, url_has_userinfo
+from worker.rules.self_service import SigningSecret
 from worker.store.database import Conn, fetch_all, fetch_one
 
 

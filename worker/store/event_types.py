@@ -1,5 +1,5 @@
 """The event-type catalogue as stored: its entries read and written (checked first by the
-catalogue's rules, worker.event_types), the subscriptions matching each type, and the subscriptions
+catalogue's rules, worker.rules.event_types), the subscriptions matching each type, and the subscriptions
 no current type matches."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from worker.event_types import (
+from worker.rules.event_types import (
     MAX_DESCRIPTION_CHARS,
     RESERVED_PREFIX,
     EventType,

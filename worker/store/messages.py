@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from worker.event_types import EventType, from_row
+from worker.rules.event_types import EventType, from_row
 from worker.rules.tokens import ROLES, Caller
 from worker.store.database import Conn, fetch_all, fetch_one
 

@@ -19,9 +19,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker import encryption
 from worker.encryption import DecryptionError, Keyring, UnsealedValue
-from worker.model import Claimed, Finished, FinishResult
-from worker.policy import RetryPolicy, RetrySchedule
-from worker.registration import sendable_headers
+from worker.rules.model import Claimed, Finished, FinishResult
+from worker.rules.policy import RetryPolicy, RetrySchedule
+from worker.rules.registration import sendable_headers
 
 APPLICATION_NAME = "webhook-worker"
 NOTIFY_CHANNEL = "webhooks_queue"

@@ -9,14 +9,14 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from worker.rules import portal
+from worker.rules.tenants import SUMMARY_COLUMNS, stored
 from worker.store.database import TENANT_SETTING, Conn, fetch_all, fetch_one
-from worker.tenants import SUMMARY_COLUMNS, stored
 
 TENANT_COLUMNS = ", ".join(SUMMARY_COLUMNS)
 
 
 async def add(conn: Conn, name: str, limits: dict[str, Any]) -> int:
-    """A new tenant with these limits (checked first: worker.tenants); its id."""
+    """A new tenant with these limits (checked first: worker.rules.tenants); its id."""
     cur = await conn.execute("SELECT webhooks.register_tenant(%s, %s)", (name, Jsonb(stored(limits))))
     row = await cur.fetchone()
     assert row is not None

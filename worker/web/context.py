@@ -18,14 +18,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from worker.config import Config
 from worker.encryption import Keyring
-from worker.event_types import EventType
-from worker.rules import tokens
+from worker.rules import forwarded, tokens
+from worker.rules.event_types import EventType
+from worker.rules.shapes import json_default
 from worker.rules.tokens import Caller
-from worker.shapes import json_default
 from worker.store import messages as message_store
 from worker.store import tokens as token_store
 from worker.store.database import Database
-from worker.web import forwarded
 from worker.web.limits import FailedAuthLimiter, Verdict
 from worker.web.problems import forbidden, too_many_failed_authentications, unauthorized
 from worker.web.schema_checks import SchemaChecks

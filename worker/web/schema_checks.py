@@ -19,7 +19,8 @@ from typing import IO, Any
 
 import orjson
 
-from worker.schemas import PayloadProblem, SchemaUnusable, checker, first_problem
+from worker.rules.event_types import EventType
+from worker.rules.schemas import PayloadProblem, SchemaUnusable, checker, first_problem
 
 # Each message of the protocol: its length (4 bytes, big-endian), then that much JSON.
 _LENGTH_BYTES = 4
@@ -39,7 +40,8 @@ CHECK_RECURSION_LIMIT = 20_000
 
 @dataclass(frozen=True)
 class Check:
-    """A payload (its JSON text) to check against a schema (its JSON text, worker.schemas.schema_text)."""
+    """A payload (its JSON text) to check against a schema (its JSON text,
+    worker.rules.schemas.schema_text)."""
 
     schema_text: str
     payload_text: str
@@ -297,3 +299,11 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.setrecursionlimit(CHECK_RECURSION_LIMIT)
     serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+async def with_problems(entries: list[EventType]) -> list[EventType]:
+    """The entries, each one's problem worked out in a thread first: jsonschema's own check of a large
+    stored schema takes up to a second of CPU, which the API's and the console's pages do not spend
+    on their event loop (the result is kept, by the schema's text)."""
+    await asyncio.to_thread(lambda: [entry.problem for entry in entries])
+    return entries

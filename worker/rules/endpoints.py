@@ -4,7 +4,6 @@ the CLI, the HTTP API and the console all call these."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +11,10 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from worker import coalescing, formats, wording
-from worker import tenants as tenant_rules
 from worker.config import Config
-from worker.delivery import display_url
-from worker.destinations import (
+from worker.rules import coalescing, formats, wording
+from worker.rules import tenants as tenant_rules
+from worker.rules.destinations import (
     Address,
     DestinationPolicy,
     address_blocked,
@@ -24,8 +22,9 @@ from worker.destinations import (
     refused_as_private,
     tenant_policy,
 )
-from worker.policy import MAX_DELAY_SECONDS, RetrySchedule
-from worker.registration import (
+from worker.rules.policy import MAX_DELAY_SECONDS, RetrySchedule
+from worker.rules.redaction import display_url
+from worker.rules.registration import (
     MAX_ENDPOINT_NAME_CHARS,
     MAX_URL_CHARS,
     endpoint_name_problem,
@@ -87,7 +86,7 @@ def _read_only() -> Any:
 
 
 # What the OpenAPI document says of these fields beyond their types (the checks themselves are
-# worker.registration's and RetrySchedule's; the destination rules, which depend on the configuration
+# worker.rules.registration's and RetrySchedule's; the destination rules, which depend on the configuration
 # and on DNS, are not in it)
 URL_SCHEMA: dict[str, Any] = {"maxLength": MAX_URL_CHARS, "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]+"}
 DELAYS_SCHEMA: dict[str, Any] = {"items": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS}}
@@ -269,7 +268,7 @@ def destination_policy(config: Config) -> DestinationPolicy:
 @dataclass(frozen=True)
 class DestinationScope:
     """The tenant an endpoint is registered in, or belongs to, and the networks granted to it:
-    where it may deliver (worker.destinations.tenant_policy)."""
+    where it may deliver (worker.rules.destinations.tenant_policy)."""
 
     tenant: str
     granted: tuple[str, ...] = ()
@@ -299,13 +298,19 @@ def _network(address: Address | None) -> str:
     return f"{address}/{address.max_prefixlen}" if address is not None else "its network (a CIDR)"
 
 
-def check_destination(url: str, config: Config, scope: DestinationScope, advise: bool) -> str | None:
+# A host's addresses now (worker.names.addresses: DNS, blocking), handed to check_destination.
+Resolve = Callable[[str, int], list[str]]
+
+
+def check_destination(url: str, config: Config, scope: DestinationScope, advise: bool,
+                      resolve: Resolve) -> str | None:
     """Refuse a URL the workers would refuse for an endpoint of `scope`'s tenant: its form, an IP
     literal, or a name that resolves only to refused addresses now (EndpointProblem on `url`).
     Workers check again at every connection; a name that does not resolve yet is accepted, and the
     warning returned says so. `advise`: the caller is the operator (unscoped), whom the refusal
     tells how to allow the address; a tenant's own caller is told only that it is not allowed.
-    Blocking (DNS): the API calls it in a thread, never inside a transaction."""
+    `resolve` gives a host's addresses: blocking (DNS), so the API and the console call this in a
+    thread, never inside a transaction."""
     policy = scope.policy(config)
 
     def hint(problem: str, address: Address | None) -> str:
@@ -324,15 +329,15 @@ def check_destination(url: str, config: Config, scope: DestinationScope, advise:
     if ip_literal(host) is not None:
         return None
     try:
-        infos = socket.getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
+        found = resolve(host, parts.port or 443)
     except UnicodeError:  # the host cannot be written as a DNS name (IDNA): it can never resolve
         raise EndpointProblem("url", "the host is not a valid domain name") from None
     except OSError:
         return f"{host} does not resolve now; deliveries fail as `dns` until it does"
-    reasons = [address_blocked(str(info[4][0]), policy) for info in infos]
+    reasons = [address_blocked(address, policy) for address in found]
     if reasons and all(reasons):
         raise EndpointProblem("url", f"{host} resolves to a refused address: {reasons[0]}",
-                              hint=hint(reasons[0] or "", ip_literal(str(infos[0][4][0]))))
+                              hint=hint(reasons[0] or "", ip_literal(found[0])))
     return None
 
 

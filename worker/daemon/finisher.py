@@ -10,10 +10,10 @@ from uuid import UUID
 
 import psycopg
 
-from worker.model import Finished, FinishResult
+from worker.daemon.retrying import TRANSIENT_ERRORS, Backoff, brief
 from worker.observability import Metrics
-from worker.policy import Outcome
-from worker.retrying import TRANSIENT_ERRORS, Backoff, brief
+from worker.rules.model import Finished, FinishResult
+from worker.rules.policy import Outcome
 from worker.store.queue import Queue
 
 

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from worker import coalescing, formats, outcomes
-from worker.delivery import Sender, carries_transport_text, display_url, error_text
-from worker.model import Claimed, Finished, Sent
+from worker.daemon import outcomes
+from worker.daemon.sender import Sender, carries_transport_text, error_text
 from worker.observability import Metrics, attempt_span, tracing
-from worker.policy import Outcome
+from worker.rules import coalescing, formats
+from worker.rules.model import Claimed, Finished, Sent
+from worker.rules.policy import Outcome
+from worker.rules.redaction import display_url
 
 
 class PoisonRow(Exception):

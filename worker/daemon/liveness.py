@@ -10,7 +10,7 @@ from uuid import UUID, uuid4
 
 import psycopg
 
-from worker.retrying import DATABASE_ERRORS, Backoff, brief
+from worker.daemon.retrying import DATABASE_ERRORS, Backoff, brief
 from worker.store.queue import Queue, Registration
 
 # Each worker checks its own liveness connection and reclaims the rows of lost workers this often;

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.destinations import granted_networks
-from worker.observability import OTHER_TENANTS
+from worker.rules.destinations import granted_networks
 
 # What a tenant may set, as webhooks.set_tenant_limits() names it, with its CLI option: its limits,
-# and the private networks its endpoints may reach (worker.destinations.tenant_policy).
+# and the private networks its endpoints may reach (worker.rules.destinations.tenant_policy).
 LIMIT_OPTIONS = {
     "rate_limit_per_second": "--rate-limit",
     "rate_limit_burst": "--burst",
@@ -19,6 +18,9 @@ LIMIT_OPTIONS = {
     "allow_networks": "--allow-networks",
 }
 MAX_NAME = 100
+# The metrics' `tenant` label of the tenants past the label limit (worker.observability). No tenant may
+# take this name (name_problem() and webhooks.register_tenant() refuse it), so it always means "the rest".
+OTHER_TENANTS = "other"
 # A request refused for the tenant's max_queued (SQLSTATE 53400 from the gate, webhooks.queue_deliveries()):
 # constraint QUEUE_FULL when it may fit once the queue drains, which it does at the tenant's delivery
 # rate (a few seconds is a fair first wait); QUOTA_TOO_SMALL when it needs more rows than max_queued

@@ -7,7 +7,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 
-from worker import wording
+from worker.rules import wording
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -14,7 +14,7 @@ import base64
 import html
 import re
 import string
-from urllib.parse import quote, unquote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
 import yarl
 
@@ -177,3 +177,17 @@ def _basic_credentials(user: str, password: str) -> str:
     except UnicodeEncodeError:
         raw = f"{user}:{password}".encode()
     return base64.b64encode(raw).decode()
+
+
+def display_url(url: str) -> str:
+    """Scheme, host and port only: what may appear in logs (paths and queries can be secrets; what
+    a stored text may keep of the rest is redact()'s)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(invalid URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}{port}"

@@ -9,12 +9,13 @@ from typing import Any
 
 from aiohttp import web
 
-from worker import schema, signing
+from worker import schema
 from worker.config import Config, DatabaseConfig, HttpConfig, LoggingConfig, SecurityConfig, WorkerConfig
-from worker.daemon import Worker, sender_for
+from worker.daemon.worker import Worker, sender_for
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import LocalPostgres
 from worker.observability import configure_logging
+from worker.rules import signing
 from worker.store import database
 from worker.store import deliveries as delivery_store
 from worker.store import endpoints as endpoint_store

@@ -19,7 +19,7 @@ from jsonschema.validators import extend
 from referencing import Registry, Resource
 from referencing.exceptions import NoSuchResource
 
-from worker import wording
+from worker.rules import wording
 
 # A schema is at most this much JSON text and this deep (objects and arrays within each other): a
 # bound on what checking it and compiling it may cost, far above what payload schemas need.
@@ -114,8 +114,9 @@ def _on_re2(function: F, **names: Any) -> F:
     keeps its keywords' semantics and messages, with Python's backtracking engine swapped out."""
     calls = set(function.__code__.co_names)
     if not set(names) <= calls or not ({"re"} | set(names)) & calls:
-        raise ImportError(f"jsonschema's {function.__name__} no longer calls re.search as worker.schemas "
-                          "expects: its patterns would run on Python's backtracking engine")
+        raise ImportError(f"jsonschema's {function.__name__} no longer calls re.search as "
+                          "worker.rules.schemas expects: its patterns would run on Python's backtracking "
+                          "engine")
     module = {**function.__globals__, "re": _Re2Search, **names}
     copy = types.FunctionType(function.__code__, module, function.__name__, function.__defaults__,
                               function.__closure__)

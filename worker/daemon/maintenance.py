@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.config import Config
+from worker.daemon.retrying import DATABASE_ERRORS, Backoff, brief
 from worker.observability import Metrics
-from worker.retrying import DATABASE_ERRORS, Backoff, brief
 from worker.store.queue import Queue
 
 

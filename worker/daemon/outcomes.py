@@ -1,6 +1,6 @@
 """Every way an attempt becomes a Finished: answered, cut off by shutdown, unrenderable, or failed inside.
 
-Error and reason texts leave here without the secret parts of the row's URL (worker/redaction.py);
+Error and reason texts leave here without the secret parts of the row's URL (worker/rules/redaction.py);
 the response excerpt already came without them from the HTTP side, which knows where it was cut.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from worker.model import Claimed, Finished, Sent
-from worker.policy import Category, Outcome, classify, retry_delay
-from worker.redaction import redact
+from worker.rules.model import Claimed, Finished, Sent
+from worker.rules.policy import Category, Outcome, classify, retry_delay
+from worker.rules.redaction import redact
 
 # The failure category of a request still open when the shutdown grace ran out: a retry, its
 # attempt counted; finish() keeps it out of the endpoint's health and circuit, since the worker,

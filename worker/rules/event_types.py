@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from worker import wording
-from worker.schemas import (
+from worker.rules import wording
+from worker.rules.schemas import (
     MAX_SCHEMA_DEPTH,
     PayloadProblem,
     SchemaUnusable,
@@ -49,18 +48,10 @@ class EventType:
 
     @property
     def problem(self) -> str | None:
-        """Why its schema cannot be used (stored before the rules worker.schemas applies when one is
+        """Why its schema cannot be used (stored before the rules worker.rules.schemas applies when one is
         written, or written around them in SQL): publishes of the type are refused until it is
         replaced. None for a schema that can, or none."""
         return None if self.schema_text is None else stored_schema_problem(self.schema_text)
-
-
-async def with_problems(entries: list[EventType]) -> list[EventType]:
-    """The entries, each one's problem worked out in a thread first: jsonschema's own check of a large
-    stored schema takes up to a second of CPU, which the API's and the console's pages do not spend
-    on their event loop (the result is kept, by the schema's text)."""
-    await asyncio.to_thread(lambda: [entry.problem for entry in entries])
-    return entries
 
 
 @dataclass(frozen=True)

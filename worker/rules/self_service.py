@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import psycopg
+from worker.rules import tenants
 
-from worker import tenants
+if TYPE_CHECKING:
+    import psycopg
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import string
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from worker.destinations import DestinationPolicy, url_problem
+from worker.rules.destinations import DestinationPolicy, url_problem
 
 # Set by webhook-worker on every request (and sendable_headers() drops any stored header these rules
 # refuse, so none of them is ever sent either).

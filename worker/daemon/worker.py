@@ -16,19 +16,21 @@ from uuid import UUID
 
 import psycopg
 
-from worker import coalescing, outcomes, schema
-from worker.attempt import Executor, InFlight
+from worker import schema
 from worker.config import LEASE_MARGIN_SECONDS, Config, check_lease
-from worker.delivery import Sender
-from worker.destinations import DestinationPolicy
+from worker.daemon import outcomes
+from worker.daemon.attempt import Executor, InFlight
+from worker.daemon.finisher import Finisher
+from worker.daemon.liveness import Liveness, id_in_use
+from worker.daemon.maintenance import Maintenance
+from worker.daemon.retrying import DATABASE_ERRORS, Backoff, brief
+from worker.daemon.sender import Sender
 from worker.encryption import KEYS_ENV, load_keyring
 from worker.errors import ConfigError
-from worker.finisher import Finisher
-from worker.liveness import Liveness, id_in_use
-from worker.maintenance import Maintenance
-from worker.model import Claimed
 from worker.observability import Metrics, ProbeServer, get_logger
-from worker.retrying import DATABASE_ERRORS, Backoff, brief
+from worker.rules import coalescing
+from worker.rules.destinations import DestinationPolicy
+from worker.rules.model import Claimed
 from worker.runtime import cancel_and_wait
 from worker.store.queue import DeliverySettings, Queue
 
@@ -78,7 +80,7 @@ class Effective:
 
 
 class Worker:
-    """One worker process: claims rows and hands each request to the executor (worker/attempt.py),
+    """One worker process: claims rows and hands each request to the executor (worker/daemon/attempt.py),
     within its concurrency; holds its liveness; drains in-flight requests at shutdown."""
 
     def __init__(self, config: Config, queue: Queue, sender: Sender) -> None:

@@ -11,16 +11,17 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import aiohttp
 from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from worker import __version__, signing
-from worker.coalescing import digest_label
+from worker import __version__
 from worker.config import tls_context
-from worker.destinations import (
+from worker.rules import signing
+from worker.rules.coalescing import digest_label
+from worker.rules.destinations import (
     OPERATOR_TENANT,
     BlockedDestination,
     DestinationPolicy,
@@ -28,9 +29,9 @@ from worker.destinations import (
     tenant_policy,
     url_problem,
 )
-from worker.model import Claimed, Sent
-from worker.policy import AttemptResult, Category
-from worker.redaction import redact
+from worker.rules.model import Claimed, Sent
+from worker.rules.policy import AttemptResult, Category
+from worker.rules.redaction import redact
 
 USER_AGENT = f"webhook-worker/{__version__}"
 EXCERPT_BYTES = 1024
@@ -38,20 +39,6 @@ MAX_RESPONSE_HEADERS = 100
 # Endpoint URLs whose check is remembered at once (Sender.url_problem); beyond, it starts afresh.
 MAX_CHECKED_URLS = 4096
 _UTF8 = codecs.getincrementaldecoder("utf-8")
-
-
-def display_url(url: str) -> str:
-    """Scheme, host and port only: what may appear in logs (paths and queries can be secrets; what
-    a stored text may keep of the rest is worker.redaction's)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "(invalid URL)"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{parts.scheme}://{host}{port}"
 
 
 def header_value(text: str) -> str:
@@ -283,7 +270,7 @@ class Sender:
         return sessions
 
     def policy_for(self, row: Claimed) -> DestinationPolicy:
-        """Where the row's endpoint may deliver: its tenant's policy (worker.destinations), or the
+        """Where the row's endpoint may deliver: its tenant's policy (worker.rules.destinations), or the
         operator's when the claim carries no tenant's networks (a schema that predates them)."""
         if row.tenant_networks is None:
             return self._policy
