@@ -26,6 +26,7 @@ from bench.localworker import (
     login_as,
     proc_cpu,
     query,
+    stored,
     wait_started,
     worker_config,
     worker_dsn,

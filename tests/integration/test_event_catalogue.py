@@ -170,6 +170,6 @@ def test_producers_still_cannot_queue_a_test_event_by_any_way_in(db):
     with BlockingConnection(api_dsn(db), autocommit=False) as conn:
         conn.execute("SET LOCAL ROLE webhooks_tenant_admin")
         conn.execute("SELECT set_config('webhooks.tenant', '1', true)")
-        assert conn.execute("SELECT webhooks.send_test_event('x')").fetchone()[0] > 0
+        assert conn.execute("SELECT webhooks.send_test_event('x')")[0][0] > 0
         conn.commit()
     assert query(db, "SELECT event_type FROM webhooks.alert_delivery_queue") == [("webhook.test",)]
