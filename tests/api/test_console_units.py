@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker.api.routes import ReasonBody
+from worker.api.endpoints import ReasonBody
 from worker.console import forms, sessions
 from worker.console.chart import bucket_start, build
 from worker.console.pages import notice

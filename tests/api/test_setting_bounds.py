@@ -11,7 +11,7 @@ import pytest
 from tests.acceptance.test_cli import cli
 from tests.support import query
 from worker import schema
-from worker.api.routes import ConfigPatch
+from worker.api.settings import ConfigPatch
 from worker.store import settings as setting_store
 
 INTEGER_MAX = 2**31 - 1
@@ -20,7 +20,7 @@ COMPARISON = re.compile(r"\((?P<left>[a-z_]+) (?P<op>>=|<=|>|<) "
                         r"(?P<right>\(\d+\)::[a-z ]+|'[^']*'::interval|[\d.]+)\)")
 # Where the two differ on purpose, and why.
 DIFFERENT = {
-    # reals are stored rounded to six decimals (routes.REAL_DIGITS): the model asks for at least that
+    # reals are stored rounded to six decimals (api.settings.REAL_DIGITS): the model asks for at least that
     ("circuit_failure_ratio", "minimum"): (1e-6, None),
     ("circuit_failure_ratio", "exclusiveMinimum"): (None, 0.0),
     ("circuit_probe_success_ratio", "minimum"): (1e-6, None),
