@@ -26,7 +26,6 @@ from bench.localworker import (
     login_as,
     proc_cpu,
     query,
-    stored,
     wait_started,
     worker_config,
     worker_dsn,

@@ -19,6 +19,7 @@ from worker.api import (
     tokens,
 )
 from worker.api.declare import Route
+from worker.rules.tokens import ROLES
 from worker.web.context import DOCUMENT, json_response
 
 
@@ -28,10 +29,9 @@ async def openapi_document(request: web.Request) -> web.Response:
     return json_response(request.app[DOCUMENT])
 
 
-PUBLIC = ("producer", "reader", "admin", "tenant_admin")
 
 ROUTES: list[Route] = [
-    Route("GET", "/v1/token", tokens.whoami, "The caller: the token's name and role", PUBLIC,
+    Route("GET", "/v1/token", tokens.whoami, "The caller: the token's name and role", ROLES,
           {200: answers.Caller}),
     Route("GET", "/v1/openapi.json", openapi_document, "This document (no token needed)", (),
           {200: answers.Document}, public=True),

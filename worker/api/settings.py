@@ -18,6 +18,7 @@ from worker.api.inputs import (
     INTEGER_MAX,
     Body,
 )
+from worker.config import MAX_LEASE_SECONDS
 from worker.observability import get_logger
 from worker.rules.policy import RetrySchedule
 from worker.rules.shapes import json_default
@@ -55,7 +56,7 @@ SETTING_BOUNDS: dict[str, dict[str, float]] = {
     "retry_jitter": {"ge": 0, "le": 1},  # stored rounded to REAL_DIGITS, as the other reals
     "max_deferrals": {"ge": 0, "le": INTEGER_MAX},
     "timeout_ms": {"ge": 100, "le": 300_000},
-    "lease_seconds": {"ge": 1, "le": 3600},
+    "lease_seconds": {"ge": 1, "le": MAX_LEASE_SECONDS},
     "claim_batch_size": {"ge": 1, "le": 10_000},
     "finish_batch_size": {"ge": 1, "le": 10_000},
     "rate_limit_per_second": {"gt": 0},

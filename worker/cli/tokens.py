@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from worker.cli.base import CommandFailed, Commands, UsageError, config_of, connect, emit, run_async
+from worker.rules.tokens import ROLES
 
 
 @run_async
@@ -113,7 +114,7 @@ def register(cli: Commands) -> None:
                                "create a token; prints it once, alone on standard output")
     token_create.add_argument("--name", required=True, help="unique name (shown in lists, never secret)")
     token_create.add_argument("--role", required=True,
-                              choices=["producer", "reader", "admin", "tenant_admin"],  # tokens.ROLES
+                              choices=ROLES,
                               help="producer: publish only; reader: every read; admin: everything; "
                                    "tenant_admin: what admin does to one tenant's endpoints, deliveries "
                                    "and dead letters (with --tenant)")

@@ -89,7 +89,7 @@ async def event_type_page(request: web.Request, typed: dict[str, Any] | None = N
                  "deprecated": found.deprecated}
     return render(request, "event_type.html", status=status, page="event_types", found=found,
                   schema=_schema_text(found.schema), subscriptions=subscriptions,
-                  reserved=found.name.startswith(event_types.RESERVED_PREFIX),
+                  reserved=event_types.reserved_problem(found.name) is not None,
                   may_change=may_change(caller), typed=typed, error=error, limit=queries.PAGE_ROWS)
 
 

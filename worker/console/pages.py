@@ -23,7 +23,7 @@ from worker.rules.tokens import Caller
 from worker.store import endpoints as endpoint_store
 from worker.store import tokens as token_store
 from worker.tables import endpoint_label
-from worker.web.context import STATE, ApiState, client_address
+from worker.web.context import ADMIN, READ, STATE, ApiState, client_address
 from worker.web.problems import Problem
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,7 +37,7 @@ TEMPLATES = web.AppKey("webhook_console_templates", jinja2.Environment)
 TENANT_NAME = web.RequestKey("webhook_console_tenant_name", str)
 # The roles whose sessions may change things; a tenant_admin's changes are kept to its tenant by
 # PostgreSQL (webhooks_tenant_admin under row-level security), not by the console.
-CHANGERS = ("admin", "tenant_admin")
+CHANGERS = ADMIN
 # Pages that need no session: the login form, the portal link's pages and the files they use.
 PUBLIC = ("/console/login", "/console/portal", "/console/portal-ended", "/console/static/")
 # No inline script or style anywhere, nothing from elsewhere, no framing, forms post only here.
@@ -256,7 +256,7 @@ async def login(request: web.Request) -> web.Response:
         response = await login_form(request, problem.detail or problem.title, problem.status)
         response.headers.update(problem.headers)
         return response
-    if caller.role not in ("admin", "reader", "tenant_admin"):
+    if caller.role not in READ:
         return await login_form(request, f"A {caller.role} token cannot open the console: use a reader, "
                                          "admin or tenant_admin token.", 403)
     session_id = sessions.new_secret()

@@ -34,6 +34,9 @@ from worker.rules.registration import (
 
 BODY_FORMATS = formats.FORMATS  # what the renderer can write: the one list
 INTEGER_MAX = 2**31 - 1
+# The subscription of an endpoint that names none: every event type but the worker's own (webhook.*),
+# as webhooks.register_endpoint() has it.
+EVERY_EVENT_TYPE = ("*",)
 MAX_TTL_SECONDS = 365 * 86400
 MAX_DESCRIPTION_CHARS = 1000
 # Why an operator disabled an endpoint or acted on its circuit: recorded with the change (the API's

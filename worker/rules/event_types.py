@@ -77,6 +77,12 @@ def name_problem(name: str) -> str | None:
         return "must be printable (no control characters)"
     if "*" in name:
         return "must not contain '*', which subscriptions use as a wildcard"
+    return reserved_problem(name)
+
+
+def reserved_problem(name: str) -> str | None:
+    """Why a type may not be changed by any caller (the worker's own, catalogued by the migrations),
+    or None."""
     if name.startswith(RESERVED_PREFIX):
         return f"types starting with {RESERVED_PREFIX!r} are the worker's own"
     return None

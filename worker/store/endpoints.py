@@ -18,6 +18,7 @@ from worker.encryption import DecryptionError, Keyring
 from worker.rules import signing
 from worker.rules.endpoints import (
     COLUMNS,
+    EVERY_EVENT_TYPE,
     DestinationScope,
     EndpointCreate,
     EndpointFields,
@@ -41,7 +42,7 @@ class EndpointSpec:
     url: str
     url_display: str
     signing_secrets: tuple[str, ...]
-    event_types: tuple[str, ...] = ("*",)
+    event_types: tuple[str, ...] = EVERY_EVENT_TYPE
     headers: dict[str, str] = field(default_factory=dict)
     max_attempts: int | None = None
     timeout_ms: int | None = None
@@ -140,7 +141,7 @@ async def register(conn: Conn, body: EndpointCreate, keyring: Keyring, *,
              **{k: v for k, v in columns_of(body).items() if k not in taken}}
     spec = EndpointSpec(
         name=body.name, url=body.url, url_display=display_url(body.url), signing_secrets=(secret,),
-        event_types=tuple(body.event_types or ["*"]), headers=body.headers or {},
+        event_types=tuple(body.event_types or EVERY_EVENT_TYPE), headers=body.headers or {},
         max_attempts=body.max_attempts,
         timeout_ms=round(body.timeout_seconds * 1000) if body.timeout_seconds else None,
         retry_schedule={"delays": body.retry_delays} if body.retry_delays else None,

@@ -9,11 +9,11 @@ from typing import Any
 
 from worker.rules.event_types import (
     MAX_DESCRIPTION_CHARS,
-    RESERVED_PREFIX,
     EventType,
     EventTypeError,
     from_row,
     name_problem,
+    reserved_problem,
     schema_problem,
 )
 from worker.store.database import Conn, fetch_all, fetch_one
@@ -60,8 +60,8 @@ async def upsert(conn: Conn, name: str, description: str = "", schema: Any | Non
 
 async def deprecate(conn: Conn, name: str, deprecated: bool = True) -> bool:
     """Mark a type deprecated (or current again); whether it exists."""
-    if name.startswith(RESERVED_PREFIX):
-        raise EventTypeError(f"name: types starting with {RESERVED_PREFIX!r} are the worker's own")
+    if (problem := reserved_problem(name)) is not None:
+        raise EventTypeError(f"name: {problem}")
     cur = await conn.execute("SELECT webhooks.deprecate_event_type(%s, %s)", (name, deprecated))
     row = await cur.fetchone()
     return bool(row and row[0])
