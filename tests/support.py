@@ -33,6 +33,7 @@ from bench.localworker import (
 )
 from bench.localworker import KEYRING as TEST_KEYRING
 from bench.localworker import KEYS as TEST_KEYS
+from bench.localworker import stored as stored  # the tests call the store through it
 from worker.config import DatabaseConfig
 from worker.localpg import login_role, role_dsn
 from worker.store.database import API_GROUPS
