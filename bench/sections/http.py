@@ -30,7 +30,7 @@ async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
     rows = [
         Claimed(
             delivery_id=i,
-            webhook_id=1,
+            endpoint_id=1,
             event_id=f"evt_{i}",
             idempotency_key=f"evt_{i}",
             event_type="alert.created",

@@ -196,7 +196,7 @@ def _claimed(url: str) -> Claimed:
 
     from worker.rules.policy import RetrySchedule
 
-    return Claimed(delivery_id=1, webhook_id=1, event_id="evt_1", idempotency_key="evt_1",
+    return Claimed(delivery_id=1, endpoint_id=1, event_id="evt_1", idempotency_key="evt_1",
                    event_type="alert.created", body=b"{}", attempt=1, max_attempts=1, lease_token=uuid4(),
                    locked_until=datetime.now(UTC), url=url, signing_secrets=(), headers={},
                    timeout_seconds=None, schedule=RetrySchedule())

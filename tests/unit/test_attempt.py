@@ -19,7 +19,7 @@ BAD = b'{"severity": "critical"}'  # no title: a Slack message cannot be made of
 
 def row(delivery_id: int, body: bytes = GOOD, digest_id: int | None = 9) -> Claimed:
     return Claimed(
-        delivery_id=delivery_id, webhook_id=1, event_id=f"evt_{delivery_id}",
+        delivery_id=delivery_id, endpoint_id=1, event_id=f"evt_{delivery_id}",
         idempotency_key=f"evt_{delivery_id}", event_type="alert.created", body=body, attempt=1,
         max_attempts=10, lease_token=uuid.uuid4(), locked_until=datetime.now(UTC),
         url="http://127.0.0.1:9/hook", signing_secrets=(), headers={}, timeout_seconds=None,

@@ -52,7 +52,7 @@ OTHER_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def member(delivery_id: int, url: str, traceparent: str, digest_id: int | None) -> Claimed:
     return Claimed(
-        delivery_id=delivery_id, webhook_id=1, event_id=f"evt_{delivery_id}",
+        delivery_id=delivery_id, endpoint_id=1, event_id=f"evt_{delivery_id}",
         idempotency_key=f"evt_{delivery_id}", event_type="alert.created", body=b'{"title": "disk full"}',
         attempt=1, max_attempts=10, lease_token=uuid.uuid4(), locked_until=datetime.now(UTC), url=url,
         signing_secrets=(), headers={}, timeout_seconds=None, schedule=RetrySchedule(),

@@ -42,8 +42,8 @@ async def cmd_config_set(args: argparse.Namespace) -> int:
 @run_async
 async def cmd_purge(args: argparse.Namespace) -> int:
     async with connect(args) as conn:
-        webhook_id = await endpoint_ref(conn, args.endpoint) if args.endpoint else None
-        done = await delivery_store.purge(conn, args.dead_letters_older_than, webhook_id)
+        endpoint_id = await endpoint_ref(conn, args.endpoint) if args.endpoint else None
+        done = await delivery_store.purge(conn, args.dead_letters_older_than, endpoint_id)
     emit(args, done)
     return 0
 

@@ -382,9 +382,9 @@ async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
     viewer = await _viewer(request)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        webhook_id = await _endpoint_filter(conn, filters["endpoint"])
+        endpoint_id = await _endpoint_filter(conn, filters["endpoint"])
         rows = await queries.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
-                                       | {"webhook_id": webhook_id})
+                                       | {"webhook_id": endpoint_id})
         choices = await queries.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
                   choices=choices, limit=queries.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
@@ -418,8 +418,8 @@ async def deliveries(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         choices = await queries.filter_choices(conn)
         if any(v is not None for v in found.values()):
-            webhook_id = await _endpoint_filter(conn, found["endpoint"])
-            rows = await queries.search_deliveries(conn, found, webhook_id)
+            endpoint_id = await _endpoint_filter(conn, found["endpoint"])
+            rows = await queries.search_deliveries(conn, found, endpoint_id)
     return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
                   statuses=forms.STATUSES, limit=queries.PAGE_ROWS, query=request.query)
 
@@ -439,9 +439,9 @@ async def replay_matching(request: web.Request) -> web.Response:
             raise forms.FieldError("tenant", "no tenant with this name")
         viewer = dataclasses.replace(caller, tenant_id=found)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        webhook_id = await _endpoint_filter(conn, filters["endpoint"])
+        endpoint_id = await _endpoint_filter(conn, filters["endpoint"])
         operation_id = await queries.start_replay(
-            conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
+            conn, {"webhook_id": endpoint_id, "event_type": filters["event_type"],
                    "category": filters["category"]}, f"{caller.name} (console)")
     request.app[STATE].operations_wakeup.set()
     get_logger().info("console bulk replay started", name=caller.name, operation_id=operation_id)

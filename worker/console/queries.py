@@ -68,10 +68,10 @@ async def dead_letters(conn: Conn, filters: dict[str, Any]) -> list[dict[str, An
     return await deliveries.dead_letters_shown(conn, filters, PAGE_ROWS)
 
 
-async def search_deliveries(conn: Conn, found: dict[str, Any], webhook_id: int | None
+async def search_deliveries(conn: Conn, found: dict[str, Any], endpoint_id: int | None
                             ) -> list[dict[str, Any]]:
     """Deliveries matching the search (any status), newest first."""
-    return await deliveries.search(conn, found, webhook_id, PAGE_ROWS)
+    return await deliveries.search(conn, found, endpoint_id, PAGE_ROWS)
 
 
 async def filter_choices(conn: Conn) -> dict[str, list[Any]]:

@@ -162,7 +162,7 @@ class Executor:
                            timeout_seconds: float) -> Sent:
         """The POST inside an OpenTelemetry span, child of the row's trace context."""
         attributes = {
-            "webhook.delivery_id": request.delivery_id, "webhook.endpoint_id": request.webhook_id,
+            "webhook.delivery_id": request.delivery_id, "webhook.endpoint_id": request.endpoint_id,
             "webhook.attempt": request.attempt, "webhook.event_type": request.event_type,
         }
         if len(carried) > 1:
@@ -179,7 +179,7 @@ class Executor:
         # Bound only when a line is written: binding on every delivery cost more than the line.
         return self.log.bind(
             delivery_id=row.delivery_id,
-            endpoint_id=row.webhook_id,
+            endpoint_id=row.endpoint_id,
             attempt=row.attempt,
             event_type=row.event_type,
             **({"traceparent": row.traceparent} if row.traceparent else {}),

@@ -320,7 +320,7 @@ class Sender:
         policy = policy or self.policy_for(row)
         if not row.url_version:
             return url_problem(row.url, policy)
-        key = (row.webhook_id, row.url_version, policy)
+        key = (row.endpoint_id, row.url_version, policy)
         try:
             return self._url_problems[key]
         except KeyError:

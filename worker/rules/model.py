@@ -16,7 +16,7 @@ class Claimed:
     """A delivery claimed under a lease, with what the request needs from its endpoint."""
 
     delivery_id: int
-    webhook_id: int
+    endpoint_id: int  # the queue's webhook_id
     event_id: str
     idempotency_key: str
     event_type: str

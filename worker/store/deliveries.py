@@ -88,7 +88,7 @@ async def page(conn: Conn, filters: dict[str, Any], before_id: int | None, limit
         {**filters, "before": before_id, "limit": limit})
 
 
-async def search(conn: Conn, found: dict[str, Any], webhook_id: int | None, limit: int
+async def search(conn: Conn, found: dict[str, Any], endpoint_id: int | None, limit: int
                  ) -> list[dict[str, Any]]:
     """Deliveries matching the console's search (any status), newest first."""
     return await fetch_all(
@@ -104,7 +104,7 @@ async def search(conn: Conn, found: dict[str, Any], webhook_id: int | None, limi
         "   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)"
         "   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)"
         " ORDER BY delivery_id DESC LIMIT %(limit)s",
-        {**found, "webhook_id": webhook_id, "limit": limit})
+        {**found, "webhook_id": endpoint_id, "limit": limit})
 
 
 async def of_endpoint(conn: Conn, endpoint_id: int, limit: int) -> list[dict[str, Any]]:
@@ -354,7 +354,7 @@ async def replay_batch(conn: Conn, filters: dict[str, Any], limit: int) -> int:
 PURGE_BATCH_ROWS = 10_000
 
 
-async def purge(conn: Conn, dead_letters_older_than: str | None, webhook_id: int | None) -> dict[str, int]:
+async def purge(conn: Conn, dead_letters_older_than: str | None, endpoint_id: int | None) -> dict[str, int]:
     """Retention now, in batches of PURGE_BATCH_ROWS (each its own transaction: the connection is in
     autocommit) until a batch finds less than a full one of each kind; then dead letters if asked."""
     row = {"delivered_rows": 0, "log_partitions": 0, "log_rows": 0}
@@ -365,7 +365,7 @@ async def purge(conn: Conn, dead_letters_older_than: str | None, webhook_id: int
             break
     if dead_letters_older_than is not None:
         cur = await conn.execute("SELECT webhooks.purge_dead_letters(%s::interval, %s)",
-                                 (dead_letters_older_than, webhook_id))
+                                 (dead_letters_older_than, endpoint_id))
         dead = await cur.fetchone()
         row["dead_letters"] = 0 if dead is None else int(dead[0])
     return row

@@ -138,15 +138,18 @@ def _endpoint_settings(row: dict[str, Any], keyring: Keyring, require_sealed: bo
 _ABSENT = object()
 
 
+# A claimed row's identity: each Claimed field and the column of acquire()'s answer it comes from.
+_IDENTITY = (("delivery_id", "delivery_id"), ("endpoint_id", "webhook_id"), ("event_id", "event_id"),
+             ("idempotency_key", "idempotency_key"), ("event_type", "event_type"), ("attempt", "attempt"),
+             ("max_attempts", "max_attempts"), ("lease_token", "lease_token"),
+             ("locked_until", "locked_until"))
+
+
 def _claimed(row: dict[str, Any], keyring: Keyring, endpoints: dict[int, dict[str, Any] | str],
              require_sealed: bool = True) -> Claimed:
     """A claimed row; if its endpoint's settings cannot be read, a row carrying the problem instead
     (it then fails alone as `internal`, without a request). `endpoints` memoises per batch."""
-    identity = {
-        name: row[name]
-        for name in ("delivery_id", "webhook_id", "event_id", "idempotency_key", "event_type", "attempt",
-                     "max_attempts", "lease_token", "locked_until")
-    }
+    identity = {field: row[column] for field, column in _IDENTITY}
     identity["digest_id"] = row.get("digest_id")
     # (absent from a schema whose acquire() predates the tenant label: every row is `default`'s)
     identity["tenant"] = row.get("tenant") or "default"
