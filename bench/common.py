@@ -35,8 +35,8 @@ from bench.localworker import (
 )
 from worker import schema
 from worker.config import WorkerConfig
-from worker.destinations import DestinationPolicy
 from worker.localpg import LocalPostgres
+from worker.rules.destinations import DestinationPolicy
 
 BENCH_KEYRING = KEYRING
 LOOPBACK_POLICY = DestinationPolicy.from_settings(True, LOOPBACK, False)

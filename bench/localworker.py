@@ -8,24 +8,26 @@ tests' workers. Nothing here imports the tests.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import yaml
 
-from worker import signing
-from worker.delivery import display_url
 from worker.encryption import KEYS_ENV, Keyring, generate_key
 from worker.localpg import login_role
-from worker.operator_sql import EndpointSpec, register_endpoint
+from worker.rules import signing
+from worker.rules.redaction import display_url
+from worker.store.endpoints import EndpointSpec, register_endpoint
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,22 +93,38 @@ def eventually(check: Callable[[], T], timeout: float = HANG_SECONDS, interval: 
         sleep(interval)
 
 
+def stored(dsn: str, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """A worker.store call (`call(conn, *args, **kwargs)`) from synchronous code, on an async connection
+    of its own in autocommit, on an event loop of its own in a thread (so it may be called while
+    another loop runs)."""
+
+    async def run() -> T:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return await call(conn, *args, **kwargs)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
+
+
 def add_endpoint(dsn: str, url: str, name: str | None = None, **overrides: Any) -> int:
     """Register one endpoint through the Python API, sealed with KEYRING; overrides are
     EndpointSpec fields (plus `secret`)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return _register(conn, url, name or f"ep-{time.monotonic_ns()}", **overrides)
+    return stored(dsn, _register, url, name or f"ep-{time.monotonic_ns()}", **overrides)
 
 
 def add_endpoints(dsn: str, urls: list[str], prefix: str = "ep", **overrides: Any) -> list[int]:
     """One endpoint per URL (named prefix-1, prefix-2, …), each with its own signing secret, on one
     connection; returns their ids in order."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return [_register(conn, url, f"{prefix}-{i + 1}", **overrides) for i, url in enumerate(urls)]
+
+    async def register_all(conn: psycopg.AsyncConnection[Any]) -> list[int]:
+        return [await _register(conn, url, f"{prefix}-{i + 1}", **dict(overrides))
+                for i, url in enumerate(urls)]
+
+    return stored(dsn, register_all)
 
 
-def _register(conn: psycopg.Connection[Any], url: str, name: str, **overrides: Any) -> int:
-    return register_endpoint(conn, EndpointSpec(
+async def _register(conn: psycopg.AsyncConnection[Any], url: str, name: str, **overrides: Any) -> int:
+    return await register_endpoint(conn, EndpointSpec(
         name=name, url=url, url_display=display_url(url),
         signing_secrets=(overrides.pop("secret", None) or signing.generate_secret(),),
         **overrides,

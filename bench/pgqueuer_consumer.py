@@ -1,5 +1,5 @@
 """The other side of the `pgqueuer` section: a webhook worker built on PGQueuer as its documentation
-writes one. Each job POSTs its payload to the sink, signed as webhook-worker signs (worker.signing:
+writes one. Each job POSTs its payload to the sink, signed as webhook-worker signs (worker.rules.signing:
 the Standard Webhooks headers), over one aiohttp session shared by every job.
 
 `python -m bench.pgqueuer_consumer --batch-size N --max-concurrent-tasks M` runs it as
@@ -32,7 +32,7 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Context, Job
 from pgqueuer.queries import Queries
 
-from worker import signing
+from worker.rules import signing
 
 ENTRYPOINT = "webhook"
 URL_ENV = "BENCH_PGQ_URL"

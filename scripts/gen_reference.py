@@ -346,10 +346,10 @@ def _label_values() -> dict[tuple[str, str], tuple[str, ...]]:
 def _registries() -> list[tuple[str, Any]]:
     from prometheus_client import CollectorRegistry
 
-    from worker.api.context import ApiMetrics
     from worker.api.serving import ConnectionGuard
     from worker.config import ApiConfig
     from worker.observability import Metrics
+    from worker.web.context import ApiMetrics
 
     api = ApiMetrics()
     ConnectionGuard.public(ApiConfig(), api.registry).for_metrics_port(ApiConfig())

@@ -30,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.receiver import Receiver, Reply
 from worker.encryption import generate_key
 from worker.localpg import LocalPostgres, _free_port, login_role
-from worker.signing import verify
+from worker.rules.signing import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_BASE = ROOT / "k8s" / "base"

@@ -23,6 +23,11 @@ declare -A TESTS=(
     [coalescing]="tests/unit/test_coalescing.py"
     [registration]="tests/unit/test_registration.py"
 )
+# Where each module is, under worker/.
+declare -A PATHS=(
+    [policy]=rules/policy [signing]=rules/signing [encryption]=encryption [destinations]=rules/destinations
+    [outcomes]=daemon/outcomes [coalescing]=rules/coalescing [registration]=rules/registration
+)
 modules=("$@")
 [[ ${#modules[@]} -gt 0 ]] || modules=(policy signing encryption destinations outcomes coalescing registration)
 base=${MUTATION_DIR:-$(mktemp -d -t mutation.XXXXXX)}
@@ -35,7 +40,7 @@ for module in "${modules[@]}"; do
     {
         echo "[mutmut]"
         echo "source_paths=worker"
-        echo "only_mutate=worker/$module.py"
+        echo "only_mutate=worker/${PATHS[$module]}.py"
         echo "pytest_add_cli_args_test_selection=${tests// /$'\n    '}"
         echo "also_copy=tests"
         echo "    sql"

@@ -4,8 +4,10 @@ uses too, and are re-exported here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -31,9 +33,12 @@ from bench.localworker import (
 )
 from bench.localworker import KEYRING as TEST_KEYRING
 from bench.localworker import KEYS as TEST_KEYS
-from worker.api.database import API_GROUPS
+from bench.localworker import stored as stored  # the tests call the store through it
 from worker.config import DatabaseConfig
 from worker.localpg import login_role, role_dsn
+from worker.store.database import API_GROUPS
+
+T = TypeVar("T")
 
 __all__ = [
     "API_LOGIN", "CONNECT_TIMEOUT_SECONDS", "HANG_SECONDS", "LOGIN_PASSWORD", "LOOPBACK", "PRODUCER_LOGIN",
@@ -114,3 +119,37 @@ def wait_final(dsn: str, ids: list[int], message: str = "every row final", stall
 
     eventually(done, timeout=HANG_SECONDS + per_row * len(ids), interval=0.05 if len(ids) <= 100 else 0.5,
                message=f"{message} ({len(ids)} rows)", progress=lambda: latest, stall=stall)
+
+
+class BlockingConnection:
+    """A worker.store connection (psycopg's async one) driven from synchronous test code, on an event
+    loop of its own: `run(call, *args)` awaits `call(conn, *args)`, `execute(sql, params)` runs a
+    statement and returns its rows (none for a statement that answers none). For tests that set a role
+    or a tenant on the connection, or hold a transaction open, around a store call."""
+
+    def __init__(self, dsn: str, autocommit: bool = True) -> None:
+        self._loop = asyncio.new_event_loop()
+        self.conn = self._loop.run_until_complete(psycopg.AsyncConnection.connect(dsn, autocommit=autocommit))
+
+    def run(self, call: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        return self._loop.run_until_complete(call(self.conn, *args, **kwargs))
+
+    def execute(self, sql: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        async def rows(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchall() if cur.description is not None else []
+
+        return self.run(rows)
+
+    def commit(self) -> None:
+        self._loop.run_until_complete(self.conn.commit())
+
+    def __enter__(self) -> BlockingConnection:
+        return self
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        # as psycopg's connection block does: a transaction left open is committed, unless it failed
+        if kind is None and not self.conn.autocommit:
+            self.commit()
+        self._loop.run_until_complete(self.conn.close())
+        self._loop.close()

@@ -13,10 +13,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from worker import wording
-from worker.api.forwarded import network_problem
 from worker.errors import ConfigError
-from worker.portal import base_url_problem, origin
+from worker.rules import wording
+from worker.rules.forwarded import network_problem
+from worker.rules.portal import base_url_problem, origin
 
 ENV_PREFIX = "WEBHOOK_WORKER_"
 # What PyYAML raises, besides YAMLError, for a malformed tagged scalar such as `!!int x`.
@@ -221,7 +221,8 @@ class ApiConfig(_Section):
     # keeps the scrape out; a quarter of it (at least 1) per client address.
     metrics_max_connections: int = Field(default=16, ge=1, le=1000)
     # A publish of an event type the catalogue (webhooks.event_types) does not hold is refused (422)
-    # rather than accepted; off, only catalogued types with a schema are checked (worker/event_types.py).
+    # rather than accepted; off, only catalogued types with a schema are checked
+    # (worker/rules/event_types.py).
     require_known_event_types: bool = False
     # Where people reach the API (https://webhooks.example.com): the origin of portal links. Unset,
     # the API takes it from a trusted proxy's forwarded headers (trusted_proxies), else from the
@@ -229,7 +230,7 @@ class ApiConfig(_Section):
     # host and port.
     public_url: str | None = None
     # A publish's payloads are checked against their types' JSON Schemas in processes of their own
-    # (worker/api/schema_checks.py): this many, and a request's checks may take this long together;
+    # (worker/web/schema_checks.py): this many, and a request's checks may take this long together;
     # past it the process is killed, and the payloads not checked by then are refused (422).
     schema_validation_processes: int = Field(default=1, ge=1, le=64)
     schema_validation_budget_seconds: float = Field(default=1.0, gt=0, le=60)

@@ -15,6 +15,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from worker.rules.tenants import OTHER_TENANTS
+
 CIRCUIT_STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 STATUSES = ("pending", "delivering", "retrying", "delivered", "dead_letter")
 HELD_BACK_REASONS = ("endpoint_disabled", "paused", "circuit_open", "rate_limited", "concurrency_cap")
@@ -28,9 +30,6 @@ DATABASE_OPERATIONS = ("claim", "finish", "stats", "housekeeping")
 # The `kind` label of webhook_worker_purged_rows_total: delivered queue rows, and audit-log rows
 # (those of the default partition; the daily partitions are dropped whole).
 PURGED_KINDS = ("delivered", "log")
-# The `tenant` label of the tenants past the label limit. No tenant may take this name
-# (worker/tenants.py and webhooks.register_tenant() refuse it), so it always means "the rest".
-OTHER_TENANTS = "other"
 DEFAULT_TENANT_LABEL_LIMIT = 100  # http.endpoint_label_limit's default
 
 
@@ -199,7 +198,7 @@ class Metrics:
             "webhook_worker_tenant_queue_depth",
             "Queue rows by tenant and status (sampled; the first tenants by id, the rest as `other`).",
             ["tenant", "status"], registry=r)
-        # Retention (worker/maintenance.py): its rate set beside the delivered outcomes' says whether
+        # Retention (worker/daemon/maintenance.py): its rate set beside the delivered outcomes' says whether
         # it keeps pace, and purge_behind says when a round could not finish within its budget.
         self.purged_rows = Counter(
             "webhook_worker_purged_rows",

@@ -1,4 +1,5 @@
-"""Plain-text tables for people: what the CLI and the demo print."""
+"""Plain-text tables for people: what the CLI and the demo print, and how a list names an endpoint (the
+console's too)."""
 
 from __future__ import annotations
 

@@ -31,12 +31,12 @@ from bench.common import (
     reset_statements,
     statement_counts,
 )
-from bench.localworker import LOGIN_PASSWORD, LOOPBACK, ROOT, eventually, proc_cpu, worker_env
+from bench.localworker import LOGIN_PASSWORD, LOOPBACK, ROOT, eventually, proc_cpu, stored, worker_env
 from bench.section import MEDIAN_RUNS, Context, Figures, Section, Target, get, log, target, three
 from bench.sections.producer import insert_rate
-from worker.api import tokens
-from worker.api.database import API_GROUPS
 from worker.localpg import login_role
+from worker.store import tokens as token_store
+from worker.store.database import API_GROUPS
 
 API_LOGIN = "webhooks_bench_api"
 EVENT_TYPE = "alert.created"
@@ -325,8 +325,8 @@ def _round_trips(ctx: Context, dsn: str, token: str, batch_size: int) -> dict[st
 def run(ctx: Context) -> dict[str, Any]:
     dsn = ctx.cluster.new_database("bench_api")
     (endpoint_id,) = register_endpoints(dsn, [ctx.sink.url("/ok/api")])
+    token = stored(dsn, token_store.create, "bench-producer", "producer", None)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        token = tokens.create(conn, "bench-producer", "producer", None)
         if ctx.args.api_schema:
             conn.execute("SELECT webhooks.upsert_event_type(%s, '', %s::jsonb)",
                          (EVENT_TYPE, json.dumps(PAYLOAD_SCHEMA)))

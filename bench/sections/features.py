@@ -54,8 +54,8 @@ async def acquire_finish_drain(dsn: str, rows: int, batch: int,
                                seconds_limit: float | None = None) -> dict[str, Any]:
     """Queue.acquire() then Queue.finish() (as delivered, 200) over `rows` rows, one connection, no
     HTTP: the product's SQL cost of a delivery. Stops early (complete=False) past seconds_limit."""
-    from worker.model import Finished
-    from worker.queue import Queue
+    from worker.rules.model import Finished
+    from worker.store.queue import Queue
 
     queue = Queue.create(worker_dsn(dsn), 1, 2, 10.0, "bench-db", BENCH_KEYRING)
     await queue.open()

@@ -20,9 +20,9 @@ def options(group: argparse._ArgumentGroup) -> None:
 
 
 async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
-    from worker.delivery import Sender
-    from worker.model import Claimed
-    from worker.policy import RetrySchedule
+    from worker.daemon.sender import Sender
+    from worker.rules.model import Claimed
+    from worker.rules.policy import RetrySchedule
 
     sender = Sender(concurrency, LOOPBACK_POLICY)
     await sender.start()
@@ -30,7 +30,7 @@ async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str,
     rows = [
         Claimed(
             delivery_id=i,
-            webhook_id=1,
+            endpoint_id=1,
             event_id=f"evt_{i}",
             idempotency_key=f"evt_{i}",
             event_type="alert.created",

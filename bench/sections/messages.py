@@ -15,15 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import psycopg
 
 from bench.common import machine_load, payload_sql, register_endpoints
-from bench.localworker import LOGIN_PASSWORD, query
+from bench.localworker import LOGIN_PASSWORD, query, stored
 from bench.section import Context, Figures, Section, Target, get, log, target
 from bench.sections.api import API_LOGIN, ApiProcess
-from worker.api import tokens
-from worker.api.database import API_GROUPS
 from worker.localpg import login_role
+from worker.store import tokens as token_store
+from worker.store.database import API_GROUPS
 
 PAGE_MS_TARGET = 50.0
 
@@ -75,8 +74,7 @@ def run(ctx: Context) -> dict[str, Any]:
     (endpoint_id,) = register_endpoints(dsn, [ctx.sink.url("/ok/messages")])
     log(f"{name}: loading {a.messages_stored:,} delivered messages")
     load_s = load(dsn, endpoint_id, a.messages_stored)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        token = tokens.create(conn, "bench-reader", "reader", None)
+    token = stored(dsn, token_store.create, "bench-reader", "reader", None)
     [[middle]] = query(dsn, "SELECT message_id FROM webhooks.messages ORDER BY message_id"
                             " OFFSET %s LIMIT 1", (a.messages_stored // 2,))
     page = a.messages_page

@@ -42,7 +42,7 @@ from bench.drain import (
 )
 from bench.localworker import ROOT, proc_cpu, query
 from bench.section import MEDIAN_RUNS, Context, Figures, Section, Target, get, log, target, three
-from worker import signing
+from worker.rules import signing
 
 # What the PGQueuer side imports; neither is a test tool, so CI never has them.
 REQUIRED_MODULES = ("pgqueuer", "asyncpg")
@@ -342,14 +342,14 @@ def _finish_profiler(process: subprocess.Popen[bytes], path: Path) -> dict[str, 
 # Where a process's samples go: py-spy stacks through each of these frames (start-up imports apart).
 PROFILE_PARTS = (
     ("start-up (imports)", "importlib._bootstrap"),
-    ("our POST (Sender.send)", "Sender.send (worker/delivery.py"),
-    ("our claims (Queue.acquire)", "Queue.acquire (worker/queue.py"),
-    ("our finishes (Finisher.run)", "Finisher.run (worker/finisher.py"),
+    ("our POST (Sender.send)", "Sender.send (worker/daemon/sender.py"),
+    ("our claims (Queue.acquire)", "Queue.acquire (worker/store/queue.py"),
+    ("our finishes (Finisher.run)", "Finisher.run (worker/daemon/finisher.py"),
     ("the PGQueuer job's POST (deliver)", "deliver (bench/pgqueuer_consumer.py"),
     ("PGQueuer's dequeues (fetch_jobs)", "QueueManager.fetch_jobs (pgqueuer/"),
     ("PGQueuer's completion log (flush_items)", "JobStatusLogBuffer.flush_items (pgqueuer/"),
     ("PGQueuer's heartbeats", "Heartbeat.send_heartbeat (pgqueuer/"),
-    ("signing", "signature_header (worker/signing.py"),
+    ("signing", "signature_header (worker/rules/signing.py"),
     ("aiohttp", "aiohttp/"),
     ("psycopg", "psycopg/"),
     ("asyncpg", "asyncpg/"),

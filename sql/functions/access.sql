@@ -1,7 +1,7 @@
 -- access: the tenant a session is kept to, for the views and the SECURITY DEFINER functions that
 -- row-level security does not bind (they run as the owner).
 --
--- A scoped API request sets webhooks.tenant for its transaction (worker/api/database.py); the policies
+-- A scoped API request sets webhooks.tenant for its transaction (worker/store/database.py); the policies
 -- of migrations/005_tenants.sql bind the group roles by it, and what runs as the owner applies it
 -- itself through caller_tenant(). A tenant administrator (webhooks_tenant_admin) is never every
 -- tenant's: without the setting it is refused here, as the restrictive policies of

@@ -7,7 +7,7 @@
 -- step keeps two API processes from stepping one operation at once, and any API process resumes
 -- the running ones (api_running_operations()).
 --
--- Tenants: a scoped token's requests run with webhooks.tenant set (worker/api/database.py); the views
+-- Tenants: a scoped token's requests run with webhooks.tenant set (worker/store/database.py); the views
 -- and row-level security keep them to their tenant, and api_publish(), which runs as the owner,
 -- queues through the gate (queue_deliveries(), functions/enqueue.sql), which keeps to it
 -- (caller_tenant(), functions/access.sql) and refuses a tenant over its max_queued quota (SQLSTATE

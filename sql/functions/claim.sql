@@ -25,7 +25,7 @@
 --    place does not change).
 -- 5. Each row comes with its tenant's name and rank (place by id), from which the worker makes
 --    the `tenant` label of its delivery counter, and the networks the operator granted the tenant,
---    which the worker's destination check applies (worker/destinations.py).
+--    which the worker's destination check applies (worker/rules/destinations.py).
 -- webhooks.next_due_in(): how long an idle worker may sleep before a row becomes claimable or a
 -- lease expires. webhooks.release(): rows claimed but not sent at shutdown go back with their
 -- attempt given back. A row given back (released, its lease expired, its worker lost) keeps its

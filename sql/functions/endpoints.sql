@@ -334,7 +334,7 @@ $$;
 GRANT EXECUTE ON FUNCTION webhooks.expire_disabled_endpoint_rows(integer) TO webhooks_worker;
 
 -- Signing secrets: Standard Webhooks' 'whsec_' and the base64 of 24 to 64 bytes, the rule of the
--- CLI and the API (secret_problem() in worker/signing.py). Of that, PostgreSQL can check a secret
+-- CLI and the API (secret_problem() in worker/rules/signing.py). Of that, PostgreSQL can check a secret
 -- in plaintext (stored before sealing existed, or written at psql) whole. One sealed by the worker
 -- side ('enc:v1:<key id>:<base64url>', AES-256-GCM with a key PostgreSQL never sees: a 12-byte
 -- nonce and a 16-byte tag around the secret's text, worker/encryption.py) only by its length,
@@ -578,7 +578,7 @@ GRANT EXECUTE ON FUNCTION webhooks.credential_keys() TO webhooks_worker;
 
 -- A page of endpoints' credentials, locked against concurrent changes until the caller commits
 -- (FOR NO KEY UPDATE: producers inserting rows for these endpoints are not blocked). Sealed: the
--- caller opens them with the keys (worker/self_service.py reads an endpoint's signing secrets so).
+-- caller opens them with the keys (worker/rules/self_service.py reads an endpoint's signing secrets so).
 -- A session kept to a tenant gets that tenant's endpoints only.
 CREATE OR REPLACE FUNCTION webhooks.endpoint_credentials(p_after_id bigint, p_limit integer)
 RETURNS TABLE (id bigint, url text, signing_secrets jsonb, secret_settings jsonb, headers jsonb)

@@ -10,7 +10,7 @@
 --   SELECT webhooks.send_test_event('billing');         -- a webhook.test to that endpoint alone
 --
 -- The catalogue is one for the deployment: every reader, admin, tenant administrator and producer
--- reads it (the API validates a publish against its type's schema, worker/event_types.py, read with
+-- reads it (the API validates a publish against its type's schema, worker/rules/event_types.py, read with
 -- the publish's token: api_publish_check(), functions/api.sql); only webhooks_admin changes it,
 -- through upsert_event_type() and deprecate_event_type() (SECURITY DEFINER, fixed search_path). The worker's own 'webhook.*' types
 -- are catalogued by the migration and cannot be changed here, as no producer may publish them.
@@ -52,7 +52,7 @@ $$;
 
 -- Adds a type or replaces its description and schema (p_schema NULL: none); p_deprecated NULL keeps
 -- what it was (a new type: not deprecated). Returns whether the type is new. The schema's validity
--- as a JSON Schema is the caller's to check (worker/event_types.py: schema_problem()); PostgreSQL
+-- as a JSON Schema is the caller's to check (worker/rules/event_types.py: schema_problem()); PostgreSQL
 -- holds it to an object or a boolean (event_type_schema_form).
 CREATE OR REPLACE FUNCTION webhooks.upsert_event_type(p_name text, p_description text DEFAULT '',
                                                       p_schema jsonb DEFAULT NULL,

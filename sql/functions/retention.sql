@@ -9,7 +9,7 @@
 -- ensure_log_partitions() keeps the daily partitions of the audit log made ahead of time.
 --
 -- purge() is one batch in one short transaction; a worker calls it again while batches come back
--- full, within a time budget (worker/maintenance.py), so retention keeps pace with any delivery
+-- full, within a time budget (worker/daemon/maintenance.py), so retention keeps pace with any delivery
 -- rate. Any number of workers purge delivered rows at once, each skipping the rows another has
 -- locked; the audit log is purged by one of them at a time (the others skip that part).
 

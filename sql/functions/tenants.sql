@@ -9,7 +9,7 @@
 -- more, whoever inserts), max_queued (rows waiting or in flight: the API's publish refuses more with
 -- 429; a producer inserting through SQL is never refused, its rows wait under the rate limit).
 -- allow_networks (a list of CIDRs; null or [] for none): the private networks the operator grants
--- the tenant's endpoints besides public destinations (worker/destinations.py; the `default`
+-- the tenant's endpoints besides public destinations (worker/rules/destinations.py; the `default`
 -- tenant's endpoints are the operator's and reach security.allow_networks as well).
 -- The claim enforces the first three fleet-wide (acquire() in claim.sql). Every audit row carries
 -- its endpoint's tenant (finish() writes it, fill_log_tenant fills it for the other writers), as
@@ -87,7 +87,7 @@ BEGIN
         max_queued = CASE WHEN p_limits ? 'max_queued'
             THEN (p_limits ->> 'max_queued')::bigint ELSE t.max_queued END,
         -- cidr refuses what is not a network (host bits set included): the CLI and the API give
-        -- each entry as its network (worker/destinations.py, granted_networks())
+        -- each entry as its network (worker/rules/destinations.py, granted_networks())
         allow_networks = CASE WHEN p_limits ? 'allow_networks'
             THEN ARRAY(SELECT DISTINCT n::cidr FROM jsonb_array_elements_text(
                            coalesce(nullif(p_limits -> 'allow_networks', 'null'), '[]')) n ORDER BY 1)
@@ -202,7 +202,7 @@ WHERE (SELECT webhooks.caller_tenant()) IS NULL OR t.id = (SELECT webhooks.calle
 GRANT SELECT ON webhooks.tenant_summary TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
 
 -- Where an endpoint may deliver beyond public destinations, for the check at registration and at a
--- change of URL (worker/endpoints.py; the worker checks again at every connection, with the
+-- change of URL (worker/rules/endpoints.py; the worker checks again at every connection, with the
 -- networks acquire() returns): the tenant a new endpoint goes to (p_tenant, as
 -- registration_tenant() picks it: NULL is `default`, or a scoped caller's own) or, given
 -- p_webhook_id, the tenant of that endpoint if the caller sees it (else no row), and the networks

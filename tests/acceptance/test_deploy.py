@@ -18,7 +18,7 @@ from scripts.image_check import can_read, secret_file
 from tests.support import ROOT, add_endpoint, query
 from worker import __version__
 from worker.config import LEASE_MARGIN_SECONDS, WorkerConfig
-from worker.daemon import FINAL_FLUSH_SECONDS, RELEASE_SECONDS
+from worker.daemon.worker import FINAL_FLUSH_SECONDS, RELEASE_SECONDS
 from worker.localpg import login_role
 from worker.observability import Metrics
 

@@ -8,7 +8,8 @@ import pytest
 
 from tests.acceptance.test_cli import cli as run_cli
 from tests.support import TEST_KEYRING, query
-from worker import encryption, signing
+from worker import encryption
+from worker.rules import signing
 
 URL = "https://hooks.example.test/services/T0/B0/PATHCANARY"
 

@@ -30,10 +30,10 @@ import pytest
 
 from tests.receiver import Receiver, Reply
 from tests.support import ROOT, TEST_KEYS
-from worker import signing
 from worker.cli import build_parser
 from worker.cli.process import cmd_api, cmd_run
 from worker.encryption import KEYS_ENV
+from worker.rules import signing
 
 README = ROOT / "README.md"
 # README first, then every page of docs/, by path.

@@ -14,15 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import yaml
 
-from tests.support import HANG_SECONDS, LOOPBACK, ROOT, TEST_KEYRING, TEST_KEYS, api_dsn, eventually, proc_cpu
-from worker.api import tokens
+from tests.support import (
+    HANG_SECONDS,
+    LOOPBACK,
+    ROOT,
+    TEST_KEYRING,
+    TEST_KEYS,
+    api_dsn,
+    eventually,
+    proc_cpu,
+    stored,
+)
 from worker.api.app import ApiState, build_state, create_app, create_metrics_app
 from worker.api.serving import GUARD, ConnectionGuard, Listeners
 from worker.config import Config
 from worker.encryption import KEYS_ENV
+from worker.rules import tokens
+from worker.store import tokens as token_store
 
 
 @dataclass(frozen=True)
@@ -148,8 +158,8 @@ def make_token(dsn: str, role: str, name: str | None = None, expires_at: Any = N
     """A token of `role`; a tenant_admin token is the default tenant's unless told."""
     if role == "tenant_admin" and tenant is None:
         tenant = "default"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return tokens.create(conn, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at, tenant)
+    return stored(dsn, token_store.create, name or f"{role}-{tokens.generate_token()[-8:]}", role, expires_at,
+                  tenant)
 
 
 class ApiProcess:

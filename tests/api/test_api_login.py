@@ -19,9 +19,9 @@ from psycopg.conninfo import conninfo_to_dict
 from tests.acceptance.test_cli import cli
 from tests.api.server import ApiProcess, make_token
 from tests.support import API_LOGIN, LOGIN_PASSWORD, api_dsn, eventually, query
-from worker.api.database import API_GROUPS, login_problems
 from worker.localpg import login_role, role_dsn
-from worker.operator_sql import SETTABLE
+from worker.store.database import API_GROUPS, login_problems
+from worker.store.settings import SETTABLE
 
 DENIED = psycopg.errors.InsufficientPrivilege
 

@@ -11,10 +11,11 @@ import psycopg
 import pytest
 
 from tests.api.server import ApiProcess, ApiServer, api_config, make_token
-from tests.support import API_LOGIN, query
-from worker.api import tokens
+from tests.support import API_LOGIN, query, stored
 from worker.api.app import API_SCHEMA_VERSION
-from worker.api.limits import FailedAuthLimiter
+from worker.rules import tokens
+from worker.store import tokens as token_store
+from worker.web.limits import FailedAuthLimiter
 
 
 def test_a_token_has_the_prefix_and_only_its_hash_is_stored(db):
@@ -67,8 +68,7 @@ def test_a_valid_token_names_its_caller(api, role_tokens):
 def test_a_revoked_token_stops_at_once(api, db):
     token = make_token(db, "admin", name="soon-revoked")
     assert api.get("/v1/token", token).status == 200
-    with psycopg.connect(db, autocommit=True) as conn:
-        assert tokens.revoke(conn, "soon-revoked")
+    assert stored(db, token_store.revoke, "soon-revoked")
     assert api.get("/v1/token", token).status == 401
 
 
@@ -272,7 +272,7 @@ def test_the_limiter_remembers_a_bounded_number_of_addresses():
 
 
 def test_a_role_runs_under_its_database_role(api, db):
-    from worker.api.tokens import Caller
+    from worker.rules.tokens import Caller
 
     async def current_user(role):
         # a tenant administrator's transaction always sets its tenant (the default tenant's id: 1)
@@ -333,7 +333,7 @@ def test_the_database_refuses_what_a_role_may_not_do_even_past_the_api_s_check(a
     # were a route's role check wrong, the grants would still refuse: reader writes nothing,
     # producer reads nothing
     from tests.support import add_endpoint, enqueue
-    from worker.api.tokens import Caller
+    from worker.rules.tokens import Caller
 
     [delivery] = enqueue(db, add_endpoint(db, "https://example.com/x"))
 
@@ -367,8 +367,8 @@ def test_a_console_mounted_under_console_does_its_own_login_with_verify_token(db
     from aiohttp import web
 
     from tests.api.server import ApiServer, api_config
-    from worker.api.context import STATE, client_address
-    from worker.api.problems import Problem
+    from worker.web.context import STATE, client_address
+    from worker.web.problems import Problem
 
     def console(state):
         async def whoami(request):

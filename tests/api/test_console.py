@@ -16,12 +16,12 @@ from tests.acceptance.test_cli import cli
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.api.test_endpoints_api import delivered_in_a_digest
-from tests.support import ROOT, add_endpoint, enqueue, eventually, query
-from worker.api import tokens
+from tests.support import ROOT, add_endpoint, enqueue, eventually, query, stored
 from worker.config import Config
 from worker.console import sessions
 from worker.console.pages import CONTENT_SECURITY_POLICY
-from worker.policy import CATEGORIES
+from worker.rules.policy import CATEGORIES
+from worker.store import tokens as token_store
 
 
 @pytest.fixture
@@ -244,8 +244,7 @@ def test_a_reader_sees_no_forms_or_buttons_and_its_posts_are_refused(console, db
 def test_a_session_ends_at_once_when_its_token_is_revoked_or_expires(console, db):
     person = logged_in(console, db, "admin", name="on-call")
     assert person.get("/console/").status == 200
-    with psycopg.connect(db, autocommit=True) as conn:
-        assert tokens.revoke(conn, "on-call")
+    assert stored(db, token_store.revoke, "on-call")
     answer = person.get("/console/")
     assert answer.status == 303 and answer.headers["location"] == "/console/login?notice=session_ended"
     assert "webhook_console" not in person.cookies  # and the dead cookie is cleared

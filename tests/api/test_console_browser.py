@@ -19,7 +19,7 @@ from tests.api.console_client import ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.receiver import Reply
 from tests.support import HANG_SECONDS, add_endpoint, enqueue, eventually, query, statuses
-from worker import signing
+from worker.rules import signing
 
 # Playwright's own browser download is not used: the system's chromium (scripts/bootstrap.sh installs it).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -1,6 +1,6 @@
 """The console's event-type catalogue: the list with the subscriptions matching each type and those
 matching none, a page per type, and an unscoped admin adding, editing and deprecating types through
-worker/event_types.py, refused with the API's and the CLI's words; readers and tenant
+worker/rules/event_types.py, refused with the API's and the CLI's words; readers and tenant
 administrators read it and change nothing; the endpoint page names its unmatched subscriptions."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config, make_token
 from tests.api.test_console import logged_in
 from tests.support import add_endpoint, query
-from worker import event_types
+from worker.rules import event_types
 
 INVOICE_SCHEMA = {"type": "object", "required": ["invoice_id"]}
 

@@ -15,7 +15,7 @@ from tests.api import test_tenant_isolation as isolation
 from tests.api.console_client import Browserless, ConsoleServer, hidden
 from tests.api.server import Answer, ApiServer, api_config, make_token
 from tests.support import query
-from worker import portal
+from worker.rules import portal
 
 
 @pytest.fixture

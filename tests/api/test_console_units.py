@@ -6,19 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from worker.api.app import console_factory
-from worker.api.routes import ReasonBody
-from worker.console import create_console_app, forms, sessions
+from worker.api.endpoints import ReasonBody
+from worker.console import forms, sessions
 from worker.console.chart import bucket_start, build
 from worker.console.pages import notice
-from worker.endpoints import MAX_REASON_CHARS
+from worker.rules.endpoints import MAX_REASON_CHARS
 
 TEN_MINUTES = timedelta(minutes=10)
 END = datetime(2026, 11, 26, 14, 7, 30, tzinfo=UTC)
-
-
-def test_the_api_mounts_this_console():
-    assert console_factory() is create_console_app
 
 
 def test_the_chart_has_a_bar_for_every_bucket_even_empty_ones():

@@ -12,9 +12,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.acceptance.test_deploy import K8S, rendered, tool
 from tests.support import ROOT, query
-from worker.api.database import API_GROUPS
 from worker.config import ApiConfig
 from worker.localpg import _find_binary
+from worker.store.database import API_GROUPS
 
 API = K8S / "api"
 

@@ -7,7 +7,7 @@ import json
 from tests.api.test_tenant_isolation import scoped_token
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, query
 from worker import encryption
-from worker.api import tokens
+from worker.rules import tokens
 
 SECRET_URL = "https://hooks.example.com/services/T000/B000/very-secret-path?token=abc123"
 
@@ -265,7 +265,7 @@ def test_only_an_unscoped_admin_marks_an_endpoint_for_every_tenants_operational_
 
 
 def test_a_signing_secret_that_is_not_24_to_64_bytes_of_whsec_base64_is_refused(api, role_tokens, db):
-    # the CLI's rule (worker.signing.secret_problem), at registration and at rotation
+    # the CLI's rule (worker.rules.signing.secret_problem), at registration and at rotation
     admin = role_tokens["admin"]
     endpoint = add_endpoint(db, "https://example.com/x", name="kept")
     before = query(db, "SELECT signing_secrets FROM webhooks.endpoints")

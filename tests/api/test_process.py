@@ -20,6 +20,8 @@ def test_a_producer_publishes_and_a_reader_follows_it_to_delivered(api_process, 
     client = api_process.client
     admin, producer, reader = (make_token(db, role) for role in ("admin", "producer", "reader"))
     assert client.get("/health").status == 200
+    # the process serves the console beside the API, at /console/
+    assert client.get("/console/login").status == 200
     eventually(lambda: client.get("/ready").status == 200, message="api ready")
     registered = client.post(
         "/v1/endpoints", admin, {"name": "orders", "url": receiver.url("/orders"), "event_types": ["order.*"]}

@@ -4,16 +4,15 @@ answered before, from the next request on."""
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.sections.api import RoundTripCounter
 from tests.api.server import ApiServer, api_config, make_token
-from tests.support import add_endpoint, query
-from worker import event_types
-from worker.api import tokens
-from worker.api.context import Catalogue
+from tests.support import add_endpoint, query, stored
+from worker.store import event_types
+from worker.store import tokens as token_store
+from worker.web.context import Catalogue
 
 MESSAGE = {"event_type": "order.created", "payload": {"order": 1}}
 
@@ -55,8 +54,7 @@ def test_a_token_revoked_is_refused_on_the_very_next_publish(api, db, receiver):
     token = make_token(db, "producer", name="soon-revoked")
     assert api.post("/v1/messages", token, MESSAGE).status == 202
     assert api.post("/v1/messages/batch", token, {"messages": [MESSAGE]}).status == 202
-    with psycopg.connect(db, autocommit=True) as conn:
-        assert tokens.revoke(conn, "soon-revoked")
+    assert stored(db, token_store.revoke, "soon-revoked")
     assert api.post("/v1/messages", token, MESSAGE).status == 401
     assert api.post("/v1/messages/batch", token, {"messages": [MESSAGE]}).status == 401
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(2,)]
@@ -67,8 +65,7 @@ def test_a_catalogue_change_is_seen_by_the_very_next_publish(api, role_tokens, d
     producer = role_tokens["producer"]
     assert api.post("/v1/messages", producer, MESSAGE).status == 202
     assert api.post("/v1/messages/batch", producer, {"messages": [MESSAGE]}).status == 202
-    with psycopg.connect(db, autocommit=True) as conn:
-        event_types.upsert(conn, "order.created", schema={"type": "object", "required": ["customer"]})
+    stored(db, event_types.upsert, "order.created", schema={"type": "object", "required": ["customer"]})
     refused = api.post("/v1/messages", producer, MESSAGE)
     assert refused.status == 422 and refused.json["field"] == "payload", refused.body
     [item] = api.post("/v1/messages/batch", producer, {"messages": [MESSAGE]}).json["results"]
@@ -119,8 +116,7 @@ def test_a_catalogue_change_made_in_sql_is_seen_by_the_next_publish_too(api, rol
     # the version moves with any statement on the table, not only through upsert_event_type()
     add_endpoint(db, receiver.url("/a"), name="a", event_types=("order.*",))
     producer = role_tokens["producer"]
-    with psycopg.connect(db, autocommit=True) as conn:
-        event_types.upsert(conn, "order.created", schema={"type": "object", "required": ["customer"]})
+    stored(db, event_types.upsert, "order.created", schema={"type": "object", "required": ["customer"]})
     assert api.post("/v1/messages", producer, MESSAGE).status == 422
     query(db, "DELETE FROM webhooks.event_types WHERE name = 'order.created'")
     assert api.post("/v1/messages", producer, MESSAGE).status == 202
@@ -149,7 +145,6 @@ def test_a_batch_whose_every_message_is_refused_before_the_database_still_has_it
     unsendable = {"messages": [{**MESSAGE, "payload": {"note": "\u0000"}}]}  # refused before SQL
     answer = api.post("/v1/messages/batch", token, unsendable)
     assert answer.status == 200 and "\\u0000" in answer.json["results"][0]["detail"], answer.body
-    with psycopg.connect(db, autocommit=True) as conn:
-        assert tokens.revoke(conn, "soon-revoked")
+    assert stored(db, token_store.revoke, "soon-revoked")
     assert api.post("/v1/messages/batch", token, unsendable).status == 401
     assert api.post("/v1/messages/batch", token[:-4] + "AAAA", unsendable).status == 401

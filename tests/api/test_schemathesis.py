@@ -45,16 +45,16 @@ ALLOWED = [
     ("POST /v1/endpoints", "422", "url refused by the destination rules, or a name not printable"),
     ("PATCH /v1/endpoints/{id}", "422", "url refused by the destination rules"),
     ("POST /v1/tenants", "422", "a name not printable, or allow_networks not addresses or CIDRs"),
-    # a tenant's granted networks are addresses or CIDRs (worker.destinations.granted_networks): no
+    # a tenant's granted networks are addresses or CIDRs (worker.rules.destinations.granted_networks): no
     # pattern the tools agree on describes both families and their prefix lengths
     ("PATCH /v1/tenants/{id}", "422", "allow_networks not addresses or CIDRs"),
-    # a signing secret is whsec_ and the base64 of 24 to 64 bytes (worker.signing): its decoded
+    # a signing secret is whsec_ and the base64 of 24 to 64 bytes (worker.rules.signing): its decoded
     # length has no pattern; the document describes it in words
     ("POST /v1/endpoints/{id}/rotate-secret", "422", "a secret that is not whsec_<base64 of 24-64 bytes>"),
     # rules over several settings (lease_outlasts_timeout: lease_seconds * 1000 >= timeout_ms + 5000)
     # and an interval's syntax are the database's to check; JSON Schema cannot compare two fields
     ("PATCH /v1/config", "422", "a rule over several settings, or an interval PostgreSQL cannot read"),
-    # an event type's name (worker.event_types.name_problem): not 'webhook.*' (the worker's own), no
+    # an event type's name (worker.rules.event_types.name_problem): not 'webhook.*' (the worker's own), no
     # '*', at most 256 bytes of UTF-8; and a schema must itself be a valid JSON Schema: neither a
     # prefix's absence nor a byte length nor "is a JSON Schema" has a pattern the tools agree on
     ("PUT /v1/event-types/{name}", "422", "a reserved or wildcard name, or a schema that is not one"),

@@ -11,8 +11,7 @@ import pytest
 from tests.api.server import make_token
 from tests.api.test_routes import dead_letter
 from tests.support import add_endpoint, eventually, query, statuses
-from worker import signing
-from worker.api import tokens
+from worker.rules import signing, tokens
 
 INVOICE_SCHEMA = {"type": "object", "required": ["invoice_id"],
                   "properties": {"invoice_id": {"type": "string"}}}

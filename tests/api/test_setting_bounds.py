@@ -10,8 +10,9 @@ import pytest
 
 from tests.acceptance.test_cli import cli
 from tests.support import query
-from worker import operator_sql, schema
-from worker.api.routes import ConfigPatch
+from worker import schema
+from worker.api.settings import ConfigPatch
+from worker.store import settings as setting_store
 
 INTEGER_MAX = 2**31 - 1
 OPERATORS = {">=": "minimum", "<=": "maximum", ">": "exclusiveMinimum", "<": "exclusiveMaximum"}
@@ -19,7 +20,7 @@ COMPARISON = re.compile(r"\((?P<left>[a-z_]+) (?P<op>>=|<=|>|<) "
                         r"(?P<right>\(\d+\)::[a-z ]+|'[^']*'::interval|[\d.]+)\)")
 # Where the two differ on purpose, and why.
 DIFFERENT = {
-    # reals are stored rounded to six decimals (routes.REAL_DIGITS): the model asks for at least that
+    # reals are stored rounded to six decimals (api.settings.REAL_DIGITS): the model asks for at least that
     ("circuit_failure_ratio", "minimum"): (1e-6, None),
     ("circuit_failure_ratio", "exclusiveMinimum"): (None, 0.0),
     ("circuit_probe_success_ratio", "minimum"): (1e-6, None),
@@ -68,7 +69,7 @@ def model_bounds(key: str) -> dict[str, float]:
 
 def test_the_settings_models_bounds_are_the_check_constraints(db):
     in_sql = sql_bounds(db)
-    for key in operator_sql.SETTABLE:
+    for key in setting_store.SETTABLE:
         if key in ("retry_schedule", "notify_enabled"):
             continue
         expected, model = in_sql.get(key, {}), model_bounds(key)
@@ -78,7 +79,7 @@ def test_the_settings_models_bounds_are_the_check_constraints(db):
                 continue
             assert model.get(name) == expected.get(name), (key, name, model, expected)
     # the bound with a reason, in one place on each side
-    rule = operator_sql.SETTING_MINIMUMS["log_retention"]
+    rule = setting_store.SETTING_MINIMUMS["log_retention"]
     assert in_sql["log_retention"] == {"minimum": rule.minimum.total_seconds()}
     assert query(db, "SELECT count(*) FROM pg_constraint WHERE conname = %s", (rule.constraint,)) == [(1,)]
 

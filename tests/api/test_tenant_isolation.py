@@ -10,14 +10,14 @@ import pytest
 from tests.api.console_client import Browserless, ConsoleServer
 from tests.api.server import api_config
 from tests.api.test_routes import dead_letter
-from tests.support import add_endpoint, enqueue, query
-from worker.api import tokens
+from tests.support import add_endpoint, enqueue, query, stored
 from worker.api.routes import ROUTES
+from worker.rules import tokens
+from worker.store import tokens as token_store
 
 
 def scoped_token(db: str, role: str, tenant: str) -> str:
-    with psycopg.connect(db, autocommit=True) as conn:
-        return tokens.create(conn, f"{role}-{tenant}", role, None, tenant)
+    return stored(db, token_store.create, f"{role}-{tenant}", role, None, tenant)
 
 
 def in_tenant(db: str, endpoint: int, tenant_id: int) -> None:
@@ -202,8 +202,7 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
 
 
 def role_token(db, role):
-    with psycopg.connect(db, autocommit=True) as conn:
-        return tokens.create(conn, f"{role}-all", role, None)
+    return stored(db, token_store.create, f"{role}-all", role, None)
 
 
 def test_a_scoped_producer_publishes_only_to_its_tenants_endpoints(api, db, two_tenants):
@@ -261,13 +260,13 @@ def test_row_level_security_itself_keeps_a_scoped_session_to_its_tenant(db, two_
 
 
 def test_only_producer_reader_and_tenant_admin_tokens_can_be_scoped(db, two_tenants):
-    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(ValueError, match=r"^tenant: an admin"):
-        tokens.create(conn, "admin-other", "admin", None, "globex")
+    with pytest.raises(ValueError, match=r"^tenant: an admin"):
+        stored(db, token_store.create, "admin-other", "admin", None, "globex")
     with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("SELECT webhooks.api_create_token('admin-other', 'admin', %s, NULL, 'globex')",
                      (tokens.token_hash(tokens.generate_token()),))
-    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(psycopg.errors.NoDataFound):
-        tokens.create(conn, "reader-nobody", "reader", None, "nobody")
+    with pytest.raises(psycopg.errors.NoDataFound):
+        stored(db, token_store.create, "reader-nobody", "reader", None, "nobody")
     assert query(db, "SELECT count(*) FROM webhooks.api_tokens") == [(0,)]
 
 

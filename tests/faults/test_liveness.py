@@ -25,7 +25,7 @@ from tests.support import (
     wait_started,
     worker_dsn,
 )
-from worker.queue import LIVENESS_SERVER_SETTINGS, Queue
+from worker.store.queue import LIVENESS_SERVER_SETTINGS, Queue
 
 DEFAULT_LEASE_SECONDS = 60
 # Requests held at the receiver stay open while a case sets its scene, however long a loaded machine
@@ -251,7 +251,7 @@ def test_the_liveness_session_would_see_a_vanished_host_within_seconds(db):
 @pytest.mark.usefixtures("template_db")  # the group roles, which belong to the cluster
 def test_a_worker_started_before_the_schema_is_migrated_waits_for_it(fresh_db, receiver, spawn):
     from worker import schema
-    from worker.daemon import SCHEMA_TOO_OLD
+    from worker.daemon.worker import SCHEMA_TOO_OLD
 
     db = fresh_db(False)
     worker = spawn(db, name="early")

@@ -15,7 +15,7 @@ URL = "http://127.0.0.1:9/x"
 
 def claim(conn: psycopg.Connection, claim_path: str, worker: str, batch: int) -> list[tuple]:
     conn.execute("SELECT set_config('webhooks.claim_path', %s, false)", (claim_path,))
-    # the worker's call (worker/queue.py Queue.acquire)
+    # the worker's call (worker/store/queue.py Queue.acquire)
     return conn.execute("SELECT * FROM webhooks.acquire(%s, %s, %s)", (worker, batch, 30)).fetchall()
 
 

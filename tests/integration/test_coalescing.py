@@ -9,8 +9,8 @@ import psycopg
 
 from tests.integration.test_observability import scrape, value
 from tests.receiver import Reply
-from tests.support import add_endpoint, enqueue, eventually, query, wait_final, wait_started
-from worker.operator_sql import find_deliveries
+from tests.support import add_endpoint, enqueue, eventually, query, stored, wait_final, wait_started
+from worker.store.deliveries import find
 
 FAST_RETRY = {"delays": [0.2]}
 
@@ -124,8 +124,7 @@ def test_a_failed_digest_is_claimed_again_as_the_same_group_and_members_leave_it
                     (ids[:5],))
     assert history == [(i, a, o, digest) for i in ids[:5] for a, o in ((1, "retry"), (2, "delivered"))]
     # and `deliveries show` names it, with the rows it carried when first sent
-    with psycopg.connect(db, autocommit=True) as conn:
-        [shown] = find_deliveries(conn, ids[0], None)
+    [shown] = stored(db, find, ids[0], None)
     assert [(h["attempt"], h["digest_id"], h["digest_rows"]) for h in shown["history"]] == [
         (1, digest, 6), (2, digest, 6)]
     # finished members leave the group: nothing later can be claimed into it

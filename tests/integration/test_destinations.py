@@ -7,7 +7,7 @@ import psycopg
 from tests.acceptance.test_cli import cli
 from tests.receiver import Reply
 from tests.support import add_endpoint, all_final, enqueue, eventually, query, statuses, wait_final
-from worker import signing
+from worker.rules import signing
 
 FAST_RETRY = {"delays": [0.1]}
 ALERT = {"alert_id": 42, "title": "Disk almost full on db-1", "severity": "critical", "source": "db-1"}

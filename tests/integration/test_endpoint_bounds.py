@@ -1,11 +1,11 @@
-"""The endpoint service's bounds (worker/endpoints.py, as the OpenAPI document publishes them) and the
+"""The endpoint service's bounds (worker/rules/endpoints.py, as the OpenAPI document publishes them) and the
 CHECK constraints SQL keeps for producers writing to webhooks.endpoints directly say the same: the
 constraints read from pg_catalog."""
 
 import re
 
 from tests.support import query
-from worker import endpoints as service
+from worker.rules import endpoints as service
 
 # model field -> (column, how many column units one field unit is)
 COLUMNS = {

@@ -12,6 +12,7 @@ import pytest
 from tests.support import (
     PRODUCER_LOGIN,
     READER_LOGIN,
+    BlockingConnection,
     add_endpoint,
     api_dsn,
     eventually,
@@ -19,45 +20,47 @@ from tests.support import (
     query,
     statuses,
 )
-from worker import event_types, self_service, signing
-from worker.event_types import EventType, EventTypeError
+from worker.rules import signing
+from worker.rules.event_types import EventType, EventTypeError
+from worker.store import deliveries as delivery_store
+from worker.store import event_types
 
 INVOICE_SCHEMA = {"type": "object", "required": ["invoice_id"],
                   "properties": {"invoice_id": {"type": "string"}}}
 
 
 def test_the_catalogue_is_listed_added_to_replaced_and_deprecated(db):
-    with psycopg.connect(db, autocommit=True) as conn:
+    with BlockingConnection(db) as conn:
         # the worker's own types are there from the start
-        assert {t.name for t in event_types.listing(conn)} == {
+        assert {t.name for t in conn.run(event_types.listing)} == {
             "webhook.test", "webhook.endpoint.disabled", "webhook.endpoint.enabled",
             "webhook.endpoint.dead_letters", "webhook.endpoint.secret_rotated", "webhook.circuit.opened",
             "webhook.circuit.closed"}
-        assert event_types.upsert(conn, "invoice.paid", "An invoice was paid", INVOICE_SCHEMA) is True
-        assert event_types.get(conn, "invoice.paid") == EventType(
+        assert conn.run(event_types.upsert, "invoice.paid", "An invoice was paid", INVOICE_SCHEMA) is True
+        assert conn.run(event_types.get, "invoice.paid") == EventType(
             "invoice.paid", "An invoice was paid", INVOICE_SCHEMA, False)
-        assert event_types.upsert(conn, "invoice.paid", "Paid in full") is False  # replaced: no schema now
-        assert event_types.get(conn, "invoice.paid") == EventType(
+        assert conn.run(event_types.upsert, "invoice.paid", "Paid in full") is False  # replaced: no schema
+        assert conn.run(event_types.get, "invoice.paid") == EventType(
             "invoice.paid", "Paid in full", None, False)
-        assert event_types.deprecate(conn, "invoice.paid") is True
-        assert event_types.get(conn, "invoice.paid").deprecated is True
+        assert conn.run(event_types.deprecate, "invoice.paid") is True
+        assert conn.run(event_types.get, "invoice.paid").deprecated is True
         # an upsert that says nothing of deprecation keeps it
-        event_types.upsert(conn, "invoice.paid", "Paid in full", INVOICE_SCHEMA)
-        assert event_types.get(conn, "invoice.paid").deprecated is True
-        assert "invoice.paid" not in {t.name for t in event_types.listing(conn, include_deprecated=False)}
-        assert event_types.deprecate(conn, "nothing.such") is False
-        assert event_types.get(conn, "nothing.such") is None
+        conn.run(event_types.upsert, "invoice.paid", "Paid in full", INVOICE_SCHEMA)
+        assert conn.run(event_types.get, "invoice.paid").deprecated is True
+        assert "invoice.paid" not in {t.name for t in conn.run(event_types.listing, include_deprecated=False)}
+        assert conn.run(event_types.deprecate, "nothing.such") is False
+        assert conn.run(event_types.get, "nothing.such") is None
 
 
 def test_a_bad_name_description_or_schema_is_refused_naming_the_field_and_nothing_is_written(db):
-    with psycopg.connect(db, autocommit=True) as conn:
+    with BlockingConnection(db) as conn:
         for call, message in (
-            (lambda: event_types.upsert(conn, "order.*"), "name: must not contain '*'"),
-            (lambda: event_types.upsert(conn, "webhook.mine"), "name: types starting with 'webhook.'"),
-            (lambda: event_types.upsert(conn, "order.created", "x" * 2001), "description: at most 2000"),
-            (lambda: event_types.upsert(conn, "order.created", "", {"type": 7}),
+            (lambda: conn.run(event_types.upsert, "order.*"), "name: must not contain '*'"),
+            (lambda: conn.run(event_types.upsert, "webhook.mine"), "name: types starting with 'webhook.'"),
+            (lambda: conn.run(event_types.upsert, "order.created", "x" * 2001), "description: at most 2000"),
+            (lambda: conn.run(event_types.upsert, "order.created", "", {"type": 7}),
              "schema: at /type: 7 is not"),
-            (lambda: event_types.deprecate(conn, "webhook.test"), "name: types starting with 'webhook.'"),
+            (lambda: conn.run(event_types.deprecate, "webhook.test"), "name: types starting with 'webhook.'"),
         ):
             with pytest.raises(EventTypeError) as caught:
                 call()
@@ -74,20 +77,20 @@ def test_a_bad_name_description_or_schema_is_refused_naming_the_field_and_nothin
 def test_every_role_reads_the_catalogue_and_only_an_admin_changes_it(db):
     query(db, "SELECT webhooks.upsert_event_type('invoice.paid', '', %s)", (json.dumps(INVOICE_SCHEMA),))
     for login, group in ((PRODUCER_LOGIN, "webhooks_producer"), (READER_LOGIN, "webhooks_reader")):
-        with psycopg.connect(login_as(db, login, group), autocommit=True) as conn:
-            assert event_types.get(conn, "invoice.paid").schema == INVOICE_SCHEMA
+        with BlockingConnection(login_as(db, login, group)) as conn:
+            assert conn.run(event_types.get, "invoice.paid").schema == INVOICE_SCHEMA
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("SELECT webhooks.upsert_event_type('invoice.paid', 'mine')")
     for role in ("webhooks_tenant_admin", "webhooks_admin"):
-        with psycopg.connect(api_dsn(db)) as conn:
+        with BlockingConnection(api_dsn(db), autocommit=False) as conn:
             conn.execute(f"SET LOCAL ROLE {role}")
             conn.execute("SELECT set_config('webhooks.tenant', '1', true)")
-            assert len(event_types.listing(conn)) == 8  # invoice.paid and the worker's seven
+            assert len(conn.run(event_types.listing)) == 8  # invoice.paid and the worker's seven
             if role == "webhooks_tenant_admin":
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute("SELECT webhooks.upsert_event_type('invoice.paid', 'mine')")
             else:
-                assert event_types.upsert(conn, "invoice.paid", "the admin's") is False
+                assert conn.run(event_types.upsert, "invoice.paid", "the admin's") is False
             conn.commit()
     assert query(db, "SELECT description FROM webhooks.event_types WHERE name = 'invoice.paid'") == [
         ("the admin's",)]
@@ -101,16 +104,16 @@ def test_subscriptions_that_match_no_catalogued_type_or_only_deprecated_ones_are
     ours = add_endpoint(db, "http://127.0.0.1:9/a", name="ours", tenant="acme",
                         event_types=("invoice.*", "invoce.paid", "legacy.ping", "webhook.circuit.opened"))
     theirs = add_endpoint(db, "http://127.0.0.1:9/b", name="theirs", event_types=("*", "orders.*"))
-    with psycopg.connect(db, autocommit=True) as conn:
-        assert event_types.unmatched_subscriptions(conn) == [
+    with BlockingConnection(db) as conn:
+        assert conn.run(event_types.unmatched_subscriptions) == [
             {"webhook_id": ours, "endpoint_name": "ours", "pattern": "invoce.paid", "problem": "unknown"},
             {"webhook_id": ours, "endpoint_name": "ours", "pattern": "legacy.ping", "problem": "deprecated"},
             {"webhook_id": theirs, "endpoint_name": "theirs", "pattern": "orders.*", "problem": "unknown"}]
     # a tenant's administrator sees its own endpoints' only
-    with psycopg.connect(api_dsn(db)) as conn:
+    with BlockingConnection(api_dsn(db), autocommit=False) as conn:
         conn.execute("SET LOCAL ROLE webhooks_tenant_admin")
         conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(acme),))
-        assert [r["endpoint_name"] for r in event_types.unmatched_subscriptions(conn)] == ["ours", "ours"]
+        assert [r["endpoint_name"] for r in conn.run(event_types.unmatched_subscriptions)] == ["ours", "ours"]
 
 
 def test_a_test_event_goes_to_the_one_endpoint_and_is_delivered_signed(db, receiver, spawn):
@@ -119,11 +122,11 @@ def test_a_test_event_goes_to_the_one_endpoint_and_is_delivered_signed(db, recei
                           event_types=("invoice.paid",))
     bystander = add_endpoint(db, receiver.url("/bystander"), name="bystander",
                              event_types=("*", "webhook.test"))
-    with psycopg.connect(db, autocommit=True) as conn:
-        delivery = self_service.send_test_event(conn, "target")
-        assert self_service.send_test_event(conn, "nobody") is None
+    with BlockingConnection(db) as conn:
+        delivery = conn.run(delivery_store.test_event, "target")
+        assert conn.run(delivery_store.test_event, "nobody") is None
         # each call is a new event
-        again = self_service.send_test_event(conn, str(target))
+        again = conn.run(delivery_store.test_event, str(target))
     assert delivery is not None and again is not None and again != delivery
     rows = query(db, "SELECT delivery_id, webhook_id, event_type, payload->>'endpoint', idempotency_key"
                      " FROM webhooks.deliveries ORDER BY delivery_id")
@@ -160,13 +163,13 @@ def test_producers_still_cannot_queue_a_test_event_by_any_way_in(db):
             conn.execute(statement)
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
     # the API's roles: the admins send them, the reader not
-    with psycopg.connect(api_dsn(db)) as conn:
+    with BlockingConnection(api_dsn(db), autocommit=False) as conn:
         conn.execute("SET LOCAL ROLE webhooks_reader")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT webhooks.send_test_event('x')")
-    with psycopg.connect(api_dsn(db)) as conn:
+    with BlockingConnection(api_dsn(db), autocommit=False) as conn:
         conn.execute("SET LOCAL ROLE webhooks_tenant_admin")
         conn.execute("SELECT set_config('webhooks.tenant', '1', true)")
-        assert conn.execute("SELECT webhooks.send_test_event('x')").fetchone()[0] > 0
+        assert conn.execute("SELECT webhooks.send_test_event('x')")[0][0] > 0
         conn.commit()
     assert query(db, "SELECT event_type FROM webhooks.alert_delivery_queue") == [("webhook.test",)]

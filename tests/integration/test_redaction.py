@@ -1,5 +1,5 @@
 """Receivers that echo the URL they were sent to: what the audit log and the queue keep of their
-answers, and of error texts, holds no secret part of the URL (worker/redaction.py)."""
+answers, and of error texts, holds no secret part of the URL (worker/rules/redaction.py)."""
 
 import base64
 import json

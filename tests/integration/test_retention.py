@@ -12,9 +12,9 @@ from psycopg import sql
 
 from tests.support import TEST_KEYRING, add_endpoint, enqueue, eventually, query, worker_dsn
 from worker.config import Config
-from worker.maintenance import Maintenance, PurgeRound
+from worker.daemon.maintenance import Maintenance, PurgeRound
 from worker.observability import Metrics, get_logger
-from worker.queue import Queue
+from worker.store.queue import Queue
 
 
 def deliver(db: str, ids: list[int], age: str) -> None:

@@ -2,14 +2,13 @@
 
 import json
 
-import psycopg
 import pytest
 
 from tests.acceptance.test_cli import cli
-from tests.support import TEST_KEYRING, add_endpoint, enqueue, eventually, query, statuses
+from tests.support import TEST_KEYRING, add_endpoint, enqueue, eventually, query, statuses, stored
 from worker import encryption
 from worker.encryption import DecryptionError
-from worker.operator_sql import InvalidEndpoint, update_endpoint
+from worker.store.endpoints import InvalidEndpoint, update_endpoint
 
 FAST_RETRY = {"delays": [0.2]}
 
@@ -154,7 +153,7 @@ def test_the_python_api_refuses_headers_the_rules_refuse_and_stores_nothing(db, 
     with pytest.raises(InvalidEndpoint, match=expected):
         add_endpoint(db, url, headers=headers)
     ok = add_endpoint(db, "https://u:p@hooks.example.test/x")
-    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(InvalidEndpoint):
-        update_endpoint(conn, ok, {"headers": {"Authorization": "Bearer t"}}, TEST_KEYRING)
+    with pytest.raises(InvalidEndpoint):
+        stored(db, update_endpoint, ok, {"headers": {"Authorization": "Bearer t"}}, TEST_KEYRING)
     assert query(db, "SELECT count(*) FROM webhooks.endpoints") == [(1,)]
     assert query(db, "SELECT headers FROM webhooks.endpoints") == [({},)]

@@ -27,13 +27,14 @@ from tests.support import (
     wait_started,
     worker_dsn,
 )
-from worker import schema, signing
-from worker.delivery import Sender
-from worker.destinations import DestinationPolicy, address_blocked
+from worker import schema
+from worker.daemon.sender import Sender
 from worker.encryption import KEYS_ENV, SIGNING_SECRET, Keyring, generate_key
 from worker.localpg import LocalPostgres, _find_binary
-from worker.model import Claimed
-from worker.policy import Category
+from worker.rules import signing
+from worker.rules.destinations import DestinationPolicy, address_blocked
+from worker.rules.model import Claimed
+from worker.rules.policy import Category
 
 FAST_RETRY = {"delays": [0.1]}
 ALLOW_LOOPBACK_ENV = {"WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": "[127.0.0.1/32]"}
@@ -193,9 +194,9 @@ class RebindingResolver:
 def _claimed(url: str) -> Claimed:
     from uuid import uuid4
 
-    from worker.policy import RetrySchedule
+    from worker.rules.policy import RetrySchedule
 
-    return Claimed(delivery_id=1, webhook_id=1, event_id="evt_1", idempotency_key="evt_1",
+    return Claimed(delivery_id=1, endpoint_id=1, event_id="evt_1", idempotency_key="evt_1",
                    event_type="alert.created", body=b"{}", attempt=1, max_attempts=1, lease_token=uuid4(),
                    locked_until=datetime.now(UTC), url=url, signing_secrets=(), headers={},
                    timeout_seconds=None, schedule=RetrySchedule())

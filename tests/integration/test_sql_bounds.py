@@ -10,8 +10,9 @@ from pydantic import ValidationError
 
 from tests.support import PRODUCER_LOGIN, TEST_KEYRING, add_endpoint, enqueue, login_as, query, worker_dsn
 from tests.unit.test_signing import ACCEPTED_SECRETS, REFUSED_SECRETS
-from worker import encryption, signing
+from worker import encryption
 from worker.config import MAX_CLAIM_BATCH_SIZE, MAX_LEASE_SECONDS, DeliveryConfig
+from worker.rules import signing
 
 VALID_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 INSERT = ("INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload{extra})"

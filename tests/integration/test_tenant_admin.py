@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import TEST_KEYRING, add_endpoint, api_dsn, enqueue, query
-from worker import self_service, signing
-from worker.api import tokens
-from worker.delivery import display_url
-from worker.operator_sql import EndpointSpec, register_endpoint
+from tests.support import TEST_KEYRING, BlockingConnection, add_endpoint, api_dsn, enqueue, query, stored
+from worker.rules import signing, tokens
+from worker.rules.redaction import display_url
+from worker.store import tokens as token_store
+from worker.store.endpoints import EndpointSpec, register_endpoint, signing_secrets
 
 TENANT_ADMIN = "webhooks_tenant_admin"
 
@@ -76,11 +76,19 @@ def snapshot(db: str, endpoint: int) -> list[Any]:
                                   ("alert_delivery_log", "webhook_id"))]
 
 
+def tenant_admin_store(db: str, tenant_id: int) -> BlockingConnection:
+    """tenant_admin()'s transaction on a connection of the store (worker.store's calls are async)."""
+    conn = BlockingConnection(api_dsn(db), autocommit=False)
+    conn.execute(f"SET LOCAL ROLE {TENANT_ADMIN}")
+    conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(tenant_id),))
+    return conn
+
+
 def test_a_tenant_admin_does_what_an_admin_does_to_its_own_tenants_rows(db, tenants):
     acme, ours = tenants["acme"], tenants["ours"]
     # registration, credentials sealed in the same transaction, as the API and the CLI register
-    with tenant_admin(db, acme) as conn:
-        added = register_endpoint(conn, EndpointSpec(
+    with tenant_admin_store(db, acme) as conn:
+        added = conn.run(register_endpoint, EndpointSpec(
             name="added", url="http://127.0.0.1:9/added", url_display=display_url("http://127.0.0.1:9/added"),
             signing_secrets=(signing.generate_secret(),)), TEST_KEYRING)
     assert query(db, "SELECT tenant_id, url LIKE 'enc:v1:%%' FROM webhooks.endpoints WHERE id = %s",
@@ -95,8 +103,8 @@ def test_a_tenant_admin_does_what_an_admin_does_to_its_own_tenants_rows(db, tena
     assert one(db, acme, "SELECT webhooks.rotate_secret(%s, %s, now() + interval '1 hour')",
                (ours, TEST_KEYRING.seal(new_secret, "signing_secret", ours))) == 2
     # reading the secret: what its receiver verifies with, newest first
-    with tenant_admin(db, acme) as conn:
-        secrets = self_service.signing_secrets(conn, TEST_KEYRING, ours)
+    with tenant_admin_store(db, acme) as conn:
+        secrets = conn.run(signing_secrets, TEST_KEYRING, ours)
     assert secrets is not None and [s.secret for s in secrets][:1] == [new_secret] and len(secrets) == 2
     assert query(db, "SELECT timeout_ms, active FROM webhooks.endpoints WHERE id = %s",
                  (ours,)) == [(4000, True)]
@@ -259,10 +267,9 @@ def test_a_tenant_admin_token_has_a_tenant_and_is_checked_as_its_role(db, tenant
         query(db, "SELECT webhooks.api_create_token('unscoped', 'tenant_admin', %s)", (digest,))
     with pytest.raises(psycopg.errors.CheckViolation):
         query(db, "SELECT webhooks.api_create_token('scoped-admin', 'admin', %s, NULL, 'acme')", (digest,))
-    with psycopg.connect(db, autocommit=True) as conn:
-        with pytest.raises(ValueError, match=r"^tenant: a tenant_admin token administers one tenant"):
-            tokens.create(conn, "unscoped", "tenant_admin", None)
-        token = tokens.create(conn, "acme-admin", "tenant_admin", None, "acme")
+    with pytest.raises(ValueError, match=r"^tenant: a tenant_admin token administers one tenant"):
+        stored(db, token_store.create, "unscoped", "tenant_admin", None)
+    token = stored(db, token_store.create, "acme-admin", "tenant_admin", None, "acme")
     assert query(db, "SELECT name, role, tenant_id FROM webhooks.api_token_role(%s)",
                  (tokens.token_hash(token),)) == [("acme-admin", "tenant_admin", tenants["acme"])]
     assert query(db, "SELECT role, tenant FROM webhooks.api_token_list()") == [("tenant_admin", "acme")]
@@ -303,7 +310,7 @@ def test_the_tenant_admin_role_holds_what_it_needs_and_nothing_of_the_fleet(db):
 
 @pytest.mark.parametrize("name", ["", "a*", "bad\tname", "x" * 257])
 def test_sql_refuses_the_catalogue_names_the_python_rule_refuses(db, name):
-    from worker.event_types import name_problem
+    from worker.rules.event_types import name_problem
 
     assert name_problem(name) is not None
     with pytest.raises(psycopg.errors.CheckViolation):

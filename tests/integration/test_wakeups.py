@@ -6,7 +6,7 @@ import psycopg
 
 from tests.support import LOGIN_PASSWORD, add_endpoint, enqueue, eventually, query, statuses
 from worker.localpg import role_dsn
-from worker.queue import NOTIFY_CHANNEL
+from worker.store.queue import NOTIFY_CHANNEL
 
 NOTIFY_ONLY = "webhooks_test_connect_only"
 NOTIFICATIONS = 150

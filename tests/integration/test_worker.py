@@ -5,7 +5,7 @@ from collections import Counter
 
 from tests.receiver import Reply
 from tests.support import add_endpoint, enqueue, eventually, query, statuses, wait_final, wait_started
-from worker import signing
+from worker.rules import signing
 
 FAST_RETRY = {"delays": [0.2]}
 

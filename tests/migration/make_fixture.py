@@ -19,11 +19,12 @@ from pathlib import Path
 
 import psycopg
 
-from worker import signing
-from worker.delivery import display_url
+from bench.localworker import stored
 from worker.encryption import KEYS_ENV, Keyring
 from worker.localpg import LocalPostgres, _find_binary
-from worker.operator_sql import EndpointSpec, register_endpoint
+from worker.rules import signing
+from worker.rules.redaction import display_url
+from worker.store.endpoints import EndpointSpec, register_endpoint
 
 # A key for this fixture only (it seals the fixture endpoints' URL and secrets): the migration test
 # gives it to the worker that finishes the fixture's rows. It protects nothing else.
@@ -63,7 +64,7 @@ def fill(url: str) -> None:
     audit and health rows, endpoint events."""
     keyring = Keyring.parse(FIXTURE_KEYS, KEYS_ENV)
     with psycopg.connect(url, autocommit=True) as conn:
-        main, spare, disabled = (register_endpoint(conn, EndpointSpec(
+        main, spare, disabled = (stored(url, register_endpoint, EndpointSpec(
             name=name, url=f"http://127.0.0.1:9/{name}", url_display=display_url(f"http://127.0.0.1:9/{name}"),
             signing_secrets=(signing.generate_secret(),), headers={"Authorization": "Bearer fixture"}),
             keyring)

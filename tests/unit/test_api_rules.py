@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.api import tokens
 from worker.api.inputs import dead_letter_cursor, encode_dead_letter_cursor
-from worker.api.problems import Problem
+from worker.api.messages import _valid_traceparent
 from worker.api.replay_runner import step_plan
-from worker.api.routes import _valid_traceparent
+from worker.rules import tokens
+from worker.web.problems import Problem
 
 
 def test_generated_tokens_are_unique_prefixed_and_well_formed():

@@ -6,12 +6,12 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from worker import coalescing
-from worker.attempt import Executor, InFlight, render
-from worker.delivery import Sender
-from worker.model import Claimed, Finished
+from worker.daemon.attempt import Executor, InFlight, render
+from worker.daemon.sender import Sender
 from worker.observability import Metrics, get_logger
-from worker.policy import Outcome, RetrySchedule
+from worker.rules import coalescing
+from worker.rules.model import Claimed, Finished
+from worker.rules.policy import Outcome, RetrySchedule
 
 GOOD = b'{"title": "disk full"}'
 BAD = b'{"severity": "critical"}'  # no title: a Slack message cannot be made of it
@@ -19,7 +19,7 @@ BAD = b'{"severity": "critical"}'  # no title: a Slack message cannot be made of
 
 def row(delivery_id: int, body: bytes = GOOD, digest_id: int | None = 9) -> Claimed:
     return Claimed(
-        delivery_id=delivery_id, webhook_id=1, event_id=f"evt_{delivery_id}",
+        delivery_id=delivery_id, endpoint_id=1, event_id=f"evt_{delivery_id}",
         idempotency_key=f"evt_{delivery_id}", event_type="alert.created", body=body, attempt=1,
         max_attempts=10, lease_token=uuid.uuid4(), locked_until=datetime.now(UTC),
         url="http://127.0.0.1:9/hook", signing_secrets=(), headers={}, timeout_seconds=None,

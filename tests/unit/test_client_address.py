@@ -1,13 +1,13 @@
 """Which address a request's failed authentications count against: the peer, or behind a trusted
-proxy the client it names (worker/api/forwarded.py), and the config key that lists the proxies."""
+proxy the client it names (worker/rules/forwarded.py), and the config key that lists the proxies."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.api.forwarded import client_address, forwarded_origin, networks
 from worker.config import load_config
 from worker.errors import ConfigError
+from worker.rules.forwarded import client_address, forwarded_origin, networks
 
 PROXIES = networks(["10.0.0.0/8", "fd00::/8", "192.0.2.1"])
 

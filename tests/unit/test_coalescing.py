@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker.coalescing import digest_label, digest_webhook_id, policy_changes, requests
+from worker.rules.coalescing import digest_label, digest_webhook_id, policy_changes, requests
 
 
 @dataclass(frozen=True)

@@ -15,21 +15,22 @@ from aiohttp.client_reqrep import ConnectionKey
 from tests.faults import misbehaving
 from tests.faults.misbehaving import TcpServer
 from tests.support import TEST_KEYRING
-from worker import encryption, signing
-from worker.delivery import (
+from worker import encryption
+from worker.daemon.sender import (
     Sender,
     carries_transport_text,
-    display_url,
     dropped_keepalive,
     error_text,
     excerpt_text,
     request_headers,
     transport_failure,
 )
-from worker.destinations import url_problem
-from worker.model import Claimed
-from worker.policy import Category, RetrySchedule
-from worker.queue import _claimed
+from worker.rules import signing
+from worker.rules.destinations import url_problem
+from worker.rules.model import Claimed
+from worker.rules.policy import Category, RetrySchedule
+from worker.rules.redaction import display_url
+from worker.store.queue import _claimed
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ def test_an_unexpected_error_keeps_its_message_unless_it_comes_from_the_transpor
 def test_request_headers_are_signed_and_custom_headers_cannot_replace_ours():
     secret = signing.generate_secret()
     row = Claimed(
-        delivery_id=7, webhook_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
+        delivery_id=7, endpoint_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
         body=b'{"a": 1}', attempt=2, max_attempts=10, lease_token=uuid.uuid4(),
         locked_until=datetime.now(UTC), url="https://x.test/", signing_secrets=(secret,),
         headers={"X-Team": "ops", "webhook-id": "forged"}, timeout_seconds=None,

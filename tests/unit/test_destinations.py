@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.delivery import checked_socket_factory, display_url, transport_failure
-from worker.destinations import (
+from worker.daemon.sender import checked_socket_factory, transport_failure
+from worker.rules.destinations import (
     MAX_URL_LENGTH,
     BlockedDestination,
     DestinationPolicy,
@@ -20,7 +20,8 @@ from worker.destinations import (
     tenant_policy,
     url_problem,
 )
-from worker.policy import AttemptResult, Category, Outcome, classify
+from worker.rules.policy import AttemptResult, Category, Outcome, classify
+from worker.rules.redaction import display_url
 
 DEFAULT = DestinationPolicy()
 LOOPBACK_ONLY = DestinationPolicy.from_settings(True, ["127.0.0.1/32"], False)

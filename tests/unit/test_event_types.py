@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from worker.api import tokens
 from worker.config import load_config
 from worker.errors import ConfigError
-from worker.event_types import (
+from worker.rules import tokens
+from worker.rules.event_types import (
     EventType,
     EventTypeError,
     PayloadProblem,

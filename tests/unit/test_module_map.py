@@ -1,5 +1,6 @@
 """The module map holds (docs/design.md): no import circles, the HTTP side apart from the database,
-and the operator's connections opened in one place. Read from the source, without importing it."""
+one door to the database (worker/store/: only it opens connections and runs SQL), and the API and
+the console apart. Read from the source, without importing it."""
 
 import ast
 from pathlib import Path
@@ -62,7 +63,7 @@ def test_no_module_imports_itself_through_others():
     assert circles == []
 
 
-@pytest.mark.parametrize("side", ["worker.delivery", "worker.attempt"])
+@pytest.mark.parametrize("side", ["worker.daemon.sender", "worker.daemon.attempt"])
 def test_the_http_side_and_the_attempt_do_not_import_the_database_side_or_the_loop(side):
     """Data flows one way, claim → attempt → finish: the attempt is handed its rows and hands its
     outcomes on, and knows neither the claim nor the writing of outcomes."""
@@ -72,25 +73,122 @@ def test_the_http_side_and_the_attempt_do_not_import_the_database_side_or_the_lo
         for module in graph[todo.pop()] - reached:
             reached.add(module)
             todo.append(module)
-    assert not reached & {"worker.queue", "worker.operator_sql", "worker.schema", "worker.daemon",
-                          "worker.finisher", "worker.liveness"}
+    assert not {m for m in reached if m.startswith("worker.store")}
+    assert not reached & {"worker.schema", "worker.daemon.worker", "worker.daemon.finisher",
+                          "worker.daemon.liveness"}
 
 
 def test_encryption_does_not_import_the_configuration():
     assert "worker.config" not in imports()["worker.encryption"]
 
 
-def test_only_the_database_modules_open_connections():
-    opening = set()
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "connect" and "psycopg" in ast.unparse(node.func.value)):
-                opening.add(path.stem)
-    # queue: the worker's pool and its own connections; operator_sql: the CLI's and the demo's;
-    # schema: the migration runner; localpg: the throwaway cluster of the demo and the tests;
-    # the API's own pool is in api/database; its endpoint writes go through operator_sql, as the CLI's do.
-    assert opening == {"queue", "operator_sql", "schema", "localpg"}
+# Besides the store: the migration runner and the throwaway cluster of the demo and the tests.
+SQL_OUTSIDE_THE_STORE = {"worker.schema", "worker.localpg"}
+# What speaks to PostgreSQL: a statement run, a cursor, COPY, a pipeline, a connection or a pool made.
+SPEAKING = {"execute", "executemany", "cursor", "copy", "stream", "pipeline", "fetchone", "fetchall"}
+
+
+def sql_calls(path: Path) -> list[str]:
+    """Where a module runs SQL or opens a connection: `name@line` for each such call."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        opens = name in ("AsyncConnectionPool", "ConnectionPool") \
+            or (name == "connect" and "psycopg" in ast.unparse(func))
+        if name in SPEAKING or opens:
+            found.append(f"{name}@{node.lineno}")
+    return found
+
+
+def test_the_scan_finds_sql_where_it_is():
+    assert sql_calls(PACKAGE / "store" / "queue.py")
+    assert sql_calls(PACKAGE / "store" / "database.py")
+
+
+def test_only_the_store_opens_connections_and_runs_sql():
+    outside = {name: calls for name, path in ((module_name(p), p) for p in sorted(PACKAGE.rglob("*.py")))
+               if not name.startswith("worker.store") and name not in SQL_OUTSIDE_THE_STORE
+               and (calls := sql_calls(path))}
+    assert outside == {}
+
+
+def test_the_api_and_the_console_do_not_import_each_other():
+    """Not even deferred or through importlib: what both need is in the modules both import, and the
+    `api` command mounts the console."""
+    graph = imports()
+
+    def side(module: str) -> str:
+        return [*module.split("."), ""][1]
+
+    crossing = {(a, b) for a, found in graph.items() for b in found
+                if {side(a), side(b)} == {"api", "console"}}
+    assert crossing == set()
+    for path in [*(PACKAGE / "api").rglob("*.py"), *(PACKAGE / "console").rglob("*.py")]:
+        assert "importlib" not in path.read_text(), path
+
+
+# The package by role (docs/design.md, the map of modules): pure decisions (rules), the one door to
+# the database (store), the worker process (daemon), what the HTTP API and the console share (web),
+# and the adapters (api, console, cli). Every layer may use the shared modules at the root.
+SHARED = {"worker", "worker.config", "worker.errors", "worker.encryption", "worker.observability",
+          "worker.runtime", "worker.names", "worker.schema", "worker.localpg", "worker.tables"}
+# What each layer may import besides itself. Rules know settings and the configuration error only;
+# the store knows rules and sealing; nothing but the cli (whose `api` command mounts the console)
+# imports an adapter, and the API and the console never each other.
+MAY_IMPORT = {
+    "rules": {"worker.config", "worker.errors"},
+    "store": {"rules", "worker.encryption", "worker.errors"},
+    "daemon": {"rules", "store", *SHARED},
+    "web": {"rules", "store", *SHARED},
+    "api": {"rules", "store", "web", *SHARED},
+    "console": {"rules", "store", "web", *SHARED},
+    "cli": {"rules", "store", "daemon", "web", "api", "console", *SHARED},
+}
+# Libraries that do I/O, which no rule imports (a rule gets what it needs handed to it).
+IO_LIBRARIES = {"aiohttp", "asyncio", "psycopg", "psycopg_pool", "subprocess", "multiprocessing", "ssl",
+                "http", "urllib.request", "requests", "yaml"}
+NETWORK_CALLS = {"getaddrinfo", "gethostbyname", "create_connection", "urlopen"}
+
+
+def layer(module: str) -> str:
+    """The layer a module belongs to: its subpackage, or the module itself at the root."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in MAY_IMPORT else module
+
+
+def test_each_layer_imports_only_what_it_may():
+    graph = imports()
+    assert {layer(m) for m in graph} >= set(MAY_IMPORT)  # every layer is there
+    crossing = sorted(f"{module} -> {found}" for module, imports_of in graph.items() for found in imports_of
+                      if (own := layer(module)) in MAY_IMPORT and layer(found) != own
+                      and layer(found) not in MAY_IMPORT[own] and found not in MAY_IMPORT[own])
+    assert crossing == []
+    # the shared modules use no adapter, no worker process and no shared state of the web side
+    assert sorted(f"{m} -> {f}" for m in SHARED & set(graph) for f in graph[m]
+                  if layer(f) in {"store", "daemon", "web", "api", "console", "cli"}
+                  and m != "worker.__main__") == []
+
+
+def test_the_rules_do_no_io():
+    found = []
+    for path in sorted((PACKAGE / "rules").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        type_checking = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                         and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in type_checking:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            found += [f"{path.name}: import {n}" for n in names
+                      if n in IO_LIBRARIES or n.split(".")[0] in IO_LIBRARIES - {"urllib"}]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in NETWORK_CALLS:
+                found.append(f"{path.name}: {ast.unparse(node.func)}()")
+    assert found == []
 
 
 BENCH = Path(bench.__file__).parent

@@ -1,18 +1,18 @@
-"""Every way an attempt becomes a Finished (worker/outcomes.py), without a database or a request."""
+"""Every way an attempt becomes a Finished (worker/daemon/outcomes.py), without a database or a request."""
 
 import uuid
 from datetime import UTC, datetime
 
-from worker import outcomes
-from worker.model import Claimed, Sent
-from worker.policy import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
+from worker.daemon import outcomes
+from worker.rules.model import Claimed, Sent
+from worker.rules.policy import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
 
 SCHEDULE = RetrySchedule(delays=(10.0, 20.0), jitter=0.0)
 
 
 def claimed(attempt: int = 1, **changes) -> Claimed:
     fields = dict(
-        delivery_id=7, webhook_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
+        delivery_id=7, endpoint_id=1, event_id="evt_1", idempotency_key="evt_1", event_type="alert.created",
         body=b"{}", attempt=attempt, max_attempts=10, lease_token=uuid.uuid4(),
         locked_until=datetime.now(UTC), url="https://x.test/hook", signing_secrets=(), headers={},
         timeout_seconds=None, schedule=SCHEDULE,

@@ -3,9 +3,9 @@
 import json
 import uuid
 
-from worker.model import Finished
-from worker.policy import Outcome
-from worker.queue import outcomes_document
+from worker.rules.model import Finished
+from worker.rules.policy import Outcome
+from worker.store.queue import outcomes_document
 
 
 def test_the_outcome_document_has_every_field_by_name_and_the_token_as_text():

@@ -1,4 +1,4 @@
-"""What a stored text may keep of an endpoint URL (worker/redaction.py): no I/O, no receiver."""
+"""What a stored text may keep of an endpoint URL (worker/rules/redaction.py): no I/O, no receiver."""
 
 import base64
 import json
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from worker.redaction import MIN_SECRET_CHARS, REDACTED, redact, secret_forms
+from worker.rules.redaction import MIN_SECRET_CHARS, REDACTED, redact, secret_forms
 
 SLACK = "https://hooks.slack.com/services/T0FAKETEAM/B0FAKEBOT/SECRETPATHTOKEN24CHARSxx?token=SECRETQUERY1"
 SECRETS = ("SECRETPATHTOKEN24CHARSxx", "SECRETQUERY1", "T0FAKETEAM", "B0FAKEBOT")

@@ -78,7 +78,7 @@ def test_every_configuration_key_has_its_row_and_meaning():
 
 
 def test_the_fleet_defaults_table_names_every_key_config_set_takes():
-    from worker.operator_sql import SETTABLE
+    from worker.store.settings import SETTABLE
 
     part = section((REFERENCE / "configuration.md").read_text(encoding="utf-8"),
                    "## The fleet's defaults (`config set`)")

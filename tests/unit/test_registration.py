@@ -3,8 +3,8 @@ and its URL's length."""
 
 import pytest
 
-from worker.destinations import DestinationPolicy
-from worker.registration import (
+from worker.rules.destinations import DestinationPolicy
+from worker.rules.registration import (
     MAX_URL_CHARS,
     PRODUCT_HEADERS,
     TOKEN_CHARS,

@@ -1,4 +1,4 @@
-"""Payloads checked in processes of their own (worker.api.schema_checks), without a database: the
+"""Payloads checked in processes of their own (worker.web.schema_checks), without a database: the
 verdicts, a check cut off at its budget by killing its process (and the next one served by a new
 process), a request's budget shared by its checks, and a process that dies."""
 
@@ -11,8 +11,8 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from worker.api.schema_checks import OVER_BUDGET, Budget, Check, ChecksFailed, SchemaChecks
-from worker.schemas import PayloadProblem, SchemaUnusable, schema_text
+from worker.rules.schemas import PayloadProblem, SchemaUnusable, schema_text
+from worker.web.schema_checks import OVER_BUDGET, Budget, Check, ChecksFailed, SchemaChecks
 
 INVOICE = schema_text({"type": "object", "required": ["invoice_id"],
                        "properties": {"invoice_id": {"type": "string"}}})

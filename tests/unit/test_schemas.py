@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tests.receiver import Reply
-from worker import schemas
-from worker.schemas import (
+from worker.rules import schemas
+from worker.rules.schemas import (
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,
     PayloadProblem,

@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from worker import signing
+from worker.rules import signing
 
 # From the Standard Webhooks specification (and Svix's documentation of the same scheme).
 VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -1,7 +1,7 @@
 """The delivery counter's `tenant` label (issue 21): bounded like the endpoint label, `other` for the rest."""
 
-from worker import tenants
 from worker.observability import DELIVERY_OUTCOMES, OTHER_TENANTS, Metrics, tenant_label
+from worker.rules import tenants
 
 
 def delivery_series(metrics: Metrics) -> dict[tuple[str, str], float]:

@@ -10,12 +10,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from worker.attempt import Executor, InFlight
-from worker.delivery import Sender
-from worker.destinations import DestinationPolicy
-from worker.model import Claimed, Finished
+from worker.daemon.attempt import Executor, InFlight
+from worker.daemon.sender import Sender
 from worker.observability import Metrics, attempt_span, get_logger
-from worker.policy import Outcome, RetrySchedule
+from worker.rules.destinations import DestinationPolicy
+from worker.rules.model import Claimed, Finished
+from worker.rules.policy import Outcome, RetrySchedule
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -52,7 +52,7 @@ OTHER_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def member(delivery_id: int, url: str, traceparent: str, digest_id: int | None) -> Claimed:
     return Claimed(
-        delivery_id=delivery_id, webhook_id=1, event_id=f"evt_{delivery_id}",
+        delivery_id=delivery_id, endpoint_id=1, event_id=f"evt_{delivery_id}",
         idempotency_key=f"evt_{delivery_id}", event_type="alert.created", body=b'{"title": "disk full"}',
         attempt=1, max_attempts=10, lease_token=uuid.uuid4(), locked_until=datetime.now(UTC), url=url,
         signing_secrets=(), headers={}, timeout_seconds=None, schedule=RetrySchedule(),

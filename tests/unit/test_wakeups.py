@@ -1,6 +1,6 @@
 """Coalescing wake-ups: how long after a claim further wake-ups are held and merged into one."""
 
-from worker.daemon import WAKE_QUIET_MAX_SECONDS, WAKE_QUIET_MIN_SECONDS, quiet_after_claim
+from worker.daemon.worker import WAKE_QUIET_MAX_SECONDS, WAKE_QUIET_MIN_SECONDS, quiet_after_claim
 
 
 def test_wake_ups_after_a_claim_that_found_rows_are_answered_at_once():

@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 from pydantic import BaseModel, Field, ValidationError
 
-from worker.wording import described, field_message, json_text, quoted, schema_error
+from worker.rules.wording import described, field_message, json_text, quoted, schema_error
 
 
 def payload_error(schema: object, payload: object) -> str:

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model
 
-from worker import endpoints as endpoint_service
-from worker.api.tokens import Role
+from worker.rules import endpoints as endpoint_service
+from worker.rules.tokens import Role
 
 Status = Literal["pending", "delivering", "retrying", "delivered", "dead_letter"]
 
@@ -140,7 +140,7 @@ def _as_read(name: str) -> tuple[Any, Any]:
 
 
 # An endpoint as it is read: id and name, the service's fields as they are written (so what GET
-# answers can be sent back), then what only the database knows (worker/endpoints.py, COLUMNS).
+# answers can be sent back), then what only the database knows (worker/rules/endpoints.py, COLUMNS).
 _ENDPOINT_FIELDS: dict[str, Any] = {
     "id": (int, ...),
     "name": (str, ...),

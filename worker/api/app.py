@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import os
 import signal
 import time
@@ -17,16 +16,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker import schema
 from worker.api import openapi, routes, serving
-from worker.api.context import CALLER, CREDENTIAL, DOCUMENT, STATE, ApiState, Credential
-from worker.api.database import READY_TIMEOUT_SECONDS, Database, login_problems
 from worker.api.declare import Route, route_of
-from worker.api.limits import FailedAuthLimiter
-from worker.api.problems import ANSWER_HEADERS, Problem, forbidden
 from worker.api.replay_runner import run_operations
 from worker.config import Config
 from worker.encryption import Keyring, KeyringError, load_keyring
 from worker.observability import get_logger
 from worker.runtime import cancel_and_wait
+from worker.store.database import READY_TIMEOUT_SECONDS, Database, login_problems, schema_version
+from worker.web.context import CALLER, CREDENTIAL, DOCUMENT, STATE, ApiState, Credential
+from worker.web.limits import FailedAuthLimiter
+from worker.web.problems import ANSWER_HEADERS, Problem, forbidden
 
 # The API reads tokens' and sessions' tenants (sql/migrations/005_tenants.sql), endpoints'
 # operational_all_tenants (006_operational_events_tenant.sql), switches to webhooks_admin for admin
@@ -170,12 +169,10 @@ async def _ready(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         async with asyncio.timeout(READY_TIMEOUT_SECONDS), state.db.connection(READY_TIMEOUT_SECONDS) as conn:
-            cur = await conn.execute("SELECT webhooks.schema_version()")
-            row = await cur.fetchone()
+            version = await schema_version(conn)
     except (psycopg.Error, psycopg_pool.PoolTimeout, TimeoutError) as exc:
         return web.json_response({"ready": False, "database": f"unreachable: {type(exc).__name__}"},
                                  status=503)
-    version = None if row is None else row[0]
     low = max(API_SCHEMA_VERSION, schema.MIN_SUPPORTED_VERSION)
     if version is None or not low <= version <= schema.MAX_SUPPORTED_VERSION:
         return web.json_response({"ready": False, "schema_version": version,
@@ -264,18 +261,6 @@ async def _stop_background(app: web.Application) -> None:
     await app[STATE].db.close()
 
 
-def console_factory() -> Callable[[ApiState], web.Application] | None:
-    """The console's sub-application factory, when the console is installed (worker.console)."""
-    try:
-        console = importlib.import_module("worker.console")
-    except ModuleNotFoundError as exc:
-        if exc.name != "worker.console":
-            raise  # the console is there but broken: say so rather than serve without it
-        return None
-    factory: Callable[[ApiState], web.Application] = console.create_console_app
-    return factory
-
-
 def build_state(config: Config) -> ApiState:
     try:
         keyring: Keyring | None = load_keyring(config.security.encryption_keys_file, os.environ)
@@ -288,11 +273,12 @@ def build_state(config: Config) -> ApiState:
     return ApiState(config, db, keyring, limiter=FailedAuthLimiter(config.api.failed_auth_per_minute))
 
 
-async def serve(config: Config) -> None:
-    """Run the API until SIGTERM or SIGINT."""
+async def serve(config: Config, console: Callable[[ApiState], web.Application] | None = None) -> None:
+    """Run the API until SIGTERM or SIGINT; `console`, when given, builds the sub-application mounted
+    at /console/ (the `api` command gives the console's)."""
     state = build_state(config)
     await state.db.open()
-    app = create_app(state, console_factory())
+    app = create_app(state, console)
     listeners = serving.Listeners(config.api, app, create_metrics_app(state),
                                   serving.RESERVED_FILES + config.database.pool_max_size)
     await listeners.start()

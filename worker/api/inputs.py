@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from worker import wording
-from worker.api.problems import Problem, bad_request, invalid, unsupported_media_type
+from worker.rules import wording
+from worker.web.problems import Problem, bad_request, invalid, unsupported_media_type
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
@@ -40,7 +40,8 @@ _LONG_NUMBER = re.compile(rb"\d{19,}")
 NO_CONTROL = "^[^\\x00-\\x1f\\x7f-\\x9f]*$"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 # A name (of an endpoint, a tenant): not all ASCII digits (those always mean an id), no control
-# characters. Documents the rule; the names' own checks (worker.registration, worker.tenants) hold it.
+# characters. Documents the rule; the names' own checks (worker.rules.registration,
+# worker.rules.tenants) hold it.
 NAME_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\x00-\\x1f\\x7f-\\x9f0-9][^\\x00-\\x1f\\x7f-\\x9f]*$"
 # RFC 3339 date-time (section 5.6), as JSON Schema's format date-time reads it
 _RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")

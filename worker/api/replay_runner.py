@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 
-from worker.api.context import ApiState
-from worker.api.database import DATABASE_ROLES, set_local_role
 from worker.observability import get_logger
+from worker.store import operations as operation_store
+from worker.web.context import ApiState
 
 # How often a process looks for running operations it has not heard of (started by another
 # process, or left running by one that stopped).
@@ -28,30 +28,14 @@ def step_plan(step_rows: int, rate: float | None) -> tuple[int, float]:
     return rows, rows / rate
 
 
-# Operations are admin requests carried on: each step runs as webhooks_admin, which is granted the
-# operation functions; the API's login itself is not.
-RUNS_AS = DATABASE_ROLES["admin"]
-
-
-async def _as_admin(conn: psycopg.AsyncConnection[Any], sql: str, params: Any = None
-                    ) -> list[tuple[Any, ...]]:
-    """One statement in a transaction of its own under webhooks_admin."""
-    async with conn.transaction():
-        await set_local_role(conn, RUNS_AS)
-        cur = await conn.execute(sql, params)
-        return await cur.fetchall()
-
-
 async def _step(conn: psycopg.AsyncConnection[Any], operation_id: int, rows: int) -> tuple[Any, ...] | None:
     """One step: (status, processed), or None while another session steps it. An operation that
     cannot go on ends as failed, with why, so that the others still go on."""
     try:
-        stepped = await _as_admin(conn, "SELECT status, processed FROM webhooks.api_replay_step(%s, %s)",
-                                  (operation_id, rows))
-        return stepped[0] if stepped else None
+        return await operation_store.step(conn, operation_id, rows)
     except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
         error = (exc.diag.message_primary or type(exc).__name__).splitlines()[0]
-        await _as_admin(conn, "SELECT webhooks.api_fail_operation(%s, %s)", (operation_id, error))
+        await operation_store.fail(conn, operation_id, error)
         get_logger().warning("api operation failed", operation_id=operation_id, error=error)
         return ("failed", None)
 
@@ -63,7 +47,7 @@ async def run_operations(state: ApiState) -> None:
     while not state.stopping.is_set():
         try:
             async with state.db.connection() as conn:
-                running = await _as_admin(conn, "SELECT id, rate FROM webhooks.api_running_operations()")
+                running = await operation_store.running(conn)
                 now = time.monotonic()
                 for operation_id, rate in running:
                     if due.get(operation_id, 0.0) > now:

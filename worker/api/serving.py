@@ -22,10 +22,10 @@ from aiohttp.web_request import BaseRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from worker import runtime
-from worker.api.problems import ANSWER_HEADERS, Problem
 from worker.config import ApiConfig
 from worker.errors import ConfigError
 from worker.observability import get_logger
+from worker.web.problems import ANSWER_HEADERS, Problem
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -4,18 +4,23 @@ connection, output, and how a group registers its commands."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
 
-from worker import operator_sql
 from worker.config import Config, load_config
 from worker.encryption import Keyring, load_keyring
-from worker.operator_sql import find_endpoint
-from worker.shapes import json_default
+from worker.rules.shapes import json_default
+from worker.store import database
+from worker.store import endpoints as endpoint_store
+from worker.store import tenants as tenant_store
+from worker.store.database import Conn
 from worker.tables import cell, print_table
 
 Handler = Callable[[argparse.Namespace], int]
@@ -45,8 +50,19 @@ def keyring_of(config: Config) -> Keyring:
     return load_keyring(config.security.encryption_keys_file, os.environ)
 
 
-def connect(args: argparse.Namespace) -> psycopg.Connection:
-    return operator_sql.connect(config_of(args))
+def connect(args: argparse.Namespace) -> AbstractAsyncContextManager[Conn]:
+    """The command's connection to the store (its config's database), in autocommit."""
+    return database.connect(config_of(args).database.url)
+
+
+def run_async(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Handler:
+    """A command whose body awaits the store, run to completion on an event loop of its own."""
+
+    @functools.wraps(command)
+    def handler(args: argparse.Namespace) -> int:
+        return asyncio.run(command(args))  # type: ignore[arg-type]
+
+    return handler
 
 
 def emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> None:
@@ -61,11 +77,11 @@ def emit(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = No
             print(f"{key}: {cell(value)}")
 
 
-def endpoint_ref(conn: psycopg.Connection, name_or_id: str) -> int:
+async def endpoint_ref(conn: Conn, name_or_id: str) -> int:
     """The endpoint an ENDPOINT argument names: its id, its name, or TENANT/NAME, which a name held
     in more than one tenant needs."""
     try:
-        endpoint_id = find_endpoint(conn, name_or_id)
+        endpoint_id = await endpoint_store.endpoint_ref(conn, name_or_id)
     except psycopg.errors.TooManyRows as exc:
         raise CommandFailed(f"ENDPOINT {first_line(exc)}") from None
     if endpoint_id is None:
@@ -73,12 +89,12 @@ def endpoint_ref(conn: psycopg.Connection, name_or_id: str) -> int:
     return endpoint_id
 
 
-def tenant_scope(conn: psycopg.Connection, args: argparse.Namespace) -> None:
+async def tenant_scope(conn: Conn, args: argparse.Namespace) -> None:
     """--tenant: this command sees only that tenant's rows."""
     if getattr(args, "tenant", None) is None:
         return
     try:
-        operator_sql.scope_to_tenant(conn, args.tenant)
+        await tenant_store.keep_session_to(conn, args.tenant)
     except psycopg.errors.NoDataFound:
         raise UsageError(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)") from None
 

@@ -7,39 +7,43 @@ import json
 
 import psycopg
 
-from worker import operator_sql
-from worker.cli.base import Commands, UsageError, connect, emit, endpoint_ref
-from worker.policy import RetrySchedule
+from worker.cli.base import Commands, UsageError, connect, emit, endpoint_ref, run_async
+from worker.rules.policy import RetrySchedule
+from worker.store import deliveries as delivery_store
+from worker.store import settings as setting_store
 
 
-def cmd_config_show(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        emit(args, operator_sql.show_config(conn))
+@run_async
+async def cmd_config_show(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        emit(args, await setting_store.read(conn))
     return 0
 
 
-def cmd_config_set(args: argparse.Namespace) -> int:
-    if args.key not in operator_sql.SETTABLE:
-        settable = ", ".join(sorted(operator_sql.SETTABLE))
+@run_async
+async def cmd_config_set(args: argparse.Namespace) -> int:
+    if args.key not in setting_store.SETTABLE:
+        settable = ", ".join(sorted(setting_store.SETTABLE))
         raise UsageError(f"KEY {args.key!r}: not a setting; one of {settable}")
     if args.key == "retry_schedule":
         try:
             RetrySchedule.from_json(json.loads(args.value), 0.0)
         except (ValueError, TypeError, AttributeError) as exc:
             raise UsageError(f"retry_schedule: {exc}") from None
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            operator_sql.set_config(conn, args.key, None if args.value.lower() == "null" else args.value)
+            await setting_store.change(conn, {args.key: None if args.value.lower() == "null" else args.value})
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            raise UsageError(f"{args.key}: {operator_sql.setting_refusal(exc)}") from None
+            raise UsageError(f"{args.key}: {setting_store.setting_refusal(exc)}") from None
     print(f"{args.key} = {args.value}")
     return 0
 
 
-def cmd_purge(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        webhook_id = endpoint_ref(conn, args.endpoint) if args.endpoint else None
-        done = operator_sql.purge(conn, args.dead_letters_older_than, webhook_id)
+@run_async
+async def cmd_purge(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint) if args.endpoint else None
+        done = await delivery_store.purge(conn, args.dead_letters_older_than, endpoint_id)
     emit(args, done)
     return 0
 

@@ -4,36 +4,48 @@ and the bulk replays started over the API (`operations`)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
-import time
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
-from worker import coalescing, operator_sql
-from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, endpoint_ref, tenant_scope
-from worker.policy import CATEGORIES
+from worker.cli.base import (
+    CommandFailed,
+    Commands,
+    UsageError,
+    connect,
+    emit,
+    endpoint_ref,
+    run_async,
+    tenant_scope,
+)
+from worker.rules import coalescing
+from worker.rules.policy import CATEGORIES
+from worker.store import deliveries as delivery_store
+from worker.store import operations as operation_store
+from worker.store.database import Conn
 from worker.tables import cell, endpoint_label, print_table
 
 
-def cmd_enqueue(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_enqueue(args: argparse.Namespace) -> int:
     try:
         json.loads(args.payload)
     except ValueError:
         raise UsageError("--payload: not valid JSON") from None
-    with connect(args) as conn:
-        delivery_id = operator_sql.enqueue_one(conn, endpoint_ref(conn, args.endpoint), args.event_type,
-                                     args.payload, args.key)
+    async with connect(args) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint)
+        delivery_id = await delivery_store.enqueue(conn, endpoint_id, args.event_type, args.payload, args.key)
     emit(args, {"delivery_id": delivery_id}) if args.json else print(f"delivery {delivery_id} queued")
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        tenant_scope(conn, args)
-        status = operator_sql.queue_status(conn)
+@run_async
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        await tenant_scope(conn, args)
+        status = await delivery_store.queue_status(conn)
     if args.json:
         emit(args, status)
         return 0
@@ -47,11 +59,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_deliveries_show(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_deliveries_show(args: argparse.Namespace) -> int:
     if (args.id is None) == (args.key is None):
         raise UsageError("give a delivery id or --key, not both")
-    with connect(args) as conn:
-        found = operator_sql.find_deliveries(conn, args.id, args.key)
+    async with connect(args) as conn:
+        found = await delivery_store.find(conn, args.id, args.key)
     if not found:
         raise CommandFailed("no such delivery")
     if args.json:
@@ -79,30 +92,31 @@ def _digest_cell(attempt: dict[str, Any]) -> str:
     return f"{coalescing.digest_label(attempt['digest_id'])} ({attempt['digest_rows']} rows)"
 
 
-def _filters(conn: psycopg.Connection, args: argparse.Namespace) -> dict[str, Any]:
+async def _filters(conn: Conn, args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "webhook_id": endpoint_ref(conn, args.endpoint) if args.endpoint else None,
+        "webhook_id": await endpoint_ref(conn, args.endpoint) if args.endpoint else None,
         "event_type": args.event_type,
         "category": args.category,
-        "since": _point_in_time(conn, "--since", args.since),
-        "until": _point_in_time(conn, "--until", args.until),
+        "since": await _point_in_time(conn, "--since", args.since),
+        "until": await _point_in_time(conn, "--until", args.until),
     }
 
 
-def _point_in_time(conn: psycopg.Connection, option: str, value: str | None) -> datetime | None:
-    """The option's timestamp or time ago (operator_sql.point_in_time); anything else names the option."""
+async def _point_in_time(conn: Conn, option: str, value: str | None) -> datetime | None:
+    """The option's timestamp or time ago (delivery_store.point_in_time); anything else names the option."""
     if value is None:
         return None
-    when = operator_sql.point_in_time(conn, value)
+    when = await delivery_store.point_in_time(conn, value)
     if when is None:
         raise UsageError(f"{option}: {value!r} is neither a timestamp nor a time ago such as '1 hour ago'")
     return when
 
 
-def cmd_dlq_list(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        tenant_scope(conn, args)
-        rows = operator_sql.dead_letters(conn, _filters(conn, args), args.limit)
+@run_async
+async def cmd_dlq_list(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        await tenant_scope(conn, args)
+        rows = await delivery_store.dead_letters(conn, await _filters(conn, args), args.limit)
     if not args.json:
         for row in rows:
             row["endpoint"] = endpoint_label(row["endpoint_name"], row["endpoint_id"],
@@ -112,16 +126,17 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_replay(args: argparse.Namespace) -> int:
     filtered = any(getattr(args, f)
                    for f in ("endpoint", "event_type", "category", "since", "until", "tenant"))
     if args.id is not None and (filtered or args.all):
         raise UsageError("give a delivery id, or filters with --all, not both")
-    with connect(args) as conn:
-        tenant_scope(conn, args)
+    async with connect(args) as conn:
+        await tenant_scope(conn, args)
         if args.id is not None:
-            if not operator_sql.replay_one(conn, args.id):
-                refusal = operator_sql.replay_refusal(conn, args.id)
+            if not await delivery_store.replay(conn, args.id):
+                refusal = await delivery_store.replay_refusal(conn, args.id)
                 raise CommandFailed(refusal or f"ID {args.id}: no delivery with this id")
             print(f"delivery {args.id} queued again (same webhook-id)")
             return 0
@@ -131,33 +146,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
         # an interrupted run simply continues where it stopped when run again. Only those that were
         # dead letters when it started: one that fails again is not replayed a second time, so the
         # run ends even while the receiver keeps refusing.
-        filters, total = _filters(conn, args), 0
-        filters["until"] = operator_sql.started_before(conn, filters["until"])
+        filters, total = await _filters(conn, args), 0
+        filters["until"] = await delivery_store.started_before(conn, filters["until"])
         pause = args.batch / args.rate if args.rate else 0.0
         while True:
             step = min(args.batch, args.max - total) if args.max else args.batch
-            replayed = operator_sql.replay_batch(conn, filters, step)
+            replayed = await delivery_store.replay_batch(conn, filters, step)
             total += replayed
             if replayed:
                 print(f"replayed {total} so far", file=sys.stderr)
             if replayed < step or (args.max and total >= args.max):
                 break
-            time.sleep(pause)  # the rate limit: whole batches, spaced out
+            await asyncio.sleep(pause)  # the rate limit: whole batches, spaced out
     emit(args, {"replayed": total}) if args.json else print(f"replayed {total} dead letters")
     return 0
 
 
-def cmd_operations_list(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        rows = operator_sql.bulk_operations(conn, args.limit)
+@run_async
+async def cmd_operations_list(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        rows = await operation_store.latest(conn, args.limit)
     emit(args, rows, ["id", "kind", "status", "processed", "max_rows", "rate", "requested_by",
                        "cancelled_by", "created_at", "finished_at"])
     return 0
 
 
-def cmd_operations_cancel(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        status = operator_sql.cancel_operation(conn, args.id, "cli")
+@run_async
+async def cmd_operations_cancel(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        status = await operation_store.cancel(conn, args.id, "cli")
     if status is None:
         raise CommandFailed(f"ID {args.id}: no operation with this id")
     if status != "cancelled":

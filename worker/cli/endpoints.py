@@ -1,11 +1,10 @@
 """`webhook-worker endpoints …`: register, change, list and show endpoints; enable, disable, circuit.
-Registration and changes go through worker.endpoints (the service the API calls too); this module
+Registration and changes go through worker.rules.endpoints (the service the API calls too); this module
 reads the command line into its models and names its fields as options (FLAGS)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import secrets
 import sys
@@ -17,8 +16,7 @@ from typing import Any, get_args
 
 import psycopg
 
-from worker import __version__, event_types, operator_sql, self_service, signing
-from worker import endpoints as service
+from worker import __version__, names
 from worker.cli.base import (
     EXIT_FAILURE,
     CommandFailed,
@@ -29,13 +27,19 @@ from worker.cli.base import (
     emit,
     endpoint_ref,
     keyring_of,
+    run_async,
 )
 from worker.config import Config
-from worker.destinations import Address
 from worker.encryption import Keyring, KeyringError
-from worker.model import Sent
-from worker.operator_sql import set_circuit, set_endpoint_active
-from worker.registration import header_problem
+from worker.rules import endpoints as service
+from worker.rules import event_types, self_service, signing
+from worker.rules.destinations import Address
+from worker.rules.model import Sent
+from worker.rules.registration import header_problem
+from worker.store import database
+from worker.store import deliveries as delivery_store
+from worker.store import endpoints as endpoint_store
+from worker.store import event_types as catalogue_store
 from worker.tables import cell, print_table
 
 FROM_FILE = "read {} from FILE ('-': standard input), keeping it out of the process list and shell history"
@@ -177,12 +181,12 @@ def _headers(args: argparse.Namespace, inputs: SecretInputs) -> dict[str, str] |
     return headers
 
 
-def verify_endpoint(url: str, secret: str, timeout: float, config: Config,
+async def verify_endpoint(url: str, secret: str, seconds: float, config: Config,
                     scope: service.DestinationScope) -> str | None:
     """POST a signed challenge; None if the receiver echoed it in a 2xx answer, else the problem.
     Sent by the workers' own HTTP stack, so the same destination rules apply (those of the
     endpoint's tenant)."""
-    from worker.daemon import sender_for
+    from worker.daemon.worker import sender_for
 
     challenge = secrets.token_urlsafe(24)
     body = json.dumps({"type": "webhook.endpoint.verification", "challenge": challenge}).encode()
@@ -199,11 +203,11 @@ def verify_endpoint(url: str, secret: str, timeout: float, config: Config,
         sender = sender_for(config)
         await sender.start()
         try:
-            return await sender.post(url, body, headers, timeout, timeout, scope.policy(config))
+            return await sender.post(url, body, headers, seconds, seconds, scope.policy(config))
         finally:
             await sender.close()
 
-    sent = asyncio.run(post())
+    sent = await post()
     if sent.result.status is None:
         return f"no answer ({sent.result.error or sent.result.failure})"
     if not 200 <= sent.result.status < 300:
@@ -243,14 +247,15 @@ def _check_destination(url: str | None, config: Config, scope: service.Destinati
         return
     try:
         # the operator runs the CLI: a refusal says how to allow the address
-        warning = service.check_destination(url, config, scope, advise=True)
+        warning = service.check_destination(url, config, scope, True, names.addresses)
     except service.EndpointProblem as problem:
         raise usage(problem) from None
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
 
 
-def cmd_endpoints_add(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_endpoints_add(args: argparse.Namespace) -> int:
     config = config_of(args)
     keyring = keyring_of(config)
     data = _given(args, SecretInputs())
@@ -260,19 +265,19 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
         data.pop("operational_all_tenants", None)
     try:
         body = service.parse(service.EndpointCreate, data)
-        with operator_sql.connect(config) as conn:
-            scope = service.destination_scope(conn, args.tenant)
+        async with database.connect(config.database.url) as conn:
+            scope = await endpoint_store.destination_scope(conn, args.tenant)
             assert scope is not None  # (a tenant, or NoDataFound: every registration has one)
             _check_destination(body.url, config, scope)
-            registered = service.register(conn, body, keyring, tenant=args.tenant, active=not args.verify)
+            registered = await endpoint_store.register(conn, body, keyring, tenant=args.tenant,
+                                                       active=not args.verify)
             if args.verify:
-                problem = verify_endpoint(body.url, registered.signing_secret, timeout=10.0, config=config,
-                                          scope=scope)
+                problem = await verify_endpoint(body.url, registered.signing_secret, 10.0, config, scope)
                 if problem:
                     print(f"endpoint {registered.id} registered but left disabled: verification failed: "
                           f"{problem}", file=sys.stderr)
                     return EXIT_FAILURE
-                set_endpoint_active(conn, registered.id, True, "")
+                await endpoint_store.set_active(conn, registered.id, True, "")
     except service.EndpointProblem as problem:
         raise usage(problem) from None
     if args.json:
@@ -284,7 +289,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_endpoints_update(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_endpoints_update(args: argparse.Namespace) -> int:
     config = config_of(args)
     keyring = keyring_of(config)
     data = _given(args, SecretInputs())
@@ -292,29 +298,30 @@ def cmd_endpoints_update(args: argparse.Namespace) -> int:
         raise UsageError("nothing to change: give at least one option")
     try:
         body = service.parse(service.EndpointUpdate, data)
-        with connect(args) as conn:
-            endpoint_id = endpoint_ref(conn, args.endpoint)
+        async with connect(args) as conn:
+            endpoint_id = await endpoint_ref(conn, args.endpoint)
             if body.url is not None:
                 # where the endpoint's tenant may deliver
-                scope = service.destination_scope(conn, endpoint_id=endpoint_id)
+                scope = await endpoint_store.destination_scope(conn, endpoint_id=endpoint_id)
                 if scope is None:
                     raise CommandFailed(f"ENDPOINT {args.endpoint!r}: no endpoint with this name or id")
                 _check_destination(body.url, config, scope)
-            changed = service.update(conn, endpoint_id, body, keyring)
+            changed = await endpoint_store.update(conn, endpoint_id, body, keyring)
     except service.EndpointProblem as problem:
         raise usage(problem) from None
     print(f"endpoint {endpoint_id} updated: {', '.join(changed)}")
     return 0
 
 
-def cmd_endpoints_show(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        endpoint_id = endpoint_ref(conn, args.endpoint)
-        details = service.read(conn, endpoint_id) or {}
-        details.update(operator_sql.endpoint_activity(conn, endpoint_id))
+@run_async
+async def cmd_endpoints_show(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint)
+        details = await endpoint_store.read(conn, endpoint_id) or {}
+        details.update(await endpoint_store.activity(conn, endpoint_id))
         # subscriptions no current catalogued type matches: a typo, or a type no longer published
         details["unmatched_subscriptions"] = event_types.unmatched_of_endpoint(
-            event_types.unmatched_subscriptions(conn), endpoint_id)
+            await catalogue_store.unmatched_subscriptions(conn), endpoint_id)
     if args.json:
         emit(args, details)
         return 0
@@ -332,10 +339,11 @@ def cmd_endpoints_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_endpoints_test(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
+@run_async
+async def cmd_endpoints_test(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
         try:
-            delivery_id = self_service.send_test_event(conn, args.endpoint)
+            delivery_id = await delivery_store.test_event(conn, args.endpoint)
         except self_service.RefusedTestEvent as exc:
             raise CommandFailed(f"ENDPOINT {args.endpoint!r}: {exc}") from None
     if delivery_id is None:
@@ -348,29 +356,32 @@ def cmd_endpoints_test(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_endpoints_enable(args: argparse.Namespace) -> int:
-    return _set_active(args, active=True)
+@run_async
+async def cmd_endpoints_enable(args: argparse.Namespace) -> int:
+    return await _set_active(args, active=True)
 
 
-def cmd_endpoints_disable(args: argparse.Namespace) -> int:
-    return _set_active(args, active=False)
+@run_async
+async def cmd_endpoints_disable(args: argparse.Namespace) -> int:
+    return await _set_active(args, active=False)
 
 
-def _set_active(args: argparse.Namespace, active: bool) -> int:
+async def _set_active(args: argparse.Namespace, active: bool) -> int:
     config = config_of(args)
-    with operator_sql.connect(config) as conn:
-        endpoint_id = endpoint_ref(conn, args.endpoint)
-        change = set_endpoint_active(conn, endpoint_id, active, getattr(args, "reason", ""))
+    async with database.connect(config.database.url) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint)
+        change = await endpoint_store.set_active(conn, endpoint_id, active, getattr(args, "reason", ""))
     state = "enabled" if active else "disabled"
     print(f"endpoint {endpoint_id} {state}" if change else f"endpoint {endpoint_id} was already {state}")
     return 0
 
 
-def cmd_endpoints_delete(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
-        endpoint_id = endpoint_ref(conn, args.endpoint)
+@run_async
+async def cmd_endpoints_delete(args: argparse.Namespace) -> int:
+    async with connect(args) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint)
         try:
-            dropped = operator_sql.delete_endpoint(conn, endpoint_id, args.drop_pending, "cli")
+            dropped = await endpoint_store.delete(conn, endpoint_id, args.drop_pending, "cli")
         except psycopg.errors.ObjectInUse as exc:
             hint = "" if args.drop_pending else "; --drop-pending makes the waiting ones dead letters"
             raise CommandFailed(f"{exc.diag.message_primary}{hint}") from None
@@ -386,27 +397,29 @@ def cmd_endpoints_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_endpoints_circuit(args: argparse.Namespace) -> int:
     config = config_of(args)
     if args.action != "open" and args.until:
         raise UsageError("--until: only with 'open'")
-    with operator_sql.connect(config) as conn:
-        endpoint_id = endpoint_ref(conn, args.endpoint)
-        change = set_circuit(conn, endpoint_id, args.action, args.until)
+    async with database.connect(config.database.url) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint)
+        change = await endpoint_store.set_circuit(conn, endpoint_id, args.action, args.until)
     print(f"endpoint {endpoint_id}: {change}")
     return 0
 
 
-def cmd_endpoints_list(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_endpoints_list(args: argparse.Namespace) -> int:
     config = config_of(args)
     try:
         keyring: Keyring | None = keyring_of(config)
     except KeyringError as exc:
         keyring = None  # the list is still useful without the keys; only the fingerprints need them
         print(f"webhook-worker: URL fingerprints not shown: {exc}", file=sys.stderr)
-    with operator_sql.connect(config) as conn:
-        rows = service.listing(conn)
-        fingerprints = operator_sql.url_fingerprints(conn, keyring) if keyring is not None else {}
+    async with database.connect(config.database.url) as conn:
+        rows = await endpoint_store.listing(conn)
+        fingerprints = await endpoint_store.url_fingerprints(conn, keyring) if keyring is not None else {}
     for row in rows:
         row["url_fingerprint"] = fingerprints.get(row["id"])
     if args.json:
@@ -418,7 +431,8 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
     keyring = keyring_of(config_of(args))
     secret = SecretInputs().value(args, "secret") or signing.generate_secret()
     if (problem := signing.secret_problem(secret)) is not None:
@@ -426,9 +440,9 @@ def cmd_endpoints_rotate_secret(args: argparse.Namespace) -> int:
     expire_at = None
     if args.expire_old_after is not None:
         expire_at = datetime.now(UTC) + timedelta(hours=args.expire_old_after)
-    with connect(args) as conn:
-        endpoint_id = endpoint_ref(conn, args.endpoint)
-        active = operator_sql.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
+    async with connect(args) as conn:
+        endpoint_id = await endpoint_ref(conn, args.endpoint)
+        active = await endpoint_store.rotate_secret(conn, endpoint_id, secret, expire_at, keyring)
     if args.json:
         print(json.dumps({"id": endpoint_id, "signing_secret": secret, "secrets": active,
                           "old_expire_at": expire_at}, default=str))

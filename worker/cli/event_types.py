@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit
-from worker.shapes import json_default
+from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, run_async
+from worker.rules.shapes import json_default
 
 
 def _as_dict(found: Any) -> dict[str, Any]:
@@ -17,11 +17,12 @@ def _as_dict(found: Any) -> dict[str, Any]:
             "deprecated": found.deprecated}
 
 
-def cmd_event_types_list(args: argparse.Namespace) -> int:
-    from worker import event_types
+@run_async
+async def cmd_event_types_list(args: argparse.Namespace) -> int:
+    from worker.store import event_types as catalogue_store
 
-    with connect(args) as conn:
-        found = event_types.listing(conn, include_deprecated=not args.current)
+    async with connect(args) as conn:
+        found = await catalogue_store.listing(conn, include_deprecated=not args.current)
     rows = [{**_as_dict(t), "problem": t.problem} for t in found]
     if args.json:
         emit(args, rows)
@@ -39,7 +40,7 @@ def cmd_event_types_list(args: argparse.Namespace) -> int:
 
 def _schema(args: argparse.Namespace) -> Any:
     """--schema JSON or --schema-file FILE; None when neither is given."""
-    from worker import event_types
+    from worker.rules import event_types
 
     if args.schema is not None:
         text, option = args.schema, "--schema"
@@ -57,19 +58,21 @@ def _schema(args: argparse.Namespace) -> Any:
         raise UsageError(f"{option}: {str(exc).partition(': ')[2]}") from None
 
 
-def cmd_event_types_set(args: argparse.Namespace) -> int:
-    from worker import event_types
+@run_async
+async def cmd_event_types_set(args: argparse.Namespace) -> int:
+    from worker.rules import event_types
+    from worker.store import event_types as catalogue_store
 
     schema = _schema(args)
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            with conn.transaction():
-                created = event_types.upsert(conn, args.name, args.description, schema)
+            async with conn.transaction():
+                created = await catalogue_store.upsert(conn, args.name, args.description, schema)
         except event_types.EventTypeError as exc:
             field, _, detail = str(exc).partition(": ")
             option = {"name": "NAME", "schema": "--schema"}.get(field, f"--{field}")
             raise UsageError(f"{option}: {detail}") from None
-        found = event_types.get(conn, args.name)
+        found = await catalogue_store.get(conn, args.name)
     if args.json:
         print(json.dumps({**_as_dict(found), "created": created}, default=json_default))
     else:
@@ -77,12 +80,14 @@ def cmd_event_types_set(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_event_types_deprecate(args: argparse.Namespace) -> int:
-    from worker import event_types
+@run_async
+async def cmd_event_types_deprecate(args: argparse.Namespace) -> int:
+    from worker.rules import event_types
+    from worker.store import event_types as catalogue_store
 
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            found = event_types.deprecate(conn, args.name, not args.undo)
+            found = await catalogue_store.deprecate(conn, args.name, not args.undo)
         except event_types.EventTypeError as exc:
             raise UsageError(f"NAME: {str(exc).partition(': ')[2]}") from None
     if not found:
@@ -91,11 +96,12 @@ def cmd_event_types_deprecate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_event_types_unmatched(args: argparse.Namespace) -> int:
-    from worker import event_types
+@run_async
+async def cmd_event_types_unmatched(args: argparse.Namespace) -> int:
+    from worker.store import event_types as catalogue_store
 
-    with connect(args) as conn:
-        rows = event_types.unmatched_subscriptions(conn)
+    async with connect(args) as conn:
+        rows = await catalogue_store.unmatched_subscriptions(conn)
     if not args.json and not rows:
         print("every subscription matches a current event type", file=sys.stderr)
         return 0

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from worker import operator_sql
-from worker.cli.base import EXIT_USAGE, Commands, UsageError, config_of, connect, emit, keyring_of
+from worker.cli.base import EXIT_USAGE, Commands, UsageError, config_of, connect, emit, keyring_of, run_async
 from worker.encryption import generate_key
+from worker.store import endpoints as endpoint_store
 
 
 def cmd_keys_generate(args: argparse.Namespace) -> int:
@@ -16,12 +16,13 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_keys_status(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_keys_status(args: argparse.Namespace) -> int:
     config = config_of(args)
     keyring = keyring_of(config)
-    with connect(args) as conn:
-        in_use = operator_sql.credential_keys(conn)
-        unbound = operator_sql.unbound_credentials(conn, keyring)
+    async with connect(args) as conn:
+        in_use = await endpoint_store.credential_keys(conn)
+        unbound = await endpoint_store.unbound_credentials(conn, keyring)
     missing = keyring.missing(in_use)
     # unbound: plaintext, or sealed before values were bound to their endpoint (`keys rotate` binds)
     report = {"primary_key": keyring.primary_id, "held_keys": list(keyring.key_ids),
@@ -34,17 +35,18 @@ def cmd_keys_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_keys_rotate(args: argparse.Namespace) -> int:
+@run_async
+async def cmd_keys_rotate(args: argparse.Namespace) -> int:
     config = config_of(args)
     keyring = keyring_of(config)
-    with connect(args) as conn:
-        missing = keyring.missing(operator_sql.credential_keys(conn))
+    async with connect(args) as conn:
+        missing = keyring.missing(await endpoint_store.credential_keys(conn))
         if missing:
             raise UsageError(
                 f"credentials are sealed with {', '.join(missing)}, which these keys do not include: "
                 "list the new key first and every old key after it")
-        changed = operator_sql.reseal_credentials(conn, keyring)
-        in_use = operator_sql.credential_keys(conn)
+        changed = await endpoint_store.reseal_credentials(conn, keyring)
+        in_use = await endpoint_store.credential_keys(conn)
     if args.json:
         print(json.dumps({"primary_key": keyring.primary_id, "endpoints_changed": changed,
                           "credentials_by_key": in_use}))

@@ -17,7 +17,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Until the event loop installs its own handlers, SIGTERM means "nothing claimed yet: exit 0".
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     from worker import runtime
-    from worker.daemon import serve
+    from worker.daemon.worker import serve
 
     config = config_of(args)
     configure_logging(config.logging.level, config.logging.format)
@@ -54,16 +54,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_api(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    # the one place the HTTP API and the console meet: the API serves, with the console mounted
     from worker.api.app import serve as serve_api
+    from worker.console import create_console_app
 
     config = config_of(args)
     configure_logging(config.logging.level, config.logging.format)
-    asyncio.run(serve_api(config))
+    asyncio.run(serve_api(config, create_console_app))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from worker.demo import run_demo
+    from worker.cli.demo import run_demo
 
     alerts: int = args.alerts
     return run_demo(alerts=alerts)

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit
+from worker.cli.base import CommandFailed, Commands, UsageError, connect, emit, run_async
 
 _UNSET = object()
 
@@ -35,17 +35,20 @@ def _networks(text: str) -> list[str] | None:
 
 def _tenant_limits(args: argparse.Namespace) -> dict[str, Any]:
     """The limits given as options; `none` clears one."""
-    from worker import tenants
+    from worker.rules import tenants
 
     return {key: getattr(args, key) for key in tenants.LIMIT_OPTIONS if getattr(args, key) is not _UNSET}
 
 
-def cmd_tenants_add(args: argparse.Namespace) -> int:
-    from worker import tenants
+@run_async
+async def cmd_tenants_add(args: argparse.Namespace) -> int:
+    from worker.rules import tenants
+    from worker.store import tenants as tenant_store
 
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            tenant_id = tenants.add(conn, args.name, _tenant_limits(args))
+            tenants.check(args.name, _tenant_limits(args))
+            tenant_id = await tenant_store.add(conn, args.name, _tenant_limits(args))
         except tenants.InvalidTenant as exc:
             raise UsageError(str(exc)) from None
         except psycopg.errors.UniqueViolation:
@@ -54,15 +57,18 @@ def cmd_tenants_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tenants_update(args: argparse.Namespace) -> int:
-    from worker import tenants
+@run_async
+async def cmd_tenants_update(args: argparse.Namespace) -> int:
+    from worker.rules import tenants
+    from worker.store import tenants as tenant_store
 
     limits = _tenant_limits(args)
     if not limits:
         raise UsageError("nothing to change: give at least one limit or --allow-networks")
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            tenants.update(conn, args.name, limits)
+            tenants.check(args.name, limits)
+            await tenant_store.update(conn, args.name, limits)
         except tenants.InvalidTenant as exc:
             raise UsageError(str(exc)) from None
         except psycopg.errors.NoDataFound:
@@ -71,21 +77,23 @@ def cmd_tenants_update(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tenants_list(args: argparse.Namespace) -> int:
-    from worker import tenants
+@run_async
+async def cmd_tenants_list(args: argparse.Namespace) -> int:
+    from worker.store import tenants as tenant_store
 
-    with connect(args) as conn:
-        rows = tenants.listing(conn)
+    async with connect(args) as conn:
+        rows = await tenant_store.listing(conn)
     emit(args, rows, ["id", "name", "rate_limit_per_second", "max_in_flight", "max_endpoints", "max_queued",
                        "endpoints", "waiting", "in_flight", "dead_letters", "allow_networks"])
     return 0
 
 
-def cmd_tenants_show(args: argparse.Namespace) -> int:
-    from worker import tenants
+@run_async
+async def cmd_tenants_show(args: argparse.Namespace) -> int:
+    from worker.store import tenants as tenant_store
 
-    with connect(args) as conn:
-        row = tenants.show(conn, args.name)
+    async with connect(args) as conn:
+        row = await tenant_store.named(conn, args.name)
     if row is None:
         raise CommandFailed(f"NAME {args.name!r}: no tenant with this name")
     emit(args, row)

@@ -9,11 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from worker.cli.base import CommandFailed, Commands, UsageError, config_of, connect, emit
+from worker.cli.base import CommandFailed, Commands, UsageError, config_of, connect, emit, run_async
+from worker.rules.tokens import ROLES
 
 
-def cmd_tokens_create(args: argparse.Namespace) -> int:
-    from worker.api import tokens
+@run_async
+async def cmd_tokens_create(args: argparse.Namespace) -> int:
+    from worker.rules import tokens
+    from worker.store import tokens as token_store
 
     problem = tokens.name_problem(args.name)
     if problem is not None:
@@ -25,9 +28,9 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
         raise UsageError("--expires-in: expected a number of days above 0, at most "
                          f"{tokens.MAX_EXPIRES_DAYS}")
     expires_at = datetime.now(UTC) + timedelta(days=args.expires_in) if args.expires_in else None
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            token = tokens.create(conn, args.name, args.role, expires_at, args.tenant)
+            token = await token_store.create(conn, args.name, args.role, expires_at, args.tenant)
         except psycopg.errors.UniqueViolation:
             raise CommandFailed(f"--name {args.name!r}: a token with this name exists") from None
         except psycopg.errors.NoDataFound:
@@ -43,27 +46,31 @@ def cmd_tokens_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tokens_list(args: argparse.Namespace) -> int:
-    from worker.api import tokens
+@run_async
+async def cmd_tokens_list(args: argparse.Namespace) -> int:
+    from worker.store import tokens as token_store
 
-    with connect(args) as conn:
-        rows = tokens.listing(conn)
+    async with connect(args) as conn:
+        rows = await token_store.listing(conn)
     emit(args, rows, ["name", "role", "tenant", "state", "created_at", "expires_at", "revoked_at"])
     return 0
 
 
-def cmd_tokens_revoke(args: argparse.Namespace) -> int:
-    from worker.api import tokens
+@run_async
+async def cmd_tokens_revoke(args: argparse.Namespace) -> int:
+    from worker.store import tokens as token_store
 
-    with connect(args) as conn:
-        if not tokens.revoke(conn, args.name):
+    async with connect(args) as conn:
+        if not await token_store.revoke(conn, args.name):
             raise CommandFailed(f"NAME {args.name!r}: no active token with this name")
     print(f"token {args.name} revoked")
     return 0
 
 
-def cmd_tokens_portal_link(args: argparse.Namespace) -> int:
-    from worker import portal
+@run_async
+async def cmd_tokens_portal_link(args: argparse.Namespace) -> int:
+    from worker.rules import portal
+    from worker.store import tenants as tenant_store
 
     try:
         lifetime = portal.parse_lifetime(args.expires_in)
@@ -83,9 +90,9 @@ def cmd_tokens_portal_link(args: argparse.Namespace) -> int:
             base = f"http://{f'[{host}]' if ':' in host else host}:{api.port}"
             print(f"warning: the link points at {base} (api.host and api.port): set api.public_url to "
                   "where people reach the API, or give --base-url", file=sys.stderr)
-    with connect(args) as conn:
+    async with connect(args) as conn:
         try:
-            link = portal.create(conn, args.tenant, lifetime, base)
+            link = await tenant_store.create_portal_link(conn, args.tenant, lifetime, base)
         except psycopg.errors.NoDataFound:
             raise CommandFailed(f"--tenant: no tenant named {args.tenant!r} (tenants list shows them)"
                                 ) from None
@@ -107,7 +114,7 @@ def register(cli: Commands) -> None:
                                "create a token; prints it once, alone on standard output")
     token_create.add_argument("--name", required=True, help="unique name (shown in lists, never secret)")
     token_create.add_argument("--role", required=True,
-                              choices=["producer", "reader", "admin", "tenant_admin"],  # tokens.ROLES
+                              choices=ROLES,
                               help="producer: publish only; reader: every read; admin: everything; "
                                    "tenant_admin: what admin does to one tenant's endpoints, deliveries "
                                    "and dead letters (with --tenant)")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from worker.api.context import STATE, ApiState
 from worker.console import endpoint_pages, event_type_pages
 from worker.console.pages import TEMPLATES, add_routes, console_middleware, templates
+from worker.web.context import STATE, ApiState
 
 
 def create_console_app(state: ApiState) -> web.Application:

@@ -6,43 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
 
 import psycopg
 from aiohttp import web
 
-from worker import endpoints as service
-from worker import operator_sql, self_service, signing
-from worker.api.context import STATE, ApiState
-from worker.api.database import DATABASE_ROLES, local_role
-from worker.api.problems import refused
-from worker.api.tokens import Caller
+from worker import names
 from worker.console import forms, queries
 from worker.console.pages import CALLER, FORM, error_page, render, see_other
 from worker.encryption import Keyring
 from worker.observability import get_logger
+from worker.rules import endpoints as service
+from worker.rules import self_service, signing
+from worker.store import deliveries as delivery_store
+from worker.store import endpoints as endpoint_store
+from worker.web.context import STATE
+from worker.web.problems import refused
 
-T = TypeVar("T")
 # A rotated-out secret keeps signing this long, so a receiver has time to switch.
 OLD_SECRET_HOURS = 24
-
-
-async def as_caller(state: ApiState, caller: Caller, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-    """The endpoint service (sync: it seals credentials bound to the endpoint's id) on a connection of
-    its own, in a thread, in one transaction under the caller's database role and tenant, as the
-    API's requests run: PostgreSQL, not this code, keeps a tenant's administrator to its tenant."""
-
-    def run() -> T:
-        with (operator_sql.connect(state.config, application_name="webhook-worker console") as conn,
-              conn.transaction()):
-            conn.execute(local_role(DATABASE_ROLES[caller.role]))
-            if caller.tenant_id is not None:
-                conn.execute("SELECT set_config('webhooks.tenant', %s, true)", (str(caller.tenant_id),))
-            return work(conn)
-
-    return await asyncio.to_thread(run)
 
 
 def _keyring(request: web.Request) -> Keyring:
@@ -50,12 +32,6 @@ def _keyring(request: web.Request) -> Keyring:
     if keyring is None:
         raise forms.FieldError("(keys)", "the API has no encryption keys: endpoint changes are refused")
     return keyring
-
-
-def _visible(conn: psycopg.Connection[Any], endpoint_id: int) -> bool:
-    """Whether the caller sees the endpoint (row-level security answers another tenant's as missing)."""
-    return conn.execute("SELECT 1 FROM webhooks.endpoint_summary WHERE id = %s", (endpoint_id,)
-                        ).fetchone() is not None
 
 
 def _refused(found: service.EndpointProblem) -> forms.FieldError:
@@ -82,11 +58,13 @@ async def add_endpoint(request: web.Request) -> web.Response:
     caller = request[CALLER]
     try:
         body = service.parse(service.EndpointCreate, fields)
-        scope = await as_caller(state, caller, lambda c: service.destination_scope(c, body.tenant))
+        async with state.db.transaction(caller) as conn:
+            scope = await endpoint_store.destination_scope(conn, body.tenant)
         assert scope is not None  # (a tenant, or an error: every registration has one)
         await asyncio.to_thread(service.check_destination, body.url, state.config, scope,
-                                caller.tenant_id is None)
-        registered = await as_caller(state, caller, lambda c: service.register(c, body, keyring))
+                                caller.tenant_id is None, names.addresses)
+        async with state.db.transaction(caller) as conn:
+            registered = await endpoint_store.register(conn, body, keyring)
     except service.EndpointProblem as found:
         raise _refused(found) from None
     get_logger().info("console endpoint added", name=request[CALLER].name, endpoint_id=registered.id)
@@ -100,23 +78,20 @@ async def edit_endpoint(request: web.Request) -> web.Response:
     keyring = _keyring(request)
     state = request.app[STATE]
 
-    def change(conn: psycopg.Connection[Any]) -> list[str] | None:
-        if not _visible(conn, endpoint_id):
-            return None
-        return service.update(conn, endpoint_id, body, keyring)
-
     caller = request[CALLER]
     try:
         body = service.parse(service.EndpointUpdate, fields)
         if body.url is not None:
             # where the endpoint's tenant may deliver
-            scope = await as_caller(state, caller,
-                                    lambda c: service.destination_scope(c, endpoint_id=endpoint_id))
+            async with state.db.transaction(caller) as conn:
+                scope = await endpoint_store.destination_scope(conn, endpoint_id=endpoint_id)
             if scope is None:
                 return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
             await asyncio.to_thread(service.check_destination, body.url, state.config, scope,
-                                    caller.tenant_id is None)
-        changed = await as_caller(state, caller, change)
+                                    caller.tenant_id is None, names.addresses)
+        async with state.db.transaction(caller) as conn:
+            changed = await endpoint_store.update(conn, endpoint_id, body, keyring) \
+                if await endpoint_store.visible(conn, endpoint_id) else None
     except service.EndpointProblem as found:
         raise _refused(found) from None
     if changed is None:
@@ -134,13 +109,11 @@ async def rotate_secret(request: web.Request) -> web.Response:
 
     caller = request[CALLER]
 
-    def rotate(conn: psycopg.Connection[Any]) -> int | None:
-        if not _visible(conn, endpoint_id):
-            return None
-        return operator_sql.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring,
-                                          f"{caller.name} (console)")
-
-    if await as_caller(request.app[STATE], request[CALLER], rotate) is None:
+    async with request.app[STATE].db.transaction(caller) as conn:
+        rotated = await endpoint_store.rotate_secret(conn, endpoint_id, secret, old_expire_at, keyring,
+                                                     f"{caller.name} (console)") \
+            if await endpoint_store.visible(conn, endpoint_id) else None
+    if rotated is None:
         return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
     get_logger().info("console secret rotated", name=request[CALLER].name, endpoint_id=endpoint_id)
     return see_other(f"/endpoints/{endpoint_id}", notice="secret_rotated", id=endpoint_id)
@@ -153,8 +126,8 @@ async def reveal_secret(request: web.Request) -> web.Response:
     keyring = _keyring(request)
     state = request.app[STATE]
     allow_plaintext = not state.config.security.require_sealed
-    revealed = await as_caller(state, request[CALLER], lambda c: self_service.signing_secrets(
-        c, keyring, endpoint_id, allow_plaintext))
+    async with state.db.transaction(request[CALLER]) as conn:
+        revealed = await endpoint_store.signing_secrets(conn, keyring, endpoint_id, allow_plaintext)
     if revealed is None:
         return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
     get_logger().info("console secret revealed", name=request[CALLER].name, endpoint_id=endpoint_id)
@@ -164,8 +137,8 @@ async def reveal_secret(request: web.Request) -> web.Response:
 async def send_test_event(request: web.Request) -> web.Response:
     endpoint_id = forms.identifier("endpoint_id", request.match_info["endpoint_id"])
     try:
-        delivery_id = await as_caller(request.app[STATE], request[CALLER],
-                                      lambda c: self_service.send_test_event(c, str(endpoint_id)))
+        async with request.app[STATE].db.transaction(request[CALLER]) as conn:
+            delivery_id = await delivery_store.test_event(conn, str(endpoint_id))
     except self_service.RefusedTestEvent as exc:
         # answered as the API answers it (the page, its status and Retry-After)
         raise refused(**dataclasses.asdict(exc.refusal)) from None

@@ -1,6 +1,6 @@
 """The console's event-type catalogue: the list (with the endpoint subscriptions no current type
 matches), a page per type with its JSON Schema and the subscriptions that match it, and what an
-unscoped administrator does there (add, edit, deprecate), each through worker/event_types.py as the
+unscoped administrator does there (add, edit, deprecate), each through worker/store/event_types.py as the
 CLI and the API do, under the caller's database role."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-import psycopg
 from aiohttp import web
 
-from worker import event_types, wording
-from worker.api.context import FLEET_ADMIN, READ, STATE
-from worker.api.tokens import Caller
 from worker.console import forms, queries
-from worker.console.endpoint_pages import as_caller
 from worker.console.pages import CALLER, FORM, error_page, render, see_other
 from worker.observability import get_logger
+from worker.rules import event_types, wording
+from worker.rules.tokens import Caller
+from worker.store import event_types as catalogue_store
+from worker.web.context import FLEET_ADMIN, READ, STATE
+from worker.web.schema_checks import with_problems
 
 
 class _Exists(Exception):
@@ -63,9 +63,9 @@ async def catalogue(request: web.Request, typed: dict[str, Any] | None = None, e
     """The list; after a refused add, again with the form as it was typed and the error."""
     caller = _reader(request)
     async with request.app[STATE].db.transaction(caller) as conn:
-        types = await event_types.with_problems(await event_types.listing_async(conn))
-        unmatched = await event_types.unmatched_subscriptions_async(conn)
-        subscriptions = await queries.event_type_subscriptions_by_type(conn)
+        types = await with_problems(await catalogue_store.listing(conn))
+        unmatched = await catalogue_store.unmatched_subscriptions(conn)
+        subscriptions = await catalogue_store.subscriptions_by_type(conn, queries.SHOWN_SUBSCRIPTIONS)
     return render(request, "event_types.html", status=status, page="event_types", types=types,
                   unmatched=unmatched, subscriptions=subscriptions, may_change=may_change(caller),
                   typed=typed or forms.event_type_form({}), error=error,
@@ -78,17 +78,18 @@ async def event_type_page(request: web.Request, typed: dict[str, Any] | None = N
     caller = _reader(request)
     name = request.match_info["name"]
     async with request.app[STATE].db.transaction(caller) as conn:
-        found = await event_types.get_async(conn, name)
-        subscriptions = [] if found is None else await queries.event_type_subscriptions(conn, name)
+        found = await catalogue_store.get(conn, name)
+        subscriptions = [] if found is None \
+            else await catalogue_store.subscriptions(conn, name, queries.PAGE_ROWS)
     if found is None:
         return _not_catalogued(request, name)
-    await event_types.with_problems([found])
+    await with_problems([found])
     if typed is None:
         typed = {"name": found.name, "description": found.description, "schema": _schema_text(found.schema),
                  "deprecated": found.deprecated}
     return render(request, "event_type.html", status=status, page="event_types", found=found,
                   schema=_schema_text(found.schema), subscriptions=subscriptions,
-                  reserved=found.name.startswith(event_types.RESERVED_PREFIX),
+                  reserved=event_types.reserved_problem(found.name) is not None,
                   may_change=may_change(caller), typed=typed, error=error, limit=queries.PAGE_ROWS)
 
 
@@ -105,13 +106,13 @@ async def add_event_type(request: web.Request) -> web.Response:
     typed = forms.event_type_form(form)
     name = typed["name"]
 
-    def add(conn: psycopg.Connection[Any]) -> None:
-        if not event_types.upsert(conn, name, typed["description"], schema, typed["deprecated"]):
-            raise _Exists  # rolls the replacement back: adding never overwrites a type's schema
-
     try:
         schema = _schema(typed)
-        await as_caller(request.app[STATE], caller, add)
+        async with request.app[STATE].db.transaction(caller) as conn:
+            created = await catalogue_store.upsert(conn, name, typed["description"], schema,
+                                                   typed["deprecated"])
+            if not created:
+                raise _Exists  # rolls the replacement back: adding never overwrites a type's schema
     except event_types.EventTypeError as exc:
         return await catalogue(request, typed, str(exc), 422)
     except _Exists:
@@ -129,15 +130,12 @@ async def edit_event_type(request: web.Request) -> web.Response:
     form = request[FORM]
     typed = {**forms.event_type_form(form), "name": name}
 
-    def change(conn: psycopg.Connection[Any]) -> bool:
-        if event_types.get(conn, name) is None:
-            return False
-        event_types.upsert(conn, name, typed["description"], schema, typed["deprecated"])
-        return True
-
     try:
         schema = _schema(typed)
-        changed = await as_caller(request.app[STATE], caller, change)
+        async with request.app[STATE].db.transaction(caller) as conn:
+            changed = await catalogue_store.get(conn, name) is not None
+            if changed:
+                await catalogue_store.upsert(conn, name, typed["description"], schema, typed["deprecated"])
     except event_types.EventTypeError as exc:
         field, _, problem = str(exc).partition(": ")
         if field == "name":  # the path's name (a worker's own type): the page has no form to show it on
@@ -157,8 +155,8 @@ async def deprecate_event_type(request: web.Request) -> web.Response:
     form = request[FORM]
     deprecated = forms.deprecated(form)
     try:
-        found = await as_caller(request.app[STATE], caller,
-                                lambda conn: event_types.deprecate(conn, name, deprecated))
+        async with request.app[STATE].db.transaction(caller) as conn:
+            found = await catalogue_store.deprecate(conn, name, deprecated)
     except event_types.EventTypeError as exc:
         raise forms.FieldError("name", str(exc).partition(": ")[2]) from None
     if not found:

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from worker import wording
 from worker.console.queries import ENDPOINT_ACTIONS, PAGE_ROWS
-from worker.endpoints import MAX_REASON_CHARS
-from worker.policy import category_problem
+from worker.rules import wording
+from worker.rules.endpoints import MAX_REASON_CHARS
+from worker.rules.policy import category_problem
 
 MAX_REASON_LENGTH = MAX_REASON_CHARS  # the API's limit too: one rule
 MAX_FILTER_LENGTH = 200
@@ -140,7 +140,7 @@ def endpoint_action(text: str) -> str:
 
 def event_type_form(form: Mapping[str, Any]) -> dict[str, Any]:
     """The event-type form as typed, to be written or shown again with its error: the name without
-    surrounding spaces, the description and schema as typed (worker/event_types.py checks each)."""
+    surrounding spaces, the description and schema as typed (worker/rules/event_types.py checks each)."""
 
     def text(field: str) -> str:
         value = form.get(field)

@@ -13,16 +13,18 @@ import psycopg
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from worker import portal, wording
-from worker.api.context import STATE, ApiState, client_address
-from worker.api.problems import Problem
-from worker.api.tokens import Caller
 from worker.console import forms, queries, sessions
-from worker.event_types import MAX_DESCRIPTION_CHARS
-from worker.formats import FORMATS as BODY_FORMATS
 from worker.observability import get_logger
-from worker.policy import CATEGORIES
+from worker.rules import portal, wording
+from worker.rules.event_types import MAX_DESCRIPTION_CHARS
+from worker.rules.formats import FORMATS as BODY_FORMATS
+from worker.rules.policy import CATEGORIES
+from worker.rules.tokens import Caller
+from worker.store import endpoints as endpoint_store
+from worker.store import tokens as token_store
 from worker.tables import endpoint_label
+from worker.web.context import ADMIN, READ, STATE, ApiState, client_address
+from worker.web.problems import Problem
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PREFIX = "/console"
@@ -35,7 +37,7 @@ TEMPLATES = web.AppKey("webhook_console_templates", jinja2.Environment)
 TENANT_NAME = web.RequestKey("webhook_console_tenant_name", str)
 # The roles whose sessions may change things; a tenant_admin's changes are kept to its tenant by
 # PostgreSQL (webhooks_tenant_admin under row-level security), not by the console.
-CHANGERS = ("admin", "tenant_admin")
+CHANGERS = ADMIN
 # Pages that need no session: the login form, the portal link's pages and the files they use.
 PUBLIC = ("/console/login", "/console/portal", "/console/portal-ended", "/console/static/")
 # No inline script or style anywhere, nothing from elsewhere, no framing, forms post only here.
@@ -89,7 +91,7 @@ def templates() -> jinja2.Environment:
     environment.globals["endpoint_label"] = endpoint_label  # as the CLI's lists name an endpoint
     environment.globals["max_reason"] = forms.MAX_REASON_LENGTH
     environment.globals["max_description"] = MAX_DESCRIPTION_CHARS  # the catalogue's, as upsert() checks
-    environment.globals["categories"] = CATEGORIES  # the one list (worker.policy), as the API checks it
+    environment.globals["categories"] = CATEGORIES  # the one list (worker.rules.policy), as the API checks it
     return environment
 
 
@@ -215,7 +217,7 @@ async def _checked(request: web.Request, handler: Handler) -> web.StreamResponse
 
 async def _session_caller(state: ApiState, session_id: str) -> Caller | None:
     async with state.db.connection() as conn:
-        return await sessions.caller(conn, session_id)
+        return await token_store.session_caller(conn, sessions.session_hash(session_id))
 
 
 def _text(value: Any) -> str:
@@ -254,12 +256,13 @@ async def login(request: web.Request) -> web.Response:
         response = await login_form(request, problem.detail or problem.title, problem.status)
         response.headers.update(problem.headers)
         return response
-    if caller.role not in ("admin", "reader", "tenant_admin"):
+    if caller.role not in READ:
         return await login_form(request, f"A {caller.role} token cannot open the console: use a reader, "
                                          "admin or tenant_admin token.", 403)
     session_id = sessions.new_secret()
     async with state.db.connection() as conn:
-        opened = await sessions.start(conn, session_id, token)
+        opened = await token_store.start_session(conn, sessions.session_hash(session_id), token,
+                                                 sessions.LIFETIME)
     if opened is None:
         return await login_form(request, "The token stopped being valid; use another.", 401)
     get_logger().info("console login", name=opened.name, role=opened.role)
@@ -273,7 +276,7 @@ async def login(request: web.Request) -> web.Response:
 
 async def logout(request: web.Request) -> web.Response:
     async with request.app[STATE].db.connection() as conn:
-        await sessions.end(conn, request[SESSION])
+        await token_store.end_session(conn, sessions.session_hash(request[SESSION]))
     if request.cookies.get(sessions.PORTAL_COOKIE):
         response = see_other("/portal-ended", notice="portal_logged_out")
     else:
@@ -308,7 +311,7 @@ async def portal_open(request: web.Request) -> web.Response:
 
     async def lookup() -> Caller | None:
         async with state.db.connection() as conn:
-            return await sessions.open_portal_link(conn, link, session_id)
+            return await token_store.open_portal_link(conn, link, sessions.session_hash(session_id))
 
     # a wrong link counts against the address as a failed login does
     key = portal.link_hash(link) if portal.well_formed(link) else None
@@ -379,9 +382,9 @@ async def dead_letters(request: web.Request) -> web.Response:
     filters = forms.dead_letter_filters(request.query)
     viewer = await _viewer(request)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        webhook_id = await _endpoint_filter(conn, filters["endpoint"])
+        endpoint_id = await _endpoint_filter(conn, filters["endpoint"])
         rows = await queries.dead_letters(conn, {k: v for k, v in filters.items() if k != "endpoint"}
-                                       | {"webhook_id": webhook_id})
+                                       | {"webhook_id": endpoint_id})
         choices = await queries.filter_choices(conn)
     return render(request, "dead_letters.html", page="dead_letters", rows=rows, filters=filters,
                   choices=choices, limit=queries.PAGE_ROWS, tenant=forms.tenant_filter(request.query))
@@ -415,8 +418,8 @@ async def deliveries(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
         choices = await queries.filter_choices(conn)
         if any(v is not None for v in found.values()):
-            webhook_id = await _endpoint_filter(conn, found["endpoint"])
-            rows = await queries.search_deliveries(conn, found, webhook_id)
+            endpoint_id = await _endpoint_filter(conn, found["endpoint"])
+            rows = await queries.search_deliveries(conn, found, endpoint_id)
     return render(request, "deliveries.html", page="deliveries", rows=rows, found=found, choices=choices,
                   statuses=forms.STATUSES, limit=queries.PAGE_ROWS, query=request.query)
 
@@ -436,9 +439,9 @@ async def replay_matching(request: web.Request) -> web.Response:
             raise forms.FieldError("tenant", "no tenant with this name")
         viewer = dataclasses.replace(caller, tenant_id=found)
     async with request.app[STATE].db.transaction(viewer) as conn:
-        webhook_id = await _endpoint_filter(conn, filters["endpoint"])
+        endpoint_id = await _endpoint_filter(conn, filters["endpoint"])
         operation_id = await queries.start_replay(
-            conn, {"webhook_id": webhook_id, "event_type": filters["event_type"],
+            conn, {"webhook_id": endpoint_id, "event_type": filters["event_type"],
                    "category": filters["category"]}, f"{caller.name} (console)")
     request.app[STATE].operations_wakeup.set()
     get_logger().info("console bulk replay started", name=caller.name, operation_id=operation_id)
@@ -467,7 +470,7 @@ async def replay_one(request: web.Request) -> web.Response:
 
 async def endpoints(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await queries.endpoints(conn)
+        rows = await endpoint_store.summaries(conn, queries.PAGE_ROWS)
         events = await queries.endpoint_events(conn)
     return render(request, "endpoints.html", page="endpoints", rows=rows, events=events,
                   formats=BODY_FORMATS)
@@ -481,8 +484,7 @@ async def endpoint_action(request: web.Request) -> web.Response:
     caller = request[CALLER]
     try:
         async with request.app[STATE].db.transaction(caller) as conn:
-            cur = await conn.execute("SELECT 1 FROM webhooks.endpoints WHERE id = %s", (endpoint_id,))
-            if await cur.fetchone() is None:
+            if not await endpoint_store.stored(conn, endpoint_id):
                 return error_page(request, 404, "Not found", f"endpoint {endpoint_id}: not found")
             change = await queries.endpoint_action(conn, endpoint_id, action, reason,
                                                    f"{caller.name} (console)")
@@ -496,7 +498,7 @@ async def endpoint_action(request: web.Request) -> web.Response:
 
 async def operations(request: web.Request) -> web.Response:
     async with request.app[STATE].db.transaction(await _viewer(request)) as conn:
-        rows = await queries.operations(conn)
+        rows = await queries.operations_page(conn)
     return render(request, "operations.html", page="operations", rows=rows)
 
 

@@ -10,11 +10,6 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
-import psycopg
-
-from worker import portal
-from worker.api.tokens import Caller, token_hash
-
 COOKIE = "webhook_console"
 # The login form's double-submit cookie: a cross-site page cannot read it, so it cannot forge the
 # matching form field (login CSRF would otherwise log a victim into an attacker's session).
@@ -67,34 +62,3 @@ def cookie_options(secure: bool, max_age: int | None) -> dict[str, Any]:
     if max_age is not None:
         options["max_age"] = max_age
     return options
-
-
-async def start(conn: psycopg.AsyncConnection[Any], session_id: str, token: str) -> Caller | None:
-    """Open a session for a token; None when the token stopped being usable meanwhile."""
-    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.console_start_session(%s, %s, %s)",
-                             (session_hash(session_id), token_hash(token), LIFETIME))
-    row = await cur.fetchone()
-    return None if row is None else Caller(str(row[0]), row[1], row[2])
-
-
-async def caller(conn: psycopg.AsyncConnection[Any], session_id: str) -> Caller | None:
-    """Who holds a session, asked of the database on every request so that a revoked token stops at once."""
-    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.console_session(%s)",
-                             (session_hash(session_id),))
-    row = await cur.fetchone()
-    return None if row is None else Caller(str(row[0]), row[1], row[2])
-
-
-async def end(conn: psycopg.AsyncConnection[Any], session_id: str) -> None:
-    await conn.execute("SELECT webhooks.console_end_session(%s)", (session_hash(session_id),))
-
-
-async def open_portal_link(conn: psycopg.AsyncConnection[Any], link: str, session_id: str) -> Caller | None:
-    """Open the session a portal link stands for (worker.portal), using the link up; None for a
-    malformed, unknown, used, expired or revoked one."""
-    if not portal.well_formed(link):
-        return None
-    cur = await conn.execute("SELECT name, role, tenant_id FROM webhooks.console_open_portal_link(%s, %s)",
-                             (portal.link_hash(link), session_hash(session_id)))
-    row = await cur.fetchone()
-    return None if row is None else Caller(str(row[0]), row[1], row[2])
