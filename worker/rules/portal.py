@@ -77,7 +77,8 @@ def base_url_problem(base: str) -> str | None:
     except ValueError:
         return "not a valid URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"expected http:// or https:// and the API's host, not {base[:60]!r}"
+        # the value is not repeated: a URL given in the wrong place may carry credentials
+        return "expected http:// or https:// and the API's host"
     if parts.username is not None or parts.password is not None:
         return "must not carry credentials"
     if parts.path not in ("", "/") or parts.query or parts.fragment:
