@@ -190,7 +190,7 @@ def test_category_minimum_delays():
         RetryPolicy.from_json({"min_delays": {}})
 
 
-# --- digests (issue 23) ------------------------------------------------------------------------
+# --- digests -----------------------------------------------------------------------------------
 
 
 def storm(critical=12, warning=20, resolved=5):
