@@ -26,9 +26,9 @@ from worker.daemon.sender import (
     transport_failure,
 )
 from worker.rules import signing
+from worker.rules.classification import Category, RetrySchedule
 from worker.rules.destinations import url_problem
 from worker.rules.model import Claimed
-from worker.rules.policy import Category, RetrySchedule
 from worker.rules.redaction import display_url
 from worker.store.queue import _claimed
 
