@@ -202,7 +202,7 @@ def test_a_fresh_worker_exports_every_database_error_operation_at_zero(db, spawn
 
 def test_every_database_error_operation_counted_is_one_initialised_at_zero():
     # the series are created from DATABASE_OPERATIONS; a label counted elsewhere would appear late
-    source = "\n".join(path.read_text() for path in (ROOT / "worker").glob("*.py"))
+    source = "\n".join(path.read_text() for path in (ROOT / "worker").rglob("*.py"))
     counted = set(re.findall(r"database_errors\.labels\(\s*[\"'](\w+)[\"']", source))
     assert counted and counted <= set(DATABASE_OPERATIONS), counted - set(DATABASE_OPERATIONS)
 
