@@ -292,6 +292,8 @@ def test_migrating_gives_each_stored_message_its_range_and_deletes_the_orphans_t
     ranges = query(db, stored)
     query(db, "INSERT INTO webhooks.messages (event_id, event_type, payload)"
               " SELECT 'evt-left-' || n, 'alert.created', '{}' FROM generate_series(1, 2) n")
+    # that release had no table triggers, whose summary reads the ranges
+    query(db, "DROP VIEW webhooks.table_trigger_summary CASCADE")
     query(db, "ALTER TABLE webhooks.messages DROP COLUMN first_delivery_id, DROP COLUMN last_delivery_id")
     query(db, "DROP TABLE webhooks.message_sweep")
     query(db, "DELETE FROM webhooks.schema_migrations WHERE name = 'message_reclaim'")
