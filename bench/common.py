@@ -36,10 +36,10 @@ from bench.localworker import (
 from worker import schema
 from worker.config import WorkerConfig
 from worker.localpg import LocalPostgres
-from worker.rules.destinations import DestinationPolicy
+from worker.rules.destinations import DestinationRules
 
 BENCH_KEYRING = KEYRING
-LOOPBACK_POLICY = DestinationPolicy.from_settings(True, LOOPBACK, False)
+LOOPBACK_POLICY = DestinationRules.from_settings(True, LOOPBACK, False)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TEMPLATE = "bench_template"
 # The bench's own cluster: throwaway durability settings as in the test suite (worker.localpg), plus

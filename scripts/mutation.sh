@@ -15,7 +15,7 @@ if [[ ! -x .venv/bin/mutmut ]]; then
 fi
 # The unit tests that exercise each module (directly, or through the module that calls it).
 declare -A TESTS=(
-    [policy]="tests/unit/test_policy.py tests/unit/test_outcomes.py tests/unit/test_delivery.py"
+    [classification]="tests/unit/test_classification.py tests/unit/test_outcomes.py tests/unit/test_delivery.py"
     [signing]="tests/unit/test_signing.py tests/unit/test_delivery.py"
     [encryption]="tests/unit/test_encryption.py tests/unit/test_delivery.py"
     [destinations]="tests/unit/test_destinations.py tests/unit/test_delivery.py"
@@ -25,11 +25,11 @@ declare -A TESTS=(
 )
 # Where each module is, under worker/.
 declare -A PATHS=(
-    [policy]=rules/policy [signing]=rules/signing [encryption]=encryption [destinations]=rules/destinations
+    [classification]=rules/classification [signing]=rules/signing [encryption]=encryption [destinations]=rules/destinations
     [outcomes]=daemon/outcomes [coalescing]=rules/coalescing [registration]=rules/registration
 )
 modules=("$@")
-[[ ${#modules[@]} -gt 0 ]] || modules=(policy signing encryption destinations outcomes coalescing registration)
+[[ ${#modules[@]} -gt 0 ]] || modules=(classification signing encryption destinations outcomes coalescing registration)
 base=${MUTATION_DIR:-$(mktemp -d -t mutation.XXXXXX)}
 summary=()
 for module in "${modules[@]}"; do

@@ -21,8 +21,8 @@ def options(group: argparse._ArgumentGroup) -> None:
 
 async def _http_ceiling(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
     from worker.daemon.sender import Sender
+    from worker.rules.classification import RetrySchedule
     from worker.rules.model import Claimed
-    from worker.rules.policy import RetrySchedule
 
     sender = Sender(concurrency, LOOPBACK_POLICY)
     await sender.start()

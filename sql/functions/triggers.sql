@@ -699,7 +699,7 @@ LEFT JOIN LATERAL (SELECT o.id, o.status, o.processed, o.scanned, o.total_estima
                    ORDER BY o.id DESC LIMIT 1) b ON true
 -- a view runs as its owner, whom row-level security does not bind: it applies the tenant itself
 WHERE (SELECT webhooks.caller_tenant()) IS NULL OR t.tenant_id = (SELECT webhooks.caller_tenant());
-GRANT SELECT ON webhooks.table_trigger_summary TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+GRANT SELECT ON webhooks.table_trigger_summary TO webhooks_admin, webhooks_tenant_admin;
 
 -- `triggers list`: every table trigger the caller sees, by name.
 CREATE OR REPLACE FUNCTION webhooks.table_trigger_list() RETURNS SETOF webhooks.table_trigger_summary
@@ -708,7 +708,7 @@ SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
     SELECT * FROM webhooks.table_trigger_summary s ORDER BY s.name;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.table_trigger_list() TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+GRANT EXECUTE ON FUNCTION webhooks.table_trigger_list() TO webhooks_admin, webhooks_tenant_admin;
 
 -- `triggers show NAME`: one table trigger; refused (SQLSTATE P0002) when the caller sees none of
 -- that name.
@@ -723,7 +723,7 @@ BEGIN
     END IF;
 END;
 $$;
-GRANT EXECUTE ON FUNCTION webhooks.table_trigger_show(text) TO webhooks_reader, webhooks_admin, webhooks_tenant_admin;
+GRANT EXECUTE ON FUNCTION webhooks.table_trigger_show(text) TO webhooks_admin, webhooks_tenant_admin;
 
 -- The registration of that name, locked (FOR UPDATE) or not; refused (P0002) when there is none.
 CREATE OR REPLACE FUNCTION webhooks.table_trigger_named(p_name text, p_lock boolean DEFAULT false)

@@ -120,7 +120,7 @@ def test_the_termination_grace_outlasts_prestop_plus_the_worker_s_drain():
 
 
 def test_the_shutdown_grace_outlasts_the_longest_request_the_default_lease_allows():
-    # (issue 18) a request still open when the grace ends is interrupted and sent again
+    # a request still open when the grace ends is interrupted and sent again
     [lease] = re.findall(r"lease_seconds\s+integer\s+NOT NULL DEFAULT (\d+)",
                          (ROOT / "sql" / "migrations" / "001_baseline.sql").read_text())
     longest_request = int(lease) - LEASE_MARGIN_SECONDS

@@ -1,4 +1,4 @@
-"""`keys generate`, `keys status` and `dlq list --since/--until` as an operator runs them (issue 24)."""
+"""`keys generate`, `keys status` and `dlq list --since/--until` as an operator runs them."""
 
 import base64
 import json

@@ -162,7 +162,7 @@ def test_endpoints_disable_enable_and_circuit_control(db):
 
 
 def test_endpoints_add_takes_the_rate_limit_options_as_readme_shows_them(db):
-    # the options arrive as a float and ints; the SQL function takes numeric (issue 17)
+    # the options arrive as a float and ints; the SQL function takes numeric
     run(db, "endpoints", "add", "--name", "ops", "--url", "https://hooks.example.test/T0/x",
         "--rate-limit", "20", "--burst", "5", "--max-in-flight", "2")
     run(db, "endpoints", "add", "--name", "slow", "--url", "https://hooks.example.test/T0/y",

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ SHELL_LANGUAGES = {"sh", "bash", "shell", "console"}
 PROGRAM = "webhook-worker"
 # What README shows that cannot run on this machine or inside a test, by how the command starts.
 NOT_RUN = {
+    "pip install ": "installs the package, as the suite's .venv already has it (scripts/bootstrap.sh)",
     "bash scripts/demo.sh": "installs into .venv; test_cli.py runs the demo itself (`webhook-worker demo`)",
     "bash scripts/test.sh": "the whole test suite, which this test is part of",
     "bash scripts/test-at.sh": "the whole test suite again, under a moved clock",
@@ -339,6 +341,10 @@ def run_shell(snippet: Snippet, session: Run, failures: list[str]) -> str:
     env = {name: session.env_value(name, value, snippet.story) for name, value in line.env.items()}
     if line.words[0] == "psql":
         return run_psql(snippet, line.words, session, failures)
+    if line.words[:2] == ["cp", "config.example.yaml"] and len(line.words) == 3:
+        # the user's copy of the commented example, which the commands after it read
+        shutil.copyfile(ROOT / "config.example.yaml", session.workdir / line.words[2])
+        return "ran: cp"
     if line.words[0] == "curl":
         return run_curl(snippet, line.words, session, failures)
     if line.words[0] in ("python", "python3") and line.words[1:3] == GENERATOR:

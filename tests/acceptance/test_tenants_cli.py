@@ -1,4 +1,4 @@
-"""`webhook-worker tenants …` and `endpoints add --tenant`, run as subprocesses (issue 21)."""
+"""`webhook-worker tenants …` and `endpoints add --tenant`, run as subprocesses."""
 
 import json
 

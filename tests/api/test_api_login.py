@@ -106,7 +106,9 @@ def granted(db: str, role: str) -> set[tuple[str, str, str]]:
 AS_THE_CALLER = {"webhooks.table_trigger_add(text,text,text[],text,text[],text[],text,text,text)",
                  "webhooks.table_condition_check(oid,text)", "webhooks.table_trigger_drop(text)",
                  "webhooks.table_trigger_disable(text)", "webhooks.table_trigger_enable(text)",
-                 "webhooks.table_trigger_backfill(text,text,double precision)"}
+                 "webhooks.table_trigger_backfill(text,text,double precision)",
+                 # and what reads the summary, which keeps to the caller's tenant itself
+                 "webhooks.table_trigger_list()", "webhooks.table_trigger_show(text)"}
 
 
 def test_an_admin_reads_what_a_reader_reads_and_changes_things_only_through_its_functions(db):
@@ -117,7 +119,10 @@ def test_an_admin_reads_what_a_reader_reads_and_changes_things_only_through_its_
     writes = {g for g in extra if g[2] not in ("SELECT", "EXECUTE", "USAGE")}
     assert writes == {("column", f"webhooks.delivery_config.{column}", "UPDATE")
                       for column in [*SETTABLE, "updated_at"]}
-    assert not {g for g in extra if g[2] == "SELECT"}
+    # what it reads besides: the table triggers, which name tables and conditions of the applications'
+    # own schemas, an administrator's to read (a tenant administrator's those of its tenant), not a reader's
+    reads = {g for g in extra if g[2] == "SELECT"}
+    assert reads == {("relation", "webhooks.table_trigger_summary", "SELECT")}
     # every other right is a function that runs as the owner, with a fixed search_path
     functions = {name for kind, name, _ in extra if kind == "function"}
     assert {"webhooks.replay(bigint)", "webhooks.update_endpoint(bigint,jsonb)",

@@ -20,7 +20,7 @@ from tests.support import ROOT, add_endpoint, enqueue, eventually, query, stored
 from worker.config import Config
 from worker.console import sessions
 from worker.console.pages import CONTENT_SECURITY_POLICY
-from worker.rules.policy import CATEGORIES
+from worker.rules.classification import CATEGORIES
 from worker.store import tokens as token_store
 
 

@@ -146,7 +146,7 @@ def test_rotate_secret_and_delete(api, role_tokens, db):
     assert api.request("DELETE", f"/v1/endpoints/{endpoint}", admin).status == 404
 
 
-# --- coalescing over HTTP (issue 23) ------------------------------------------------------------
+# --- coalescing over HTTP ---------------------------------------------------------------------
 
 
 def test_the_coalescing_policy_is_set_read_changed_and_turned_off_over_http(api, role_tokens, db):

@@ -228,7 +228,7 @@ FLOOD = 300
 
 def test_a_flood_of_connections_beyond_the_open_file_limit_leaves_other_addresses_served(
         db, tmp_path, clients):
-    # The case: more slow connections than the process may open files. Unguarded, accept()
+    # More slow connections than the process may open files. Unguarded, accept()
     # failed ("out of system resource"), stopped accepting, and a valid request timed out.
     process = ApiProcess(db, tmp_path, open_files=256, max_connections_per_address=30,
                          head_timeout_seconds=60)

@@ -1,4 +1,4 @@
-"""Tokens scoped to a tenant (issue 21): every /v1 route, called with another tenant's token, finds
+"""Tokens scoped to a tenant: every /v1 route, called with another tenant's token, finds
 nothing of this tenant, leaks nothing and changes nothing; PostgreSQL's row-level security, not only
 the API's queries, is what keeps them apart."""
 

@@ -142,7 +142,7 @@ class ClosesKeepaliveAtRandom:
 class ClosesSoonAfterAnswering:
     """Answers one request per connection, advertising keep-alive, and hangs up `low` to `high`
     seconds later whatever arrived meanwhile: the keep-alive race of receivers that close idle
-    connections (issue 16's reproduction). Counts the requests that arrived on a connection it was
+    connections. Counts the requests that arrived on a connection it was
     about to close (never answered) and those that asked for a fresh connection (`Connection:
     close`, as the worker sends a request again after its kept-alive connection was dropped)."""
 

@@ -1,4 +1,4 @@
-"""Dead workers found by their database session, not their lease (issue 18): each case for real.
+"""Dead workers found by their database session, not their lease: each case for real.
 
 Workers are `webhook-worker` processes against a real PostgreSQL and receivers on 127.0.0.1, with
 the default 60 s lease unless a case says otherwise. Each test prints its figures (run with -s).

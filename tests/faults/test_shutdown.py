@@ -1,4 +1,4 @@
-"""SIGTERM with requests that outlast the grace (issue 18): what was sent is an attempt.
+"""SIGTERM with requests that outlast the grace: what was sent is an attempt.
 
 A real `webhook-worker` process, PostgreSQL and a receiver on 127.0.0.1; prints its figures (-s).
 """
@@ -17,7 +17,7 @@ def report(name, **figures):
 
 def test_requests_open_when_the_grace_runs_out_are_interrupted_attempts(db, receiver, spawn):
     grace, timeout = 2, 40
-    # The issue's reproduction, scaled down: a receiver slower than the grace, a long timeout.
+    # A receiver slower than the grace, and a timeout longer than it.
     endpoint = add_endpoint(db, receiver.url("/slow"), timeout_ms=timeout * 1000,
                             retry_schedule={"delays": [0.1]})
     receiver.script("/slow", Reply(hold=True))

@@ -1,4 +1,4 @@
-"""What counts against the circuit, and a category for every dead letter (issue 17, items 4 and 7)."""
+"""What counts against the circuit, and a category for every dead letter."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Alert storms coalesced into digests (issue 23): the claim's grouping in SQL, and the worker's
+"""Alert storms coalesced into digests: the claim's grouping in SQL, and the worker's
 requests to a real receiver."""
 
 import json

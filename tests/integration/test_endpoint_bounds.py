@@ -20,7 +20,7 @@ COLUMNS = {
 }
 # Where the two differ on purpose, and why.
 DIFFERENT = {
-    # 0 turns coalescing off (stored as NULL); 1 is refused by coalescing.policy_problem, which names
+    # 0 turns coalescing off (stored as NULL); 1 is refused by coalescing.settings_problem, which names
     # the option: a digest of one row is no digest
     ("coalesce_max", "minimum"): (0, 2),
 }

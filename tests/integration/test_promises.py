@@ -1,4 +1,4 @@
-"""Promises README makes that had no test (issue 24): the circuit's sleep, what opens it and what
+"""Promises README makes: the circuit's sleep, what opens it and what
 closes it; disabling after sustained failure; replaying an expired row; the schema range /ready
 accepts; what workers do on their own (retention, disabled endpoints' rows); and the metrics that
 say what the database refused and what the claim holds back.

@@ -32,9 +32,9 @@ from worker.daemon.sender import Sender
 from worker.encryption import KEYS_ENV, SIGNING_SECRET, Keyring, generate_key
 from worker.localpg import LocalPostgres, _find_binary
 from worker.rules import signing
-from worker.rules.destinations import DestinationPolicy, address_blocked
+from worker.rules.classification import Category
+from worker.rules.destinations import DestinationRules, address_blocked
 from worker.rules.model import Claimed
-from worker.rules.policy import Category
 
 FAST_RETRY = {"delays": [0.1]}
 ALLOW_LOOPBACK_ENV = {"WEBHOOK_WORKER_SECURITY__ALLOW_NETWORKS": "[127.0.0.1/32]"}
@@ -194,7 +194,7 @@ class RebindingResolver:
 def _claimed(url: str) -> Claimed:
     from uuid import uuid4
 
-    from worker.rules.policy import RetrySchedule
+    from worker.rules.classification import RetrySchedule
 
     return Claimed(delivery_id=1, endpoint_id=1, event_id="evt_1", idempotency_key="evt_1",
                    event_type="alert.created", body=b"{}", attempt=1, max_attempts=1, lease_token=uuid4(),
@@ -204,7 +204,7 @@ def _claimed(url: str) -> Claimed:
 
 def test_dns_rebinding_cannot_slip_past_an_earlier_check(receiver):
     resolver = RebindingResolver()
-    policy = DestinationPolicy()
+    policy = DestinationRules()
     url = f"http://rebinding.test:{receiver.port}/internal"
 
     async def scenario():

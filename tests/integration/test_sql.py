@@ -508,7 +508,7 @@ def held_back(dsn):
 
 
 def test_a_row_behind_its_ordering_key_is_claimable_nowhere_and_held_back_by_nothing(db):
-    # acquire(), next_due_in() and held_back read one definition of "claimable now" (issue 19)
+    # acquire(), next_due_in() and held_back read one definition of "claimable now"
     endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
     [head] = enqueue(db, endpoint)
     [behind] = enqueue(db, endpoint)

@@ -1,4 +1,4 @@
-"""Tenants (issue 21): the schema's boundary, fairness between tenants in the claim, and their
+"""Tenants: the schema's boundary, fairness between tenants in the claim, and their
 fleet-wide limits, in SQL."""
 
 from __future__ import annotations

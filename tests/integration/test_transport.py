@@ -1,4 +1,4 @@
-"""The HTTP side against receivers that close kept-alive connections (issue 16): no URL text in what
+"""The HTTP side against receivers that close kept-alive connections: no URL text in what
 is stored or logged, and a request dropped with its reused connection is sent again, not failed."""
 
 import json
@@ -13,7 +13,7 @@ LEAKS = ("SECRETPATH", "SECRETQUERY", "/services/T0")
 
 
 def test_the_keepalive_race_costs_no_attempt_and_puts_no_url_into_error_columns_or_logs(db, spawn):
-    # issue 16's reproduction: 200 with Content-Length and keep-alive, then a hang-up 60-110 ms later
+    # 200 with Content-Length and keep-alive, then a hang-up 60-110 ms later
     receiver = misbehaving.ClosesSoonAfterAnswering(0.06, 0.11)
     server = TcpServer(receiver).start()
     try:

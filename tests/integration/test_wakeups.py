@@ -1,4 +1,4 @@
-"""NOTIFY storms (issue 16): anyone who can connect can NOTIFY, and must not make workers spin."""
+"""NOTIFY storms: anyone who can connect can NOTIFY, and must not make workers spin."""
 
 import time
 

@@ -42,7 +42,7 @@ def test_an_inserted_row_is_delivered_with_its_log_and_health_rows(db, receiver,
 
 
 def test_500_then_200_is_delivered_on_attempt_2_with_the_same_key(db, receiver, spawn):
-    # a 1 s schedule: the default one's 5 s is pinned by tests/unit/test_policy.py
+    # a 1 s schedule: the default one's 5 s is pinned by tests/unit/test_classification.py
     endpoint = add_endpoint(db, receiver.url("/flaky"), retry_schedule={"delays": [1]})
     receiver.script("/flaky", Reply(500), Reply(200))
     [delivery] = enqueue(db, endpoint)

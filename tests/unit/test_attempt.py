@@ -10,8 +10,8 @@ from worker.daemon.attempt import Executor, InFlight, render
 from worker.daemon.sender import Sender
 from worker.observability import Metrics, get_logger
 from worker.rules import coalescing
+from worker.rules.classification import Outcome, RetrySchedule
 from worker.rules.model import Claimed, Finished
-from worker.rules.policy import Outcome, RetrySchedule
 
 GOOD = b'{"title": "disk full"}'
 BAD = b'{"severity": "critical"}'  # no title: a Slack message cannot be made of it

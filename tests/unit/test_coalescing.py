@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from worker.rules.coalescing import digest_label, digest_webhook_id, policy_changes, requests
+from worker.rules.coalescing import digest_label, digest_webhook_id, requests, settings_changes
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,11 @@ def test_a_digests_webhook_id_depends_on_its_members_only():
 
 
 def test_coalescing_options_become_update_fields_or_a_clear_error():
-    assert policy_changes(50, None, "slack") == {"coalesce_max": 50}
-    assert policy_changes(50, 2.5, "envelope") == {"coalesce_max": 50, "coalesce_window": "2.5 seconds"}
-    assert policy_changes(None, 3, "slack", stored_max=20) == {"coalesce_window": "3 seconds"}
-    assert policy_changes(0, None, "raw", stored_max=20) == {"coalesce_max": None, "coalesce_window": None}
-    assert policy_changes(None, None, "slack") == {}
+    assert settings_changes(50, None, "slack") == {"coalesce_max": 50}
+    assert settings_changes(50, 2.5, "envelope") == {"coalesce_max": 50, "coalesce_window": "2.5 seconds"}
+    assert settings_changes(None, 3, "slack", stored_max=20) == {"coalesce_window": "3 seconds"}
+    assert settings_changes(0, None, "raw", stored_max=20) == {"coalesce_max": None, "coalesce_window": None}
+    assert settings_changes(None, None, "slack") == {}
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -46,13 +46,13 @@ def test_coalescing_options_become_update_fields_or_a_clear_error():
 ])
 def test_a_bad_policy_names_the_option(args, message):
     with pytest.raises(ValueError, match=message):
-        policy_changes(*args)
+        settings_changes(*args)
 
 
 def test_changing_a_coalescing_endpoint_to_a_format_that_never_coalesces_is_refused():
     with pytest.raises(ValueError, match="--format raw: the endpoint coalesces"):
-        policy_changes(None, None, "raw", stored_max=50)
-    assert policy_changes(None, None, "raw", stored_max=None) == {}
+        settings_changes(None, None, "raw", stored_max=50)
+    assert settings_changes(None, None, "raw", stored_max=None) == {}
 
 
 def test_a_digests_webhook_id_is_stable_across_releases():
@@ -68,7 +68,7 @@ def test_a_digests_webhook_id_is_stable_across_releases():
     ((2, 3600, "slack"), {"coalesce_max": 2, "coalesce_window": "3600 seconds"}),
 ])
 def test_the_policy_bounds_are_inclusive(args, fields):
-    assert policy_changes(*args) == fields
+    assert settings_changes(*args) == fields
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -83,5 +83,5 @@ def test_the_policy_bounds_are_inclusive(args, fields):
 ])
 def test_each_policy_error_reads_in_full(args, message):
     with pytest.raises(ValueError) as raised:
-        policy_changes(*args)
+        settings_changes(*args)
     assert str(raised.value) == message

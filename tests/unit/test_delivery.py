@@ -26,9 +26,9 @@ from worker.daemon.sender import (
     transport_failure,
 )
 from worker.rules import signing
+from worker.rules.classification import Category, RetrySchedule
 from worker.rules.destinations import url_problem
 from worker.rules.model import Claimed
-from worker.rules.policy import Category, RetrySchedule
 from worker.rules.redaction import display_url
 from worker.store.queue import _claimed
 
@@ -105,8 +105,8 @@ def test_an_os_error_is_described_by_its_errno_not_its_text():
 
 
 def write_failure_on_a_dropped_keepalive_connection(url: str, closed: threading.Event) -> BaseException:
-    """The real exception of issue 16: the receiver closes a kept-alive connection just as the
-    client sends on it; aiohttp raises ClientOSError("Can not write request body for <url>").
+    """What a dropped keep-alive connection raises: the receiver closes a kept-alive connection just
+    as the client sends on it; aiohttp raises ClientOSError("Can not write request body for <url>").
     Made certain here: the second request, on the kept-alive connection, holds the event loop until
     the receiver has hung up, so the loop sees the hang-up in the same round as it schedules the
     request's write."""

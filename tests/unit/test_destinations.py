@@ -9,23 +9,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.daemon.sender import checked_socket_factory, transport_failure
+from worker.rules.classification import AttemptResult, Category, Outcome, classify
 from worker.rules.destinations import (
     MAX_URL_LENGTH,
     BlockedDestination,
-    DestinationPolicy,
+    DestinationRules,
     address_blocked,
     embedded_ipv4,
     granted_networks,
     ip_literal,
-    tenant_policy,
+    tenant_destinations,
     url_problem,
 )
-from worker.rules.policy import AttemptResult, Category, Outcome, classify
 from worker.rules.redaction import display_url
 
-DEFAULT = DestinationPolicy()
-LOOPBACK_ONLY = DestinationPolicy.from_settings(True, ["127.0.0.1/32"], False)
-OPEN = DestinationPolicy.from_settings(False, [], False)
+DEFAULT = DestinationRules()
+LOOPBACK_ONLY = DestinationRules.from_settings(True, ["127.0.0.1/32"], False)
+OPEN = DestinationRules.from_settings(False, [], False)
 
 BLOCKED = [
     "127.0.0.1",
@@ -117,13 +117,13 @@ def test_an_allowlist_does_not_open_other_private_addresses(address):
 
 
 def test_an_ipv6_allowlist_entry_allows_its_own_network():
-    policy = DestinationPolicy.from_settings(True, ["fd00:1234::/32"], False)
+    policy = DestinationRules.from_settings(True, ["fd00:1234::/32"], False)
     assert address_blocked("fd00:1234::5", policy) is None
     assert address_blocked("fd00:1235::5", policy) is not None
 
 
 def test_allowlist_entries_with_host_bits_are_accepted():
-    policy = DestinationPolicy.from_settings(True, ["10.20.1.5/16"], False)
+    policy = DestinationRules.from_settings(True, ["10.20.1.5/16"], False)
     assert address_blocked("10.20.200.1", policy) is None
 
 
@@ -201,7 +201,7 @@ def test_url_problem_with_an_allowlist_accepts_the_allowed_literal():
 
 
 def test_require_https_refuses_plain_http():
-    policy = DestinationPolicy.from_settings(True, [], True)
+    policy = DestinationRules.from_settings(True, [], True)
     problem = url_problem("http://example.com/", policy)
     assert problem is not None and "https" in problem
     assert url_problem("https://example.com/", policy) is None
@@ -377,7 +377,7 @@ def test_display_url_never_raises(url):
 
 def test_turning_block_private_off_allows_private_addresses():
     # made here, not at import: what the settings give now is what is checked
-    policy = DestinationPolicy.from_settings(False, [], False)
+    policy = DestinationRules.from_settings(False, [], False)
     assert policy.block_private is False
     assert address_blocked("10.0.0.1", policy) is None
     assert url_problem("http://127.0.0.1:8080/", policy) is None
@@ -395,7 +395,7 @@ def test_a_legacy_ipv4_literal_in_capitals_is_still_an_address():
 @pytest.mark.parametrize(("url", "policy", "problem"), [
     ("http://x.test:99999/", DEFAULT, "not a valid URL"),
     ("x.test/a", DEFAULT, "scheme '(none)' is not allowed: only http and https"),
-    ("http://x.test/", DestinationPolicy(require_https=True), "https is required (security.require_https)"),
+    ("http://x.test/", DestinationRules(require_https=True), "https is required (security.require_https)"),
     ("http:///a", DEFAULT, "URL has no host"),
     ("http://x.test/a b", DEFAULT, "URL contains whitespace or control characters"),
 ])
@@ -405,33 +405,34 @@ def test_each_url_problem_reads_in_full(url, policy, problem):
 
 # --- whose networks -----------------------------------------------------------------------------------
 
-OPERATOR = DestinationPolicy.from_settings(True, ["10.9.0.0/16"], False)
+OPERATOR = DestinationRules.from_settings(True, ["10.9.0.0/16"], False)
 
 
 def test_the_default_tenants_endpoints_reach_the_operators_networks_and_no_other_tenants_do():
-    ours = tenant_policy(OPERATOR, "default", [])
+    ours = tenant_destinations(OPERATOR, "default", [])
     assert ours is OPERATOR and address_blocked("10.9.0.1", ours) is None
-    theirs = tenant_policy(OPERATOR, "acme", [])
+    theirs = tenant_destinations(OPERATOR, "acme", [])
     assert theirs.tenant_scoped and theirs.allow == ()
     assert address_blocked("10.9.0.1", theirs) == (
         "destination 10.9.0.1 is not allowed for this tenant: not a public address, nor in a network "
         "granted to the tenant")
     assert address_blocked("8.8.8.8", theirs) is None  # public destinations stay open
-    granted = tenant_policy(OPERATOR, "acme", ["10.1.0.0/16"])
+    granted = tenant_destinations(OPERATOR, "acme", ["10.1.0.0/16"])
     assert address_blocked("10.1.2.3", granted) is None
     assert address_blocked("::ffff:10.1.2.3", granted) is None  # the forms that stand for it too
     assert address_blocked("10.9.0.1", granted) is not None
     # a grant to the default tenant adds to the operator's
-    both = tenant_policy(OPERATOR, "default", ["10.1.0.0/16"])
+    both = tenant_destinations(OPERATOR, "default", ["10.1.0.0/16"])
     assert address_blocked("10.1.2.3", both) is None and address_blocked("10.9.0.1", both) is None
 
 
 def test_the_operators_allowances_are_never_a_tenants():
-    anything = DestinationPolicy.from_settings(False, [], True)  # block_private_networks: false
-    assert address_blocked("10.0.0.1", tenant_policy(anything, "default", [])) is None
-    theirs = tenant_policy(anything, "acme", [])
+    anything = DestinationRules.from_settings(False, [], True)  # block_private_networks: false
+    assert address_blocked("10.0.0.1", tenant_destinations(anything, "default", [])) is None
+    theirs = tenant_destinations(anything, "acme", [])
     assert address_blocked("10.0.0.1", theirs) is not None
-    assert address_blocked("169.254.169.254", tenant_policy(anything, "acme", ["10.0.0.0/8"])) is not None
+    granted = tenant_destinations(anything, "acme", ["10.0.0.0/8"])
+    assert address_blocked("169.254.169.254", granted) is not None
     # a restriction holds for everyone
     assert url_problem("http://hooks.example.test/", theirs) == "https is required (security.require_https)"
 

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from worker.rules.classification import Category, RetryPolicy
 from worker.rules.formats import Event, FormatError, digest_item, render, render_digest
-from worker.rules.policy import Category, RetryPolicy
 
 WHEN = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 EVENT = Event("evt_1", "alert.created", WHEN, {"routing_key": "R0UT1NGKEY"})
@@ -190,7 +190,7 @@ def test_category_minimum_delays():
         RetryPolicy.from_json({"min_delays": {}})
 
 
-# --- digests (issue 23) ------------------------------------------------------------------------
+# --- digests -----------------------------------------------------------------------------------
 
 
 def storm(critical=12, warning=20, resolved=5):

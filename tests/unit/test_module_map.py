@@ -3,6 +3,7 @@ one door to the database (worker/store/: only it opens connections and runs SQL)
 the console apart. Read from the source, without importing it."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,50 @@ def test_the_rules_do_no_io():
                     and node.func.attr in NETWORK_CALLS:
                 found.append(f"{path.name}: {ast.unparse(node.func)}()")
     assert found == []
+
+
+ROOT = PACKAGE.parent
+DESIGN = ROOT / "docs" / "design.md"
+# The pages that name modules by path.
+PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "sql" / "README.md",
+         *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def mapped_modules() -> set[str]:
+    """The modules docs/design.md's map of modules has a row for."""
+    text = DESIGN.read_text(encoding="utf-8")
+    section = text[text.index("### The map of modules"):]
+    section = section[:section.index("\n### ", 1)]
+    return set(re.findall(r"^\| `(worker/[\w/]+\.py)` \|", section, re.MULTILINE))
+
+
+def test_the_design_maps_every_module_and_only_modules_that_exist():
+    modules = {str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    mapped = mapped_modules()
+    assert len(mapped) > 50  # the scan reads the tables
+    assert sorted(modules - mapped) == [], "a module without its row in docs/design.md's map of modules"
+    assert sorted(mapped - modules) == [], "a row of docs/design.md's map of modules for no module"
+
+
+def missing_module(dotted: str) -> bool:
+    """Whether `worker.a.b…` (a module and what it holds) names no module: `a` is neither a module
+    nor a package, or a package without `b`. Two-part names are configuration keys (worker.id)."""
+    parts = dotted.split(".")
+    if len(parts) < 3:
+        return False
+    package = PACKAGE / parts[1]
+    if package.is_dir():
+        return not ((package / f"{parts[2]}.py").is_file() or (package / parts[2]).is_dir())
+    return not package.with_suffix(".py").is_file()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_module_a_page_names_exists(page: Path):
+    text = page.read_text(encoding="utf-8")
+    named = set(re.findall(r"\bworker/[\w/]+\.py\b", text))
+    assert sorted(name for name in named if not (ROOT / name).is_file()) == []
+    dotted = set(re.findall(r"(?<![\w./-])worker(?:\.[a-z_]+)+", text))
+    assert sorted(name for name in dotted if missing_module(name)) == []
 
 
 BENCH = Path(bench.__file__).parent

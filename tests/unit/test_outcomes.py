@@ -4,8 +4,8 @@ import uuid
 from datetime import UTC, datetime
 
 from worker.daemon import outcomes
+from worker.rules.classification import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
 from worker.rules.model import Claimed, Sent
-from worker.rules.policy import AttemptResult, Category, Outcome, RetryPolicy, RetrySchedule
 
 SCHEDULE = RetrySchedule(delays=(10.0, 20.0), jitter=0.0)
 

@@ -3,8 +3,8 @@
 import json
 import uuid
 
+from worker.rules.classification import Outcome
 from worker.rules.model import Finished
-from worker.rules.policy import Outcome
 from worker.store.queue import outcomes_document
 
 

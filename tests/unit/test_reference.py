@@ -129,6 +129,19 @@ def test_a_page_reads_as_what_is_not_as_a_work_log(page: Path):
     assert not log, f"{page.relative_to(ROOT)}: issue numbers and work-log words belong in git history: {log}"
 
 
+# What a test, a module or a benchmark cites instead of saying what it checks or does.
+TRACKER = re.compile(r".{0,30}\b(?:[Ii]ssue #?\d+|[Tt]he issue(?:'s)?|[Ss]top \d+|[Rr]ound of issue)\b"
+                     r".{0,30}")
+CODE = sorted(path for folder in ("worker", "tests", "bench", "scripts")
+              for path in (ROOT / folder).rglob("*.py"))
+
+
+def test_code_and_tests_say_what_they_check_not_which_tracker_entry_asked_for_it():
+    cited = {str(path.relative_to(ROOT)): found for path in CODE
+             if (found := TRACKER.findall(path.read_text(encoding="utf-8")))}
+    assert cited == {}
+
+
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -3,7 +3,7 @@ and its URL's length."""
 
 import pytest
 
-from worker.rules.destinations import DestinationPolicy
+from worker.rules.destinations import DestinationRules
 from worker.rules.registration import (
     MAX_URL_CHARS,
     PRODUCT_HEADERS,
@@ -94,17 +94,17 @@ HOOK = "https://hooks.example.com/"
 
 def test_a_url_of_2048_characters_is_registered_and_one_more_is_refused_without_echoing_it():
     longest = HOOK + "p" * (MAX_URL_CHARS - len(HOOK))
-    assert len(longest) == 2048 and registration_url_problem(longest, DestinationPolicy()) is None
+    assert len(longest) == 2048 and registration_url_problem(longest, DestinationRules()) is None
     too_long = HOOK + "SECRETPATH" + "p" * 3000
-    problem = registration_url_problem(too_long, DestinationPolicy())
+    problem = registration_url_problem(too_long, DestinationRules())
     assert problem == f"URL longer than 2,048 characters (it has {len(too_long):,})"
     assert "SECRETPATH" not in problem
     # counted in characters, as README states it, not in bytes
-    assert registration_url_problem(HOOK + "é" * (MAX_URL_CHARS - len(HOOK)), DestinationPolicy()) is None
+    assert registration_url_problem(HOOK + "é" * (MAX_URL_CHARS - len(HOOK)), DestinationRules()) is None
 
 
 def test_the_length_is_checked_before_the_destination_rules():
-    policy = DestinationPolicy()
+    policy = DestinationRules()
     assert "scheme" in (registration_url_problem("ftp://example.com/x", policy) or "")
     assert "longer than" in (registration_url_problem("ftp://example.com/" + "x" * 3000, policy) or "")
 

@@ -1,4 +1,4 @@
-"""The files of sql/: each function, view and trigger is defined in exactly one place (issue 19)."""
+"""The files of sql/: each function, view and trigger is defined in exactly one place."""
 
 import re
 from collections import Counter

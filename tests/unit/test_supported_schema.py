@@ -1,4 +1,4 @@
-"""The schema range a worker supports: one constant, stated in README as it is (issue 24)."""
+"""The schema range a worker supports: one constant, stated in README as it is."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""The delivery counter's `tenant` label (issue 21): bounded like the endpoint label, `other` for the rest."""
+"""The delivery counter's `tenant` label: bounded like the endpoint label, `other` for the rest."""
 
 from worker.observability import DELIVERY_OUTCOMES, OTHER_TENANTS, Metrics, tenant_label
 from worker.rules import tenants

@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from worker.daemon.attempt import Executor, InFlight
 from worker.daemon.sender import Sender
 from worker.observability import Metrics, attempt_span, get_logger
-from worker.rules.destinations import DestinationPolicy
+from worker.rules.classification import Outcome, RetrySchedule
+from worker.rules.destinations import DestinationRules
 from worker.rules.model import Claimed, Finished
-from worker.rules.policy import Outcome, RetrySchedule
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -65,7 +65,7 @@ def attempt(members: list[Claimed]) -> list[Finished]:
     given: list[Finished] = []
 
     async def run() -> None:
-        sender = Sender(1, DestinationPolicy(block_private=False))
+        sender = Sender(1, DestinationRules(block_private=False))
         await sender.start()
         executor = Executor(sender, Metrics(), get_logger(), given.append, lambda flight: None, 5.0, 55.0)
         try:

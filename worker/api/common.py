@@ -15,7 +15,7 @@ from worker.api.inputs import (
     MAX_PAGE,
     Query,
 )
-from worker.rules.policy import CATEGORIES, category_problem
+from worker.rules.classification import CATEGORIES, category_problem
 from worker.rules.tokens import Caller
 from worker.store import tenants as tenant_store
 from worker.web.context import (

@@ -20,7 +20,7 @@ from worker.api.inputs import (
 )
 from worker.config import MAX_LEASE_SECONDS
 from worker.observability import get_logger
-from worker.rules.policy import RetrySchedule
+from worker.rules.classification import RetrySchedule
 from worker.rules.shapes import json_default
 from worker.store import deliveries as delivery_store
 from worker.store import settings as setting_store

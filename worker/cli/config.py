@@ -8,7 +8,7 @@ import json
 import psycopg
 
 from worker.cli.base import Commands, UsageError, connect, emit, endpoint_ref, run_async
-from worker.rules.policy import RetrySchedule
+from worker.rules.classification import RetrySchedule
 from worker.store import deliveries as delivery_store
 from worker.store import settings as setting_store
 

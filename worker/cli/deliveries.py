@@ -21,7 +21,7 @@ from worker.cli.base import (
     tenant_scope,
 )
 from worker.rules import coalescing
-from worker.rules.policy import CATEGORIES
+from worker.rules.classification import CATEGORIES
 from worker.store import deliveries as delivery_store
 from worker.store import operations as operation_store
 from worker.store.database import Conn

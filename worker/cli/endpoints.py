@@ -203,7 +203,7 @@ async def verify_endpoint(url: str, secret: str, seconds: float, config: Config,
         sender = sender_for(config)
         await sender.start()
         try:
-            return await sender.post(url, body, headers, seconds, seconds, scope.policy(config))
+            return await sender.post(url, body, headers, seconds, seconds, scope.rules(config))
         finally:
             await sender.close()
 

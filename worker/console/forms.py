@@ -8,8 +8,8 @@ from typing import Any
 
 from worker.console.queries import ENDPOINT_ACTIONS, PAGE_ROWS
 from worker.rules import wording
+from worker.rules.classification import category_problem
 from worker.rules.endpoints import MAX_REASON_CHARS
-from worker.rules.policy import category_problem
 
 MAX_REASON_LENGTH = MAX_REASON_CHARS  # the API's limit too: one rule
 MAX_FILTER_LENGTH = 200

@@ -16,9 +16,9 @@ from multidict import MultiDictProxy
 from worker.console import forms, queries, sessions
 from worker.observability import get_logger
 from worker.rules import portal, wording
+from worker.rules.classification import CATEGORIES
 from worker.rules.event_types import MAX_DESCRIPTION_CHARS
 from worker.rules.formats import FORMATS as BODY_FORMATS
-from worker.rules.policy import CATEGORIES
 from worker.rules.tokens import Caller
 from worker.store import endpoints as endpoint_store
 from worker.store import tokens as token_store
@@ -91,7 +91,7 @@ def templates() -> jinja2.Environment:
     environment.globals["endpoint_label"] = endpoint_label  # as the CLI's lists name an endpoint
     environment.globals["max_reason"] = forms.MAX_REASON_LENGTH
     environment.globals["max_description"] = MAX_DESCRIPTION_CHARS  # the catalogue's, as upsert() checks
-    environment.globals["categories"] = CATEGORIES  # the one list (worker.rules.policy), as the API checks it
+    environment.globals["categories"] = CATEGORIES  # the one list, as the API checks it
     return environment
 
 

@@ -15,8 +15,8 @@ from worker.daemon import outcomes
 from worker.daemon.sender import Sender, carries_transport_text, error_text
 from worker.observability import Metrics, attempt_span, tracing
 from worker.rules import coalescing, formats
+from worker.rules.classification import Outcome
 from worker.rules.model import Claimed, Finished, Sent
-from worker.rules.policy import Outcome
 from worker.rules.redaction import display_url
 
 

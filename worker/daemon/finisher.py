@@ -12,8 +12,8 @@ import psycopg
 
 from worker.daemon.retrying import TRANSIENT_ERRORS, Backoff, brief
 from worker.observability import Metrics
+from worker.rules.classification import Outcome
 from worker.rules.model import Finished, FinishResult
-from worker.rules.policy import Outcome
 from worker.store.queue import Queue
 
 

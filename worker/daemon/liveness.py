@@ -1,4 +1,4 @@
-"""This process's liveness: its registration on a connection of its own, and reclaiming lost workers' rows."""
+"""This process's liveness: its worker id held on a connection of its own; lost workers' rows reclaimed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 import psycopg
 
 from worker.daemon.retrying import DATABASE_ERRORS, Backoff, brief
-from worker.store.queue import Queue, Registration
+from worker.store.queue import Queue, WorkerIdHold
 
 # Each worker checks its own liveness connection and reclaims the rows of lost workers this often;
 # a worker's lock must be missing for the grace before its rows are reclaimed, which a cut liveness
@@ -22,11 +22,11 @@ MAX_BACKOFF_SECONDS = 1.0
 
 
 class Liveness:
-    """Holds this process's registration (sql/functions/liveness.sql) while it runs: `alive` is set
+    """Holds this process's worker id (sql/functions/liveness.sql) while it runs: `alive` is set
     while it is held, and claims wait for it, since rows claimed without it could be reclaimed by
     other workers.
 
-    Registering again (the liveness connection was lost), it gives back every row leased under its
+    Taking the id again (the liveness connection was lost), it gives back every row leased under its
     id that the process does not hold (`held`: the leases of its requests in flight and of outcomes
     not yet written). After a failover to a standby that was behind, the new primary shows rows
     `delivering` whose outcomes went to the old primary; nobody would finish them, and they would
@@ -45,36 +45,36 @@ class Liveness:
         # This process, as opposed to another process under the same worker id.
         self._instance = uuid4()
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._registered_before = False
+        self._held_before = False
 
-    async def register(self) -> Registration:
-        """Open a liveness connection and register this process on it; registering again, give back
-        the rows leased under this id that the process does not hold."""
+    async def hold(self) -> WorkerIdHold:
+        """Open a liveness connection and hold this process's worker id on it; holding it again, give
+        back the rows leased under this id that the process does not hold."""
         await self.close()
         conn = await self.queue.liveness_connection()
         try:
             async with self.claims:
-                registration = await self.queue.register_worker(conn, self.worker_id, self._instance)
+                hold = await self.queue.register_worker(conn, self.worker_id, self._instance)
                 released = 0
-                if registration.registered and self._registered_before:
+                if hold.held and self._held_before:
                     released = await self._release_unheld(conn)
         except BaseException:
             await conn.close()
             raise
-        if not registration.registered:
+        if not hold.held:
             await conn.close()
-            return registration
+            return hold
         self._conn = conn
-        self._registered_before = True
+        self._held_before = True
         self.alive.set()
-        if registration.reclaimed:
+        if hold.reclaimed:
             self.log.warning("reclaimed the rows an earlier process under this worker id left in flight",
-                             rows=registration.reclaimed)
+                             rows=hold.reclaimed)
         if released:
             self.log.warning("gave back rows leased under this worker id that it does not hold (their "
                              "outcomes were lost, as in a failover to a standby that was behind)",
                              rows=released)
-        return registration
+        return hold
 
     async def _release_unheld(self, conn: psycopg.AsyncConnection[Any]) -> int:
         try:
@@ -85,15 +85,15 @@ class Liveness:
             return 0
 
     async def run(self) -> None:
-        """Keep this process registered and reclaim lost workers' rows, every INTERVAL_SECONDS,
+        """Keep this process's worker id held and reclaim lost workers' rows, every INTERVAL_SECONDS,
         until cancelled. While the liveness connection is down, `alive` is clear."""
         backoff = Backoff(first=0.05, cap=MAX_BACKOFF_SECONDS)
         while True:
             try:
                 if self._conn is None or self._conn.closed:
-                    registration = await self.register()
-                    if not registration.registered:
-                        self.log.error(id_in_use(self.worker_id, registration),
+                    hold = await self.hold()
+                    if not hold.held:
+                        self.log.error(id_in_use(self.worker_id, hold),
                                        action="not claiming until the id is free")
                         await asyncio.sleep(backoff.next())
                         continue
@@ -121,7 +121,7 @@ class Liveness:
                 await asyncio.sleep(INTERVAL_SECONDS)
 
     async def close(self) -> None:
-        # alive means holding a registered liveness connection: claims wait from here on
+        # alive means holding the worker id on a liveness connection: claims wait from here on
         self.alive.clear()
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -129,9 +129,9 @@ class Liveness:
                 await conn.close()
 
 
-def id_in_use(worker_id: str, registration: Registration) -> str:
+def id_in_use(worker_id: str, hold: WorkerIdHold) -> str:
     """The error for a worker id another live process holds."""
-    since = f" since {registration.holder_since:%Y-%m-%d %H:%M:%S %Z}" if registration.holder_since else ""
-    holder = f" (database backend pid {registration.holder_pid}{since})" if registration.holder_pid else ""
+    since = f" since {hold.holder_since:%Y-%m-%d %H:%M:%S %Z}" if hold.holder_since else ""
+    holder = f" (database backend pid {hold.holder_pid}{since})" if hold.holder_pid else ""
     return (f"worker.id: {worker_id!r} is already in use by a running worker{holder}; "
             "give each worker process its own id")

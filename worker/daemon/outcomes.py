@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from worker.rules.classification import Category, Outcome, classify, retry_delay
 from worker.rules.model import Claimed, Finished, Sent
-from worker.rules.policy import Category, Outcome, classify, retry_delay
 from worker.rules.redaction import redact
 
 # The failure category of a request still open when the shutdown grace ran out: a retry, its

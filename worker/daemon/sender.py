@@ -20,17 +20,17 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from worker import __version__
 from worker.config import tls_context
 from worker.rules import signing
+from worker.rules.classification import AttemptResult, Category
 from worker.rules.coalescing import digest_label
 from worker.rules.destinations import (
     OPERATOR_TENANT,
     BlockedDestination,
-    DestinationPolicy,
+    DestinationRules,
     address_blocked,
-    tenant_policy,
+    tenant_destinations,
     url_problem,
 )
 from worker.rules.model import Claimed, Sent
-from worker.rules.policy import AttemptResult, Category
 from worker.rules.redaction import redact
 
 USER_AGENT = f"webhook-worker/{__version__}"
@@ -146,18 +146,18 @@ def error_text(exc: BaseException) -> str:
 
 
 class CheckedResolver(AbstractResolver):
-    """Resolves through another resolver and drops the addresses the policy refuses, so a name that
+    """Resolves through another resolver and drops the addresses the rules refuse, so a name that
     only leads to refused addresses fails with the reason instead of a connection."""
 
-    def __init__(self, inner: AbstractResolver, policy: DestinationPolicy) -> None:
+    def __init__(self, inner: AbstractResolver, rules: DestinationRules) -> None:
         self._inner = inner
-        self._policy = policy
+        self._rules = rules
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
-        reasons = [address_blocked(r["host"], self._policy) for r in results]
+        reasons = [address_blocked(r["host"], self._rules) for r in results]
         allowed = [r for r, reason in zip(results, reasons, strict=True) if reason is None]
         if not allowed and results:
             raise BlockedDestination(reasons[0])
@@ -186,13 +186,13 @@ _DROPPED_CONNECTION = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError,
                        aiohttp.ClientConnectionResetError)
 
 
-def checked_socket_factory(policy: DestinationPolicy) -> Callable[[AddrInfoType], socket.socket]:
+def checked_socket_factory(rules: DestinationRules) -> Callable[[AddrInfoType], socket.socket]:
     """A socket factory that checks the exact address about to be connected to. aiohttp skips the
     resolver for IP literals, so this is the check no URL form can go around."""
 
     def make(addr_info: AddrInfoType) -> socket.socket:
         family, type_, proto, _, sockaddr = addr_info
-        reason = address_blocked(str(sockaddr[0]), policy)
+        reason = address_blocked(str(sockaddr[0]), rules)
         if reason is not None:
             raise BlockedDestination(reason)
         request = _current_request.get()
@@ -218,15 +218,15 @@ def dropped_keepalive(exc: BaseException, opened_sockets: int) -> bool:
 class Sender:
     """Owns the HTTP sessions; every attempt goes through send().
 
-    Each destination policy has sessions of its own (the operator's, and one per set of networks
-    granted to tenants), so a connection, or a name resolved, under one policy is never reused
+    Each set of destination rules has sessions of its own (the operator's, and one per set of networks
+    granted to tenants), so a connection, or a name resolved, under one set of rules is never reused
     under another: a keep-alive connection to an internal address opened for the operator's
     endpoint must not carry a tenant's request to the same host, which the tenant may not reach."""
 
     def __init__(
         self,
         concurrency: int,
-        policy: DestinationPolicy | None = None,
+        rules: DestinationRules | None = None,
         max_response_bytes: int = 64 * 1024,
         max_header_bytes: int = 8 * 1024,
         resolver: AbstractResolver | None = None,
@@ -235,58 +235,59 @@ class Sender:
         self._concurrency = concurrency
         self._ca_bundle_file = ca_bundle_file
         # the operator's: security.* of the configuration
-        self._policy = policy or DestinationPolicy()
+        self._rules = rules or DestinationRules()
         # Read at most this much of a response; a larger body is cut off and its connection closed.
         self._max_response_bytes = max_response_bytes
         self._max_header_bytes = max_header_bytes
         self._resolver = resolver
-        # url_problem's answer per endpoint URL, keyed by (endpoint id, URL version, policy), never
+        # url_problem's answer per endpoint URL, keyed by (endpoint id, URL version, rules), never
         # by the URL itself, which may carry a token: it buys not parsing the URL again on every
         # attempt, which cost about as much as signing the request.
-        self._url_problems: dict[tuple[int, str, DestinationPolicy], str | None] = {}
-        # Each tenant's policy, by whether it is the operator's tenant and what it was granted.
-        self._tenant_policies: dict[tuple[bool, tuple[object, ...]], DestinationPolicy] = {}
+        self._url_problems: dict[tuple[int, str, DestinationRules], str | None] = {}
+        # Each tenant's rules, by whether it is the operator's tenant and what it was granted.
+        self._tenant_rules: dict[tuple[bool, tuple[object, ...]], DestinationRules] = {}
         self._tls: ssl.SSLContext | bool = True
-        # Per policy: the session, and one only for a request sent again after its kept-alive
+        # Per set of rules: the session, and one only for a request sent again after its kept-alive
         # connection was dropped, whose connections are never reused, so the second try cannot
         # meet the same race.
-        self._sessions: dict[DestinationPolicy, tuple[aiohttp.ClientSession, aiohttp.ClientSession]] = {}
+        self._sessions: dict[DestinationRules, tuple[aiohttp.ClientSession, aiohttp.ClientSession]] = {}
         self._started = False
 
     async def start(self) -> None:
         # aiohttp's own verifying default unless a private CA is added to the system's
         self._tls = tls_context(self._ca_bundle_file) if self._ca_bundle_file else True
         self._started = True
-        self._sessions_for(self._policy)
+        self._sessions_for(self._rules)
 
-    def _sessions_for(self, policy: DestinationPolicy) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
-        """The policy's sessions, made the first time it is used (the policies are the operator's:
+    def _sessions_for(self, rules: DestinationRules) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
+        """The sessions of these rules, made the first time they are used (the rules are the operator's:
         one, and one per distinct set of networks granted to tenants)."""
         assert self._started, "Sender.start() first"
-        sessions = self._sessions.get(policy)
+        sessions = self._sessions.get(rules)
         if sessions is None:
-            sessions = self._sessions[policy] = (self._new_session(policy, force_close=False),
-                                                 self._new_session(policy, force_close=True))
+            sessions = self._sessions[rules] = (self._new_session(rules, force_close=False),
+                                                 self._new_session(rules, force_close=True))
         return sessions
 
-    def policy_for(self, row: Claimed) -> DestinationPolicy:
-        """Where the row's endpoint may deliver: its tenant's policy (worker.rules.destinations), or the
+    def rules_for(self, row: Claimed) -> DestinationRules:
+        """Where the row's endpoint may deliver: its tenant's rules (worker.rules.destinations), or the
         operator's when the claim carries no tenant's networks (a schema that predates them)."""
         if row.tenant_networks is None:
-            return self._policy
+            return self._rules
         key = (row.tenant == OPERATOR_TENANT, row.tenant_networks)
-        policy = self._tenant_policies.get(key)
-        if policy is None:
-            if len(self._tenant_policies) >= MAX_CHECKED_URLS:
-                self._tenant_policies.clear()
-            policy = self._tenant_policies[key] = tenant_policy(self._policy, row.tenant, row.tenant_networks)
-        return policy
+        rules = self._tenant_rules.get(key)
+        if rules is None:
+            if len(self._tenant_rules) >= MAX_CHECKED_URLS:
+                self._tenant_rules.clear()
+            rules = tenant_destinations(self._rules, row.tenant, row.tenant_networks)
+            self._tenant_rules[key] = rules
+        return rules
 
-    def _new_session(self, policy: DestinationPolicy, force_close: bool) -> aiohttp.ClientSession:
-        resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), policy)
+    def _new_session(self, rules: DestinationRules, force_close: bool) -> aiohttp.ClientSession:
+        resolver = CheckedResolver(self._resolver or aiohttp.DefaultResolver(), rules)
         connector = aiohttp.TCPConnector(
             limit=self._concurrency, limit_per_host=0, ttl_dns_cache=60, resolver=resolver,
-            socket_factory=checked_socket_factory(policy), force_close=force_close,
+            socket_factory=checked_socket_factory(rules), force_close=force_close,
             ssl=self._tls,
         )
         return aiohttp.ClientSession(
@@ -306,46 +307,46 @@ class Sender:
                 await session.close()
 
     async def send(self, row: Claimed, body: bytes, timeout_seconds: float) -> Sent:
-        policy = self.policy_for(row)
-        problem = self.url_problem(row, policy)
+        rules = self.rules_for(row)
+        problem = self.url_problem(row, rules)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
         headers = request_headers(row, int(time.time()), body)
         connect_timeout = row.retry_policy.connect_timeout_seconds
-        return await self._post(row.url, body, headers, timeout_seconds, connect_timeout, policy)
+        return await self._post(row.url, body, headers, timeout_seconds, connect_timeout, rules)
 
-    def url_problem(self, row: Claimed, policy: DestinationPolicy | None = None) -> str | None:
+    def url_problem(self, row: Claimed, rules: DestinationRules | None = None) -> str | None:
         """Why the row's URL can never be delivered to (url_problem), asked once per URL version
-        and policy."""
-        policy = policy or self.policy_for(row)
+        and rules."""
+        rules = rules or self.rules_for(row)
         if not row.url_version:
-            return url_problem(row.url, policy)
-        key = (row.endpoint_id, row.url_version, policy)
+            return url_problem(row.url, rules)
+        key = (row.endpoint_id, row.url_version, rules)
         try:
             return self._url_problems[key]
         except KeyError:
             if len(self._url_problems) >= MAX_CHECKED_URLS:
                 self._url_problems.clear()
-            problem = self._url_problems[key] = url_problem(row.url, policy)
+            problem = self._url_problems[key] = url_problem(row.url, rules)
             return problem
 
     async def post(
         self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
-        connect_timeout: float | None, policy: DestinationPolicy | None = None,
+        connect_timeout: float | None, rules: DestinationRules | None = None,
     ) -> Sent:
-        """One POST under the destination rules (`policy`, else the operator's) and bounds; every
+        """One POST under the destination rules (`rules`, else the operator's) and bounds; every
         outcome is a Sent, never a raise."""
-        policy = policy or self._policy
-        problem = url_problem(url, policy)
+        rules = rules or self._rules
+        problem = url_problem(url, rules)
         if problem is not None:
             return Sent(AttemptResult(failure=Category.BLOCKED, error=problem), 0, None)
-        return await self._post(url, body, headers, timeout_seconds, connect_timeout, policy)
+        return await self._post(url, body, headers, timeout_seconds, connect_timeout, rules)
 
     async def _post(
         self, url: str, body: bytes, headers: dict[str, str], timeout_seconds: float,
-        connect_timeout: float | None, policy: DestinationPolicy,
+        connect_timeout: float | None, rules: DestinationRules,
     ) -> Sent:
-        session, fresh_session = self._sessions_for(policy)
+        session, fresh_session = self._sessions_for(rules)
         started = time.monotonic()
         request = _RequestConnections()
         token = _current_request.set(request)

@@ -29,7 +29,7 @@ from worker.encryption import KEYS_ENV, load_keyring
 from worker.errors import ConfigError
 from worker.observability import Metrics, ProbeServer, get_logger
 from worker.rules import coalescing
-from worker.rules.destinations import DestinationPolicy
+from worker.rules.destinations import DestinationRules
 from worker.rules.model import Claimed
 from worker.runtime import cancel_and_wait
 from worker.store.queue import DeliverySettings, Queue
@@ -127,7 +127,7 @@ class Worker:
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready: started, not shutting down, the database reachable with a schema we support, and
-        claiming (registered: claims wait while the liveness registration is lost)."""
+        claiming (the worker id held: claims wait while its liveness connection is lost)."""
         if self._stopping.is_set():
             return False, {"reason": "shutting down"}
         if self.effective is None:
@@ -174,7 +174,7 @@ class Worker:
                 return
             self.effective = Effective.resolve(self.config, settings)
             await self._check_keys()
-            if not await self._register_at_start():
+            if not await self._hold_id_at_start():
                 return
             longest_request = self.effective.lease_seconds - LEASE_MARGIN_SECONDS
             self._executor = Executor(self.sender, self.metrics, self.log, self.finisher.put, self._done,
@@ -206,7 +206,7 @@ class Worker:
             await self.sender.close()
             await self.queue.close()
             # Last: whatever is still ours in the database stays ours until every outcome is written.
-            # Stopped before its connection closes, or it would register the worker again.
+            # Stopped before its connection closes, or it would take the worker id again.
             if liveness is not None:
                 await cancel_and_wait([liveness])
             await self.liveness.close()
@@ -261,15 +261,15 @@ class Worker:
                 await self._sleep(delay)
         return None
 
-    async def _register_at_start(self) -> bool:
+    async def _hold_id_at_start(self) -> bool:
         """Register before the first claim, waiting for the database; False if stopped meanwhile.
         A second live process under the same worker id is refused with one clear error."""
-        registration = await self._until_database(
-            self.liveness.register, "could not register the worker's liveness; retrying")
-        if registration is None:
+        hold = await self._until_database(
+            self.liveness.hold, "could not register the worker's liveness; retrying")
+        if hold is None:
             return False
-        if not registration.registered:
-            raise ConfigError(id_in_use(self.worker_id, registration))
+        if not hold.held:
+            raise ConfigError(id_in_use(self.worker_id, hold))
         return True
 
     # --- claim ---------------------------------------------------------------------------------
@@ -326,8 +326,8 @@ class Worker:
 
     async def _claim_and_start(self, executor: Executor, want: int) -> list[Claimed] | None:
         """Claim up to `want` rows and start their requests; None if stop() came first. Holds
-        liveness.claims until the rows are in _in_flight: a registration made again meanwhile gives
-        back the rows leased under this id that it does not see held (Liveness.register)."""
+        liveness.claims until the rows are in _in_flight: the id held again meanwhile gives
+        back the rows leased under this id that it does not see held (Liveness.hold)."""
         assert self.effective is not None
         loop = asyncio.get_running_loop()
         async with self.liveness.claims:
@@ -451,9 +451,9 @@ def quiet_after_claim(previous: float, found_rows: bool, by_notify: bool) -> flo
     return min(max(previous * 2, WAKE_QUIET_MIN_SECONDS), WAKE_QUIET_MAX_SECONDS)
 
 
-def destination_policy(config: Config) -> DestinationPolicy:
+def destination_rules(config: Config) -> DestinationRules:
     security = config.security
-    return DestinationPolicy.from_settings(
+    return DestinationRules.from_settings(
         security.block_private_networks, security.allow_networks, security.require_https
     )
 
@@ -461,7 +461,7 @@ def destination_policy(config: Config) -> DestinationPolicy:
 def sender_for(config: Config) -> Sender:
     """The HTTP side as configured: destination rules and response bounds."""
     security = config.security
-    return Sender(config.worker.concurrency, destination_policy(config), security.max_response_bytes,
+    return Sender(config.worker.concurrency, destination_rules(config), security.max_response_bytes,
                   security.max_response_header_bytes, ca_bundle_file=security.ca_bundle_file)
 
 

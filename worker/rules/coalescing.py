@@ -55,7 +55,7 @@ def digest_label(digest_id: int) -> str:
     return f"d-{digest_id}"
 
 
-def policy_problem(
+def settings_problem(
     coalesce_max: int | None, window_seconds: float | None, body_format: str | None
 ) -> str | None:
     """What is wrong with a coalescing policy, naming the option; None if it can be stored.
@@ -74,7 +74,7 @@ def policy_problem(
     return None
 
 
-def policy_changes(
+def settings_changes(
     coalesce_max: int | None, window_seconds: float | None, body_format: str | None,
     stored_max: int | None = None,
 ) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def policy_changes(
             raise ValueError(f"--format {body_format}: the endpoint coalesces, and {body_format} bodies "
                              "never are; turn coalescing off first (--coalesce-max 0)")
         return {}
-    problem = policy_problem(coalesce_max if coalesce_max is not None else stored_max, window_seconds,
+    problem = settings_problem(coalesce_max if coalesce_max is not None else stored_max, window_seconds,
                              body_format)
     if problem is not None:
         raise ValueError(problem)

@@ -12,8 +12,8 @@ Networks belong to whom the operator gives them. The operator's own endpoints, t
 security.block_private_networks). Any other tenant's endpoints reach public destinations and the
 networks the operator granted that tenant (tenants.allow_networks), never the operator's: a
 tenant's administrator or a portal customer registers URLs, and reads the answers in the
-deliveries' excerpts (tenant_policy()). The CLI, the API, the console and the worker all ask
-tenant_policy().
+deliveries' excerpts (tenant_destinations()). The CLI, the API, the console and the worker all ask
+tenant_destinations().
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ MAX_GRANTED_NETWORKS = 100
 
 
 @dataclass(frozen=True)
-class DestinationPolicy:
+class DestinationRules:
     block_private: bool = True
     allow: tuple[Network, ...] = ()
     require_https: bool = False
@@ -63,22 +63,22 @@ class DestinationPolicy:
     @classmethod
     def from_settings(
         cls, block_private: bool, allow_networks: Iterable[str], require_https: bool
-    ) -> DestinationPolicy:
+    ) -> DestinationRules:
         allow = tuple(ipaddress.ip_network(n, strict=False) for n in allow_networks)
         return cls(block_private=block_private, allow=allow, require_https=require_https)
 
 
-def tenant_policy(operator: DestinationPolicy, tenant: str, granted: Iterable[Network | str]
-                  ) -> DestinationPolicy:
+def tenant_destinations(operator: DestinationRules, tenant: str, granted: Iterable[Network | str]
+                        ) -> DestinationRules:
     """Where an endpoint of `tenant` may deliver: the `default` tenant's endpoints are the
-    operator's, and reach what `operator` (the configuration's policy) allows, plus any networks
+    operator's, and reach what `operator` (the configuration's rules) allows, plus any networks
     granted to that tenant; any other tenant's reach public destinations and the networks granted
     to it, never the operator's allowances (allow_networks, block_private_networks: false).
     require_https holds for every endpoint."""
     networks = tuple(n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in granted)
     if tenant == OPERATOR_TENANT:
         return replace(operator, allow=operator.allow + networks) if networks else operator
-    return DestinationPolicy(block_private=True, allow=networks, require_https=operator.require_https,
+    return DestinationRules(block_private=True, allow=networks, require_https=operator.require_https,
                              tenant_scoped=True)
 
 
@@ -125,28 +125,28 @@ def _special(address: Address) -> bool:
     )
 
 
-def address_blocked(address: Address | str, policy: DestinationPolicy) -> str | None:
+def address_blocked(address: Address | str, rules: DestinationRules) -> str | None:
     """Why a connection to this address is refused, or None when it is allowed."""
     if isinstance(address, str):
         address = ipaddress.ip_address(address.partition("%")[0])  # drop an IPv6 zone id
     inner = embedded_ipv4(address)
     candidates = (address, inner) if inner is not None else (address,)
-    if any(c in network for c in candidates for network in policy.allow if network.version == c.version):
+    if any(c in network for c in candidates for network in rules.allow if network.version == c.version):
         return None
-    if not policy.block_private:
+    if not rules.block_private:
         return None
     if inner is not None:
         # Judge the IPv4 address it stands for (a NAT64 form of a public address is public).
         if _special(inner):
-            return _refusal(f"destination {address} (stands for {inner})", policy)
+            return _refusal(f"destination {address} (stands for {inner})", rules)
         return None
     if _special(address):
-        return _refusal(f"destination {address}", policy)
+        return _refusal(f"destination {address}", rules)
     return None
 
 
-def _refusal(destination: str, policy: DestinationPolicy) -> str:
-    if policy.tenant_scoped:
+def _refusal(destination: str, rules: DestinationRules) -> str:
+    if rules.tenant_scoped:
         return (f"{destination} is not allowed for this tenant: not a public address, nor in a network "
                 "granted to the tenant")
     return f"{destination} is not a public address"
@@ -158,7 +158,7 @@ def refused_as_private(problem: str) -> bool:
     return "not a public address" in problem
 
 
-def url_problem(url: str, policy: DestinationPolicy) -> str | None:
+def url_problem(url: str, rules: DestinationRules) -> str | None:
     """Why this URL can never be delivered to, or None. Checks the form and any IP literal; names
     are checked when they resolve, at delivery time."""
     if len(url.encode()) > MAX_URL_LENGTH:
@@ -171,14 +171,14 @@ def url_problem(url: str, policy: DestinationPolicy) -> str | None:
         return "not a valid URL"
     if parts.scheme not in ("http", "https"):
         return f"scheme {parts.scheme or '(none)'!r} is not allowed: only http and https"
-    if policy.require_https and parts.scheme != "https":
+    if rules.require_https and parts.scheme != "https":
         return "https is required (security.require_https)"
     if not host:
         return "URL has no host"
     if any(c in url for c in "\r\n\t\x00 "):
         return "URL contains whitespace or control characters"
     literal = ip_literal(host)
-    return None if literal is None else address_blocked(literal, policy)
+    return None if literal is None else address_blocked(literal, rules)
 
 
 def ip_literal(host: str) -> Address | None:

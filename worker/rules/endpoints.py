@@ -14,15 +14,15 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from worker.config import Config
 from worker.rules import coalescing, formats, wording
 from worker.rules import tenants as tenant_rules
+from worker.rules.classification import MAX_DELAY_SECONDS, RetrySchedule
 from worker.rules.destinations import (
     Address,
-    DestinationPolicy,
+    DestinationRules,
     address_blocked,
     ip_literal,
     refused_as_private,
-    tenant_policy,
+    tenant_destinations,
 )
-from worker.rules.policy import MAX_DELAY_SECONDS, RetrySchedule
 from worker.rules.redaction import display_url
 from worker.rules.registration import (
     MAX_ENDPOINT_NAME_CHARS,
@@ -262,22 +262,22 @@ def parse(model: type[EndpointFields], data: dict[str, Any]) -> Any:
 # --- the destination ------------------------------------------------------------------------------
 
 
-def destination_policy(config: Config) -> DestinationPolicy:
+def destination_rules(config: Config) -> DestinationRules:
     security = config.security
-    return DestinationPolicy.from_settings(security.block_private_networks, security.allow_networks,
+    return DestinationRules.from_settings(security.block_private_networks, security.allow_networks,
                                            security.require_https)
 
 
 @dataclass(frozen=True)
 class DestinationScope:
     """The tenant an endpoint is registered in, or belongs to, and the networks granted to it:
-    where it may deliver (worker.rules.destinations.tenant_policy)."""
+    where it may deliver (worker.rules.destinations.tenant_destinations)."""
 
     tenant: str
     granted: tuple[str, ...] = ()
 
-    def policy(self, config: Config) -> DestinationPolicy:
-        return tenant_policy(destination_policy(config), self.tenant, self.granted)
+    def rules(self, config: Config) -> DestinationRules:
+        return tenant_destinations(destination_rules(config), self.tenant, self.granted)
 
 
 def allow_networks_hint(problem: str, address: Address | None) -> str:
@@ -314,16 +314,16 @@ def check_destination(url: str, config: Config, scope: DestinationScope, advise:
     tells how to allow the address; a tenant's own caller is told only that it is not allowed.
     `resolve` gives a host's addresses: blocking (DNS), so the API and the console call this in a
     thread, never inside a transaction."""
-    policy = scope.policy(config)
+    rules = scope.rules(config)
 
     def hint(problem: str, address: Address | None) -> str:
         if not advise:
             return ""
-        if policy.tenant_scoped:
+        if rules.tenant_scoped:
             return grant_hint(problem, address, scope)
         return allow_networks_hint(problem, address)
 
-    problem = registration_url_problem(url, policy)
+    problem = registration_url_problem(url, rules)
     if problem is not None:
         literal = ip_literal(urlsplit(url).hostname or "") if refused_as_private(problem) else None
         raise EndpointProblem("url", problem, hint=hint(problem, literal))
@@ -337,7 +337,7 @@ def check_destination(url: str, config: Config, scope: DestinationScope, advise:
         raise EndpointProblem("url", "the host is not a valid domain name") from None
     except OSError:
         return f"{host} does not resolve now; deliveries fail as `dns` until it does"
-    reasons = [address_blocked(address, policy) for address in found]
+    reasons = [address_blocked(address, rules) for address in found]
     if reasons and all(reasons):
         raise EndpointProblem("url", f"{host} resolves to a refused address: {reasons[0]}",
                               hint=hint(reasons[0] or "", ip_literal(found[0])))
@@ -377,7 +377,7 @@ _COALESCING_OPTIONS = {"--coalesce-max": "coalesce_max", "--coalesce-window": "c
 def coalescing_changes(body: EndpointFields, body_format: str | None, stored_max: int | None = None
                 ) -> dict[str, Any]:
     try:
-        return coalescing.policy_changes(body.coalesce_max, body.coalesce_window, body_format, stored_max)
+        return coalescing.settings_changes(body.coalesce_max, body.coalesce_window, body_format, stored_max)
     except ValueError as exc:
         option, _, detail = str(exc).partition(": ")
         field = _COALESCING_OPTIONS.get(option.partition(" ")[0], "(body)")

@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from worker.rules.classification import AttemptResult, Outcome, RetryPolicy, RetrySchedule
 from worker.rules.destinations import Network
-from worker.rules.policy import AttemptResult, Outcome, RetryPolicy, RetrySchedule
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Claimed:
     tenant: str = "default"
     tenant_rank: int = 1
     # The networks granted to the row's tenant, where its endpoint may deliver besides public
-    # destinations (worker.rules.destinations.tenant_policy); None: the claim carries none (a schema
+    # destinations (worker.rules.destinations.tenant_destinations); None: the claim carries none (a schema
     # that predates them), and the operator's rules apply, as they did then.
     tenant_networks: tuple[Network, ...] | None = None
 

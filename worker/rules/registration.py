@@ -7,7 +7,7 @@ import string
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from worker.rules.destinations import DestinationPolicy, url_problem
+from worker.rules.destinations import DestinationRules, url_problem
 
 # Set by webhook-worker on every request (and sendable_headers() drops any stored header these rules
 # refuse, so none of them is ever sent either).
@@ -58,12 +58,12 @@ def endpoint_name_problem(name: str) -> str | None:
     return None
 
 
-def registration_url_problem(url: str, policy: DestinationPolicy) -> str | None:
+def registration_url_problem(url: str, rules: DestinationRules) -> str | None:
     """Why an endpoint cannot be registered with this URL, or None: its length, then the destination
     rules (its form, an IP literal). The message never contains the URL."""
     if len(url) > MAX_URL_CHARS:
         return f"URL longer than {MAX_URL_CHARS:,} characters (it has {len(url):,})"
-    return url_problem(url, policy)
+    return url_problem(url, rules)
 
 
 def is_reserved(name: str) -> bool:

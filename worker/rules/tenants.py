@@ -8,7 +8,7 @@ from typing import Any
 from worker.rules.destinations import granted_networks
 
 # What a tenant may set, as webhooks.set_tenant_limits() names it, with its CLI option: its limits,
-# and the private networks its endpoints may reach (worker.rules.destinations.tenant_policy).
+# and the private networks its endpoints may reach (worker.rules.destinations.tenant_destinations).
 LIMIT_OPTIONS = {
     "rate_limit_per_second": "--rate-limit",
     "rate_limit_burst": "--burst",

@@ -19,8 +19,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from worker import encryption
 from worker.encryption import DecryptionError, Keyring, UnsealedValue
+from worker.rules.classification import RetryPolicy, RetrySchedule
 from worker.rules.model import Claimed, Finished, FinishResult
-from worker.rules.policy import RetryPolicy, RetrySchedule
 from worker.rules.registration import sendable_headers
 
 APPLICATION_NAME = "webhook-worker"
@@ -75,10 +75,11 @@ class Purged:
 
 
 @dataclass(frozen=True)
-class Registration:
-    """What webhooks.register_worker() said: registered, or who holds the worker id."""
+class WorkerIdHold:
+    """What webhooks.register_worker() said: whether this process now holds its worker id (the
+    session advisory lock of its liveness row), or who does."""
 
-    registered: bool
+    held: bool
     holder_pid: int | None
     holder_since: datetime | None
     reclaimed: int  # rows an earlier, dead process under the same id had in flight
@@ -284,7 +285,7 @@ class Queue:
 
     async def register_worker(
         self, conn: psycopg.AsyncConnection[Any], worker_id: str, instance: UUID
-    ) -> Registration:
+    ) -> WorkerIdHold:
         cur = conn.cursor(row_factory=dict_row)
         if self.pool_tenants == (None, None):  # the call a schema before tenants (4) also has
             await cur.execute("SELECT * FROM webhooks.register_worker(%s, %s)", (worker_id, instance))
@@ -293,7 +294,7 @@ class Queue:
                               (worker_id, instance, *self.pool_tenants))
         row = await cur.fetchone()
         assert row is not None
-        return Registration(registered=bool(row["registered"]), holder_pid=row["holder_pid"],
+        return WorkerIdHold(held=bool(row["registered"]), holder_pid=row["holder_pid"],
                             holder_since=row["holder_since"], reclaimed=int(row["reclaimed"] or 0))
 
     @staticmethod

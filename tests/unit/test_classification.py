@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.support import ROOT
-from worker.rules.policy import (
+from worker.rules.classification import (
     CATEGORIES,
     DEFAULT_DELAYS,
     AttemptResult,
