@@ -94,5 +94,6 @@ def test_a_tenants_administrator_sees_its_tenants_triggers_and_a_reader_none(con
     refused = acme.post("/console/triggers/acme-orders/invoke", {"csrf": acme.csrf(), "key": "1"})
     assert refused.status == 403 and "not invoke them" in refused.body.decode()
     reader = logged_in(console, db, "reader")
-    assert reader.get("/console/triggers").status == 403
+    refused = reader.get("/console/triggers")
+    assert refused.status == 403 and "role reader may not see table triggers" in refused.body.decode()
     assert "/console/triggers" not in reader.get("/console/").body.decode()

@@ -21,17 +21,14 @@ def may_invoke(caller: Caller | None) -> bool:
     return caller is not None and caller.role in FLEET_ADMIN
 
 
-def _viewer(request: web.Request) -> Caller:
-    caller: Caller = request[CALLER]
-    if caller.role not in ADMIN:  # as GET /v1/triggers: admins, and a tenant's administrator
-        raise web.HTTPForbidden()
-    return caller
-
-
 async def triggers(request: web.Request, error: str | None = None, typed: dict[str, str] | None = None,
                    status: int = 200) -> web.Response:
     """The list; after a refused invoke, again with the key as it was typed and why."""
-    caller = _viewer(request)
+    caller: Caller = request[CALLER]
+    if caller.role not in ADMIN:  # as GET /v1/triggers: admins, and a tenant's administrator
+        return error_page(request, 403, "Not allowed",
+                          f"role {caller.role} may not see table triggers: they are shown to admin and"
+                          " tenant_admin tokens.")
     async with request.app[STATE].db.transaction(caller) as conn:
         rows = await trigger_store.listing(conn)
     return render(request, "triggers.html", status=status, page="triggers", rows=rows,
