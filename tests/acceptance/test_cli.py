@@ -21,7 +21,9 @@ COMMANDS = [[], ["run"], ["migrate"], ["endpoints"], ["endpoints", "add"], ["end
             ["keys", "rotate"], ["demo"], ["api"], ["tokens"], ["tokens", "create"], ["tokens", "list"],
             ["tokens", "revoke"], ["operations"], ["operations", "list"], ["operations", "cancel"],
             ["endpoints", "test"], ["event-types"], ["event-types", "list"], ["event-types", "set"],
-            ["event-types", "deprecate"], ["event-types", "unmatched"]]
+            ["event-types", "deprecate"], ["event-types", "unmatched"], ["triggers"], ["triggers", "add"],
+            ["triggers", "list"], ["triggers", "show"], ["triggers", "disable"], ["triggers", "enable"],
+            ["triggers", "drop"], ["triggers", "backfill"], ["triggers", "invoke"]]
 
 
 def cli(*args, env=None, cwd=ROOT, timeout=120, executable=(sys.executable, "-m", "worker"), stdin=None):
@@ -47,7 +49,7 @@ def test_help_from_the_installed_command():
 
 
 @pytest.mark.parametrize("group", ["endpoints", "deliveries", "dlq", "config", "keys", "tokens",
-                                   "operations"])
+                                   "operations", "triggers"])
 def test_a_command_group_given_alone_prints_its_help_and_runs_nothing(group):
     result = cli(group, env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
     assert result.returncode == 2

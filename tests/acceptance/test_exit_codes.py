@@ -45,6 +45,7 @@ NAMES_NOTHING = {
     ("operations", "list"): "names nothing",
     ("event-types", "list"): "names nothing",
     ("event-types", "unmatched"): "names nothing",
+    ("triggers", "list"): "names nothing",
 }
 MISSING = {
     ("endpoints", "add"): ["--name", "taken", "--url", "https://hooks.example.test/x"],  # name taken
@@ -71,6 +72,13 @@ MISSING = {
     ("endpoints", "test"): ["nosuch"],
     ("event-types", "deprecate"): ["no.such.type"],
     ("event-types", "set"): None,  # adds the type when it is missing
+    ("triggers", "add"): ["orders", "--table", "public.nosuch", "--on", "insert", "--event-type", "order.x"],
+    ("triggers", "show"): ["nosuch"],
+    ("triggers", "disable"): ["nosuch"],
+    ("triggers", "enable"): ["nosuch"],
+    ("triggers", "drop"): ["nosuch"],
+    ("triggers", "backfill"): ["nosuch"],
+    ("triggers", "invoke"): ["nosuch", "--key", "1"],
 }
 # Well-formed arguments that reach the database (for the unreachable-database case).
 MINIMAL = {
@@ -78,6 +86,7 @@ MINIMAL = {
     ("keys", "status"): [], ("keys", "rotate"): [], ("config", "set"): ["max_attempts", "5"],
     ("tokens", "list"): [], ("tenants", "list"): [], ("operations", "list"): [],
     ("event-types", "list"): [], ("event-types", "unmatched"): [], ("event-types", "set"): ["order.paid"],
+    ("triggers", "list"): [],
     **{command: args for command, args in MISSING.items() if args is not None},
 }
 # Commands that never reach the database with the arguments above, and why.

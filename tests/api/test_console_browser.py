@@ -310,12 +310,23 @@ def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_custom
               " 'on-call')", (billing,))
     eventually(lambda: "pending" in statuses(db, replayed).values(), message="a row replayed")
     [waiting] = [delivery for delivery, status in statuses(db, replayed).items() if status == "pending"]
+    # table triggers: one of acme's, one with a backfill that stays running, one whose table is gone
+    query(db, "CREATE TABLE public.orders (id bigint PRIMARY KEY, status text)")
+    query(db, "INSERT INTO public.orders VALUES (1, 'new'), (2, 'new')")
+    query(db, "SELECT webhooks.table_trigger_add('orders', 'public.orders', ARRAY['insert', 'update'],"
+              " 'order.changed', p_when => 'status <> ''draft''')")
+    query(db, "SELECT webhooks.table_trigger_add('acme-orders', 'public.orders', ARRAY['delete'],"
+              " 'order.gone', p_tenant => 'acme')")
+    query(db, "SELECT webhooks.table_trigger_backfill('orders', p_rate => 0.001)")
+    query(db, "CREATE TABLE public.gone (id bigint PRIMARY KEY)")
+    query(db, "SELECT webhooks.table_trigger_add('gone', 'public.gone', ARRAY['insert'], 'gone.created')")
+    query(db, "DROP TABLE public.gone")
     admin = make_token(db, "admin", name="on-call")
     base = f"http://127.0.0.1:{console.port}/console"
     pages = ["/", "/deliveries", "/deliveries?endpoint=pagerduty", "/dead-letters", f"/deliveries/{dead}",
              f"/deliveries/{delivered[0]}", f"/deliveries/{waiting}", "/endpoints", f"/endpoints/{failing}",
              f"/endpoints/{healthy}", "/operations", "/event-types", "/event-types/invoice.paid",
-             "/endpoints/999999"]
+             "/triggers", "/endpoints/999999"]
     found: dict[str, list[str]] = {}
 
     with browser_page() as (page, problems):
@@ -334,7 +345,12 @@ def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_custom
         page.goto(f"{base}/deliveries/{waiting}")
         assert page.get_by_label("Refresh every 2 s until it is delivered or a dead letter").is_visible()
         page.goto(base + "/operations")
-        assert page.get_by_role("button", name="Cancel").is_visible()
+        assert page.get_by_role("button", name="Cancel").first.is_visible()
+        page.goto(base + "/triggers")
+        page.get_by_label("Primary key").first.fill("1")
+        page.get_by_role("button", name="Invoke").first.click()
+        page.wait_for_url("**/triggers?notice=trigger_invoked&n=*")
+        check("admin /triggers after invoke")
         page.goto(base + "/dead-letters")
         assert page.locator(f"#dead-letter-{dead}").is_visible()
         page.get_by_role("button", name="Log out").click()
@@ -349,7 +365,8 @@ def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_custom
         page.get_by_role("button", name="Open the console").click()
         page.wait_for_url(base + "/")
         for path in ["/", "/deliveries", "/dead-letters", f"/deliveries/{customer_dead}", "/endpoints",
-                     f"/endpoints/{customers}", "/operations", "/event-types", "/event-types/invoice.paid"]:
+                     f"/endpoints/{customers}", "/operations", "/event-types", "/event-types/invoice.paid",
+                     "/triggers"]:
             page.goto(base + path)
             check(f"customer {path}")
         page.get_by_role("button", name="Log out").click()

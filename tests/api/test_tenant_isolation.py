@@ -151,6 +151,7 @@ def test_every_route_with_another_tenants_token_finds_nothing_leaks_nothing_chan
         ("PUT", "/v1/event-types/{name}"): [("PUT", "/v1/event-types/a.b", {"description": "x"}, 403, 403)],
         ("POST", "/v1/event-types/{name}/deprecate"): [
             ("POST", "/v1/event-types/webhook.test/deprecate", None, 403, 403)],
+        ("GET", "/v1/triggers"): [("GET", "/v1/triggers", None, 403, 200)],
         ("GET", "/v1/tokens"): [("GET", "/v1/tokens", None, 403, 403)],
         ("POST", "/v1/tokens"): [("POST", "/v1/tokens", {"name": "x", "role": "admin"}, 403, 403)],
         ("POST", "/v1/tokens/{name}/revoke"): [

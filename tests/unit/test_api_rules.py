@@ -8,8 +8,8 @@ import pytest
 
 from worker.api.inputs import dead_letter_cursor, encode_dead_letter_cursor
 from worker.api.messages import _valid_traceparent
-from worker.api.replay_runner import step_plan
 from worker.rules import tokens
+from worker.rules.pacing import step_plan
 from worker.web.problems import Problem
 
 

@@ -118,7 +118,8 @@ class ReplayAccepted(Answer):
 
 class Operation(Answer):
     id: int
-    kind: Literal["replay_dead_letters"]
+    kind: Literal["replay_dead_letters", "trigger_backfill"] = Field(
+        description="replay_dead_letters: a bulk replay; trigger_backfill: a table trigger's backfill")
     filter: dict[str, JsonValue]
     rate: float | None
     max: int | None

@@ -1,31 +1,22 @@
-"""Bulk operations (dead-letter replays) advanced in steps by every API process, resumable."""
+"""Bulk operations (dead-letter replays, table-trigger backfills) stepped by every API process, resumable."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from typing import Any
 
 import psycopg
 
 from worker.observability import get_logger
+from worker.rules.pacing import step_plan
 from worker.store import operations as operation_store
 from worker.web.context import ApiState
 
 # How often a process looks for running operations it has not heard of (started by another
 # process, or left running by one that stopped).
 SCAN_SECONDS = 1.0
-
-
-def step_plan(step_rows: int, rate: float | None) -> tuple[int, float]:
-    """Rows per step and the pause after each: whole steps spaced out to keep to `rate` rows a second
-    (at least one row a step), as the CLI's `replay --all --rate` does."""
-    if rate is None:
-        return step_rows, 0.0
-    rows = max(1, min(step_rows, math.floor(rate)))
-    return rows, rows / rate
 
 
 async def _step(conn: psycopg.AsyncConnection[Any], operation_id: int, rows: int) -> tuple[Any, ...] | None:

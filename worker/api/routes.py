@@ -17,6 +17,7 @@ from worker.api import (
     settings,
     tenants,
     tokens,
+    triggers,
 )
 from worker.api.declare import Route
 from worker.rules.tokens import ROLES
@@ -43,6 +44,7 @@ ROUTES: list[Route] = [
     *settings.ROUTES,
     *endpoints.SECRET_ROUTES,
     *event_types.ROUTES,
+    *triggers.ROUTES,
     *tokens.ROUTES,
 ]
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import psycopg
 
 from worker import __version__
-from worker.cli import config, deliveries, endpoints, event_types, keys, process, tenants, tokens
+from worker.cli import config, deliveries, endpoints, event_types, keys, process, tenants, tokens, triggers
 from worker.cli.base import (
     CONFIG_HELP,
     EXIT_FAILURE,
@@ -25,7 +25,7 @@ from worker.errors import ConfigError
 __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "CommandFailed", "UsageError", "build_parser", "main"]
 
 # The order of `webhook-worker --help`.
-GROUPS = (process, endpoints, deliveries, event_types, config, keys, tokens, tenants)
+GROUPS = (process, endpoints, deliveries, event_types, triggers, config, keys, tokens, tenants)
 
 
 def build_parser() -> argparse.ArgumentParser:

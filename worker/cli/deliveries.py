@@ -229,8 +229,10 @@ def register(cli: Commands) -> None:
     replay.add_argument("--max", type=int, help="stop after this many")
     replay.add_argument("--json", action="store_true", help="print JSON")
 
-    operation_commands = cli.group("operations", "bulk replays started over the HTTP API",
-                                   "Bulk replays started over the HTTP API (POST /v1/dead-letters/replay).")
+    operation_commands = cli.group("operations", "bulk replays and table-trigger backfills",
+                                   "Bulk operations: replays started over the HTTP API (POST"
+                                   " /v1/dead-letters/replay) or the console, and table-trigger backfills"
+                                   " (triggers backfill).")
     operations_list = cli.command(operation_commands, "list", cmd_operations_list,
                                   "list operations, newest first")
     operations_list.add_argument("--limit", type=int, default=50, help="default 50")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from worker.console import endpoint_pages, event_type_pages
+from worker.console import endpoint_pages, event_type_pages, trigger_pages
 from worker.console.pages import TEMPLATES, add_routes, console_middleware, templates
 from worker.web.context import STATE, ApiState
 
@@ -16,5 +16,6 @@ def create_console_app(state: ApiState) -> web.Application:
     app[TEMPLATES] = templates()
     endpoint_pages.add_routes(app)  # first: /endpoints/new before /endpoints/{endpoint_id}
     event_type_pages.add_routes(app)
+    trigger_pages.add_routes(app)
     add_routes(app)
     return app

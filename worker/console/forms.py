@@ -157,3 +157,16 @@ def deprecated(form: Mapping[str, Any]) -> bool:
     if value not in ("true", "false"):
         raise FieldError("deprecated", "must be true or false")
     return bool(value == "true")
+
+
+def trigger_key(text: str) -> str:
+    """The primary key of the row to invoke a table trigger for: its value as text (a key of several
+    columns: a JSON array of them), as `triggers invoke --key` takes it."""
+    text = text.strip()
+    if not text:
+        raise FieldError("key", "give the row's primary key")
+    if len(text) > MAX_FILTER_LENGTH:
+        raise FieldError("key", f"at most {MAX_FILTER_LENGTH} characters")
+    if not text.isprintable():
+        raise FieldError("key", "must be printable (no control characters)")
+    return text

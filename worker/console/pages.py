@@ -78,6 +78,7 @@ NOTICES = {
     "event_type_edited": "Event type changed.",
     "event_type_deprecated": "Event type deprecated: still accepted and delivered to its subscribers.",
     "event_type_current": "Event type current again.",
+    "trigger_invoked": "The row is queued now, as op manual: {n} delivery(ies).",
 }
 
 

@@ -1,5 +1,5 @@
-"""Bulk operations (dead-letter replays started over the API or the console) as stored: started,
-listed, read, cancelled, and stepped by every API process until done."""
+"""Bulk operations (dead-letter replays started over the API or the console, table-trigger backfills) as
+stored: started, listed, read, cancelled, and stepped by every API process until done."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def latest_with_endpoints(conn: Conn, limit: int) -> list[dict[str, Any]]:
     """The latest operations, newest first (row-level security keeps a scoped caller to its tenant's),
     each with the name of the endpoint its filter names, when the caller sees it."""
     return await fetch_all(
-        conn, "SELECT o.id, o.status, o.processed, o.max_rows, o.rate, o.filter, o.requested_by,"
+        conn, "SELECT o.id, o.kind, o.status, o.processed, o.max_rows, o.rate, o.filter, o.requested_by,"
               " o.cancelled_by, o.error, o.created_at, o.finished_at, e.name AS endpoint_name"
               " FROM webhooks.api_operations o"
               " LEFT JOIN webhooks.endpoint_summary e ON e.id = CASE"
