@@ -1,11 +1,13 @@
 """The conditions in sql/functions that guard a promise, each pinned by a short SQL-level test: the
 hand-made mutants of scripts/sql_mutants.py that no fast test caught."""
 
+import hashlib
 import json
 
 import psycopg
+import pytest
 
-from tests.support import add_endpoint, enqueue, query
+from tests.support import add_endpoint, api_dsn, enqueue, query
 
 
 def acquire(dsn, batch=10, worker="w"):
@@ -115,3 +117,82 @@ def test_a_bulk_replay_in_a_tenant_s_session_replays_only_that_tenant_s_dead_let
         assert conn.execute("SELECT webhooks.replay_dead_letters()").fetchone() == (1,)
     after = query(db, "SELECT delivery_id, status FROM webhooks.alert_delivery_queue ORDER BY delivery_id")
     assert after == [(ids[0], "pending"), (ids[1], "dead_letter")]
+
+
+@pytest.mark.parametrize("policy, attempts, failures, opens", [
+    # the fleet's defaults: 60 % of at least 20 attempts
+    (None, 20, 12, True),
+    (None, 20, 11, False),
+    (None, 19, 12, False),
+    # an endpoint's own ratio, one a float4 holds exactly and one it does not
+    ({"failure_ratio": 0.25, "min_attempts": 8}, 8, 2, True),
+    ({"failure_ratio": 0.25, "min_attempts": 8}, 8, 1, False),
+    ({"failure_ratio": 0.3, "min_attempts": 10}, 10, 3, True),
+    ({"failure_ratio": 0.3, "min_attempts": 10}, 10, 2, False),
+])
+def test_the_circuit_opens_at_exactly_its_failure_ratio_and_not_just_under_it(db, policy, attempts, failures,
+                                                                            opens):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=1000, circuit_policy=policy or {})
+    enqueue(db, endpoint, count=attempts)
+    claimed = acquire(db, batch=attempts)
+    assert len(claimed) == attempts
+    failed = {"outcome": "retry", "http_status": 503, "failure_category": "http_5xx", "error": "HTTP 503"}
+    delivered = {"outcome": "delivered", "http_status": 200}
+    # one batch: the window holds these attempts alone, none weighted from an earlier window
+    finish(db, "w", *({"delivery_id": delivery, "lease_token": token, "attempt": attempt, "latency_ms": 5,
+                       **(failed if n < failures else delivered)}
+                      for n, (delivery, token, attempt) in enumerate(claimed)))
+    assert query(db, "SELECT window_attempts, window_failures FROM webhooks.webhook_health_metrics"
+                     " WHERE webhook_id = %s", (endpoint,)) == [(attempts, failures)]
+    [(state,)] = query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics WHERE webhook_id = %s",
+                       (endpoint,))
+    assert state == ("open" if opens else "closed")
+
+
+@pytest.mark.parametrize("succeeded, state", [(3, "closed"), (2, "open")])
+def test_a_half_open_circuit_closes_at_exactly_its_probe_success_ratio(db, succeeded, state):
+    # the fleet's defaults: 5 probes, 60 % of them succeeding closes the circuit
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x", max_in_flight=1000)
+    enqueue(db, endpoint, count=5)
+    circuit(db, endpoint, "open")
+    probes = acquire(db)
+    assert len(probes) == 5
+    failed = {"outcome": "retry", "http_status": 503, "failure_category": "http_5xx", "error": "HTTP 503"}
+    delivered = {"outcome": "delivered", "http_status": 200}
+    finish(db, "w", *({"delivery_id": delivery, "lease_token": token, "attempt": attempt, "latency_ms": 5,
+                       **(delivered if n < succeeded else failed)}
+                      for n, (delivery, token, attempt) in enumerate(probes)))
+    assert query(db, "SELECT circuit_state FROM webhooks.webhook_health_metrics WHERE webhook_id = %s",
+                 (endpoint,)) == [(state,)]
+
+
+def test_a_publish_under_a_token_that_is_not_usable_is_refused_as_such_before_anything_is_queued(db):
+    """The API's login, resting as webhooks_authenticator, publishes in one statement through the
+    *_as functions: a revoked, expired or unknown token, or one whose role may not publish, is
+    refused with SQLSTATE 28000 there, whatever the resting role may or may not call."""
+    add_endpoint(db, "http://127.0.0.1:9/x", event_types=("order.*",))
+
+    def token(name, role, expires="infinity"):
+        secret = f"secret-{name}"
+        query(db, "SELECT webhooks.api_create_token(%s, %s, %s, %s::timestamptz)",
+              (name, role, hashlib.sha256(secret.encode()).digest(), expires))
+        return hashlib.sha256(secret.encode()).digest()
+
+    usable, revoked = token("usable", "producer"), token("revoked", "producer")
+    query(db, "SELECT webhooks.api_revoke_token('revoked')")
+    refused = {"revoked": revoked, "expired": token("expired", "producer", "-infinity"),
+               "unknown": hashlib.sha256(b"never issued").digest(), "reader": token("reader", "reader")}
+    [(version,)] = query(db, "SELECT version FROM webhooks.event_types_version")
+    one = "SELECT count(*) FROM webhooks.api_publish_as(%s, '{producer,admin}', %s, 'order.paid', '{}')"
+    batch = ("SELECT count(*) FROM webhooks.api_publish_batch_as(%s, '{producer,admin}', %s,"
+             " '[{\"event_type\": \"order.paid\", \"payload\": {}}]')")
+    with psycopg.connect(api_dsn(db), autocommit=True) as api:
+        api.execute("SELECT set_config('role', 'webhooks_authenticator', false)")
+        for token_hash in refused.values():
+            for sql in (one, batch):
+                with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification):
+                    api.execute(sql, (token_hash, version))
+        assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
+        # the same calls under a usable token publish
+        assert [api.execute(sql, (usable, version)).fetchone() for sql in (one, batch)] == [(1,), (1,)]
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(2,)]
