@@ -196,3 +196,81 @@ def test_a_publish_under_a_token_that_is_not_usable_is_refused_as_such_before_an
         # the same calls under a usable token publish
         assert [api.execute(sql, (usable, version)).fetchone() for sql in (one, batch)] == [(1,), (1,)]
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(2,)]
+
+
+def requests(*targets):
+    """The gate's requests, one per (endpoint id or None for its subscribers, event type)."""
+    rows = ", ".join(f"ROW({n}, {'NULL' if hook is None else int(hook)}, '{event_type}', NULL, NULL, '{{}}',"
+                     " NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request"
+                     for n, (hook, event_type) in enumerate(targets, 1))
+    return f"ARRAY[{rows}]"
+
+
+def two_tenants(db):
+    """An endpoint subscribed to order.* in tenant acme, one in the default tenant: (acme, mine, theirs)."""
+    acme = int(query(db, "SELECT webhooks.register_tenant('acme')")[0][0])
+    mine = add_endpoint(db, "http://127.0.0.1:9/acme", name="mine", event_types=("order.*",))
+    query(db, "UPDATE webhooks.endpoints SET tenant_id = %s WHERE id = %s", (acme, mine))
+    theirs = add_endpoint(db, "http://127.0.0.1:9/default", name="theirs", event_types=("order.*",))
+    return acme, mine, theirs
+
+
+def test_many_requests_in_a_tenant_s_session_fan_out_to_that_tenant_s_subscribers_only(db):
+    acme, mine, _ = two_tenants(db)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme),))
+        queued = conn.execute(f"SELECT ordinal, webhook_id FROM webhooks.queue_deliveries("
+                              f"{requests((None, 'order.paid'), (None, 'order.refunded'))}, 'producer')"
+                              " ORDER BY 1").fetchall()
+    assert queued == [(1, mine), (2, mine)]
+    assert query(db, "SELECT DISTINCT webhook_id FROM webhooks.alert_delivery_queue") == [(mine,)]
+
+
+def test_many_requests_in_a_tenant_s_session_may_not_address_another_tenant_s_endpoint(db):
+    acme, mine, theirs = two_tenants(db)
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme),))
+        refused = f"webhook_id {theirs}: no such endpoint"
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match=refused):
+            conn.execute(f"SELECT count(*) FROM webhooks.queue_deliveries("
+                         f"{requests((mine, 'order.paid'), (theirs, 'order.paid'))}, 'producer')")
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
+
+
+def test_a_replay_in_a_tenant_s_session_leaves_another_tenant_s_dead_letter_alone(db):
+    acme, mine, theirs = two_tenants(db)
+    ids = enqueue(db, mine) + enqueue(db, theirs)
+    query(db, "UPDATE webhooks.alert_delivery_queue SET status = 'dead_letter', dead_letter_reason = 'x',"
+              " dead_lettered_at = now()")
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme),))
+        assert [conn.execute("SELECT webhooks.replay(%s)", (i,)).fetchone() for i in reversed(ids)] == [
+            (False,), (True,)]
+    after = query(db, "SELECT delivery_id, status, replays FROM webhooks.alert_delivery_queue ORDER BY 1")
+    assert after == [(ids[0], "pending", 1), (ids[1], "dead_letter", 0)]
+
+
+def test_a_row_being_sent_counts_against_the_tenant_s_max_queued(db):
+    acme, mine, _ = two_tenants(db)
+    query(db, "SELECT webhooks.update_tenant('acme', '{\"max_queued\": 1}')")
+    enqueue(db, mine)
+    [(_, _, _)] = acquire(db)  # delivering now
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme),))
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+            conn.execute(f"SELECT count(*) FROM webhooks.queue_deliveries({requests((mine, 'order.paid'))},"
+                         " 'api')")
+    assert query(db, "SELECT status FROM webhooks.alert_delivery_queue") == [("delivering",)]
+
+
+def test_a_message_kept_for_disabled_subscribers_needs_no_room_in_the_tenant_s_max_queued(db):
+    acme, mine, _ = two_tenants(db)
+    query(db, "SELECT webhooks.update_tenant('acme', '{\"max_queued\": 0}')")
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (mine,))
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SELECT set_config('webhooks.tenant', %s, false)", (str(acme),))
+        publish = requests((None, "order.paid"))
+        kept = conn.execute(f"SELECT webhook_id FROM webhooks.queue_deliveries({publish}, 'api')").fetchall()
+    assert kept == [(mine,)]
+    assert query(db, "SELECT webhook_id, status, failure_category FROM webhooks.alert_delivery_queue") == [
+        (mine, "dead_letter", "disabled")]
