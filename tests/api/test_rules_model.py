@@ -144,9 +144,10 @@ class RulesTogether(RuleBasedStateMachine):
         self.producer_sql = psycopg.connect(login_as(self.dsn, PRODUCER_LOGIN, "webhooks_producer"),
                                             autocommit=True)
         self.worker_sql = psycopg.connect(worker_dsn(self.dsn), autocommit=True)
-        # no circuit opens and no dead-letter notice is sent: what is asserted is the gate and the reclaim
+        # no circuit opens and no dead-letter notice is sent: what is asserted is the gate and the reclaim;
+        # delivered rows are purged a second after, so the reclaim runs beside every other step
         self.sql("UPDATE webhooks.delivery_config SET circuit_min_attempts = 1000000,"
-                 " dead_letter_alert_threshold = 1000000")
+                 " dead_letter_alert_threshold = 1000000, delivered_retention = interval '1 second'")
         self.workdir = fixtures.tmp_path / f"example-{self.example}"
         self.workdir.mkdir()
         self.api = ApiProcess(self.dsn, self.workdir)
@@ -690,8 +691,8 @@ class RulesTogether(RuleBasedStateMachine):
 
     @rule(retention=st.sampled_from((0, 1)), dead_letters=st.booleans())
     def purge(self, retention: int, dead_letters: bool) -> None:
-        """A short retention: the workers' housekeeping purges delivered rows from now on, and so does
-        this purge; an operator's purge of dead letters, maybe."""
+        """A purge now, with a retention of 0 or 1 s (the workers' housekeeping purges every second with
+        it); an operator's purge of dead letters, maybe."""
         answer = self.http.request("PATCH", "/v1/config", self.admin, {"delivered_retention": retention})
         assert answer.status == 200, answer.body
         self.worker_sql.execute("SELECT * FROM webhooks.purge(1000)")
