@@ -65,6 +65,7 @@ EVENT_TYPES = ("order.paid", "order.refunded", "user.created", "misc.noted")
 SUBSCRIPTIONS = (("*",), ("order.*",), ("user.created", "order.paid"), ("misc.*",), ("webhook.endpoint.*",),
                  ("order.*", "webhook.endpoint.*"))
 QUOTAS = (None, 0, 1, 3, 6)
+ANSWERS = (200, 200, 500, 400)  # what a receiver answers: mostly 2xx
 MAX_ENDPOINTS = 4  # live, per tenant
 # Every row ends within seconds: a failed attempt is retried once after 0.2 s, and a disabled
 # endpoint's row becomes a dead letter once that window has passed (housekeeping, every second).
@@ -279,19 +280,21 @@ class RulesTogether(RuleBasedStateMachine):
     # --- set-up --------------------------------------------------------------------------------------
 
     @initialize(quotas=st.tuples(st.sampled_from(QUOTAS), st.sampled_from(QUOTAS)),
-                subscriptions=st.lists(st.sampled_from(SUBSCRIPTIONS), min_size=4, max_size=4))
+                subscriptions=st.lists(st.sampled_from(SUBSCRIPTIONS), min_size=4, max_size=4),
+                answers=st.lists(st.sampled_from(ANSWERS), min_size=4, max_size=4))
     def two_tenants(self, quotas: tuple[int | None, int | None],
-                    subscriptions: list[tuple[str, ...]]) -> None:
+                    subscriptions: list[tuple[str, ...]], answers: list[int]) -> None:
         for name, quota in zip(TENANTS, quotas, strict=True):
             made = self.http.post("/v1/tenants", self.admin, {"name": name, "max_queued": quota,
-                                                         "allow_networks": ["127.0.0.1/32"]})
+                                                              "allow_networks": ["127.0.0.1/32"]})
             assert made.status == 201, made.body
             self.tenants[name] = Tenant(name, made.json["id"], quota,
                                         *(make_token(self.dsn, role, tenant=name)
                                           for role in ("producer", "reader", "tenant_admin")))
         # the same names in both tenants: a name is its tenant's
-        for n, event_types in enumerate(subscriptions):
-            self.register(TENANTS[n % 2], "ab"[n // 2], event_types)
+        # and their receivers answer as drawn, so a message's deliveries end apart from the start
+        for n, (event_types, status) in enumerate(zip(subscriptions, answers, strict=True)):
+            self.set_answer(self.register(TENANTS[n % 2], "ab"[n // 2], event_types), status)
 
     def register(self, tenant: str, name: str, event_types: tuple[str, ...]) -> Endpoint:
         path = f"/example-{self.example}/{tenant}/{name}-{next(self.names)}"
@@ -573,7 +576,7 @@ class RulesTogether(RuleBasedStateMachine):
             self.set_answer(endpoint, 200)
         state = self.refusal_state()
         answer = self.http.post(f"/v1/endpoints/{endpoint.id}/{'enable' if enable else 'disable'}",
-                           self.tenants[tenant].admin)
+                                self.tenants[tenant].admin)
         found = self.new_rows()
         if endpoint.deleted:
             assert answer.status == 404, answer.body
@@ -639,7 +642,7 @@ class RulesTogether(RuleBasedStateMachine):
             self.register(tenant, name, event_types)
         return None
 
-    @rule(pick=PICK, tenant=st.sampled_from(TENANTS), status=st.sampled_from((200, 200, 500, 400)))
+    @rule(pick=PICK, tenant=st.sampled_from(TENANTS), status=st.sampled_from(ANSWERS))
     def receiver_answers(self, pick: int, tenant: str, status: int) -> None:
         """The endpoint's receiver answers 2xx (delivered), 5xx (retried, then a dead letter) or 4xx (a dead
         letter at once) from now on."""
