@@ -274,3 +274,34 @@ def test_a_message_kept_for_disabled_subscribers_needs_no_room_in_the_tenant_s_m
     assert kept == [(mine,)]
     assert query(db, "SELECT webhook_id, status, failure_category FROM webhooks.alert_delivery_queue") == [
         (mine, "dead_letter", "disabled")]
+
+
+def test_a_message_lent_to_a_row_with_a_lower_id_widens_its_range_down_to_it(db):
+    # ids come in order within a transaction unless given (OVERRIDING SYSTEM VALUE, the owner's): the
+    # range still covers every row of the message, so deleting the higher one leaves the message
+    first = add_endpoint(db, "http://127.0.0.1:9/a", name="a")
+    second = add_endpoint(db, "http://127.0.0.1:9/b", name="b")
+    insert = ("INSERT INTO webhooks.alert_delivery_queue"
+              " (delivery_id, webhook_id, event_type, event_id, payload) OVERRIDING SYSTEM VALUE"
+              " VALUES (%s, %s, 'order.paid', 'evt_lent', '{\"n\": 1}')")
+    with psycopg.connect(db) as conn:  # one transaction
+        conn.execute(insert, (1000, first))
+        conn.execute(insert, (990, second))
+    assert query(db, "SELECT first_delivery_id, last_delivery_id FROM webhooks.messages") == [(990, 1000)]
+    query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE delivery_id = 1000")
+    assert query(db, "SELECT q.delivery_id, m.message_id IS NOT NULL FROM webhooks.alert_delivery_queue q"
+                     " LEFT JOIN webhooks.messages m ON m.message_id = q.message_id") == [(990, True)]
+
+
+def test_a_row_never_borrows_the_message_of_an_earlier_transaction(db):
+    # a committed message's deliveries only go: the same event queued again is a message of its own
+    first = add_endpoint(db, "http://127.0.0.1:9/a", name="a")
+    second = add_endpoint(db, "http://127.0.0.1:9/b", name="b")
+    insert = ("INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, event_id, payload)"
+              " VALUES (%s, 'order.paid', 'evt_again', '{\"n\": 1}')")
+    query(db, insert, (first,))
+    query(db, insert, (second,))
+    rows = query(db, "SELECT count(DISTINCT message_id), count(*) FROM webhooks.alert_delivery_queue")
+    assert rows == [(2, 2)]
+    ranges = query(db, "SELECT first_delivery_id = last_delivery_id FROM webhooks.messages")
+    assert ranges == [(True,), (True,)]
