@@ -305,3 +305,17 @@ def test_a_row_never_borrows_the_message_of_an_earlier_transaction(db):
     assert rows == [(2, 2)]
     ranges = query(db, "SELECT first_delivery_id = last_delivery_id FROM webhooks.messages")
     assert ranges == [(True,), (True,)]
+
+
+def test_a_message_goes_with_its_last_delivery_though_another_message_s_lies_inside_its_range(db):
+    first = add_endpoint(db, "http://127.0.0.1:9/a", name="a")
+    second = add_endpoint(db, "http://127.0.0.1:9/b", name="b")
+    insert = ("INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, event_id, payload)"
+              " VALUES (%s, 'order.paid', %s, '{}') RETURNING delivery_id, message_id")
+    with psycopg.connect(db) as conn:  # one transaction: event A to both endpoints, event B between
+        [(a1, fanned)] = conn.execute(insert, (first, "evt_a")).fetchall()
+        [(_, other)] = conn.execute(insert, (first, "evt_b")).fetchall()
+        [(a2, _)] = conn.execute(insert, (second, "evt_a")).fetchall()
+    query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE delivery_id IN (%s, %s)", (a1, a2))
+    assert query(db, "SELECT message_id FROM webhooks.messages") == [(other,)]
+    assert fanned != other
