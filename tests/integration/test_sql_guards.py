@@ -319,3 +319,30 @@ def test_a_message_goes_with_its_last_delivery_though_another_message_s_lies_ins
     query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE delivery_id IN (%s, %s)", (a1, a2))
     assert query(db, "SELECT message_id FROM webhooks.messages") == [(other,)]
     assert fanned != other
+
+
+def sweep(db):
+    """One call of sweep_messages(): (messages deleted, swept_through, bound)."""
+    [(deleted,)] = query(db, "SELECT webhooks.sweep_messages(1000)")
+    [(through, bound)] = query(db, "SELECT swept_through, bound FROM webhooks.message_sweep")
+    return deleted, through, bound
+
+
+def test_the_sweep_stops_at_its_bound(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    enqueue(db, endpoint)
+    _, _, bound = sweep(db)  # takes the bound: the messages made so far
+    sweep(db)  # and the transactions that may still be making them
+    enqueue(db, endpoint)  # a message past the bound, looked at by a later round
+    assert sweep(db) == (0, bound, None)
+
+
+def test_the_sweep_waits_for_a_transaction_that_may_still_be_making_a_message(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/x")
+    with psycopg.connect(db) as open_one:
+        open_one.execute("INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+                         " VALUES (%s, 'order.paid', '{}')", (endpoint,))
+        _, through, bound = sweep(db)
+        sweep(db)
+        assert sweep(db) == (0, through, bound)  # still open: nothing looked at
+    assert sweep(db)[1] == bound  # ended: swept through its bound
