@@ -346,3 +346,25 @@ def test_the_sweep_waits_for_a_transaction_that_may_still_be_making_a_message(db
         sweep(db)
         assert sweep(db) == (0, through, bound)  # still open: nothing looked at
     assert sweep(db)[1] == bound  # ended: swept through its bound
+
+
+def test_many_requests_keep_a_disabled_subscriber_out_where_its_tenant_has_an_enabled_one(db):
+    on = add_endpoint(db, "http://127.0.0.1:9/on", name="on", event_types=("order.*",))
+    off = add_endpoint(db, "http://127.0.0.1:9/off", name="off", event_types=("order.*",))
+    query(db, "SELECT webhooks.disable_endpoint(%s, 'maintenance')", (off,))
+    queued = query(db, f"SELECT ordinal, webhook_id FROM webhooks.queue_deliveries("
+                       f"{requests((None, 'order.paid'), (None, 'order.refunded'))}, 'producer') ORDER BY 1")
+    assert queued == [(1, on), (2, on)]
+
+
+def test_a_row_given_its_message_widens_the_message_s_range_to_it(db):
+    first = add_endpoint(db, "http://127.0.0.1:9/a", name="a")
+    second = add_endpoint(db, "http://127.0.0.1:9/b", name="b")
+    [(one, message)] = query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, payload)"
+                                 " VALUES (%s, 'order.paid', '{}')"
+                                 " RETURNING delivery_id, message_id", (first,))
+    [(two,)] = query(db, "INSERT INTO webhooks.alert_delivery_queue (webhook_id, event_type, message_id)"
+                         " VALUES (%s, 'order.paid', %s) RETURNING delivery_id", (second, message))
+    assert query(db, "SELECT first_delivery_id, last_delivery_id FROM webhooks.messages") == [(one, two)]
+    query(db, "DELETE FROM webhooks.alert_delivery_queue WHERE delivery_id = %s", (one,))
+    assert query(db, "SELECT message_id FROM webhooks.messages") == [(message,)]
