@@ -187,7 +187,10 @@ BEGIN
             SELECT w.*,
                    w.window_attempts + w.previous_attempts * v.weight AS est_attempts,
                    w.window_failures + w.previous_failures * v.weight AS est_failures,
-                   ceil(w.probe_success_ratio * w.probes) AS probes_needed
+                   -- the ratios as the decimals they were set as: a real widened to double
+                   -- precision is not (0.6 becomes 0.6000000238), so 3 of 5 probes, or 12 failures
+                   -- of 20 attempts, fell just short of a ratio of 0.6
+                   ceil(w.probe_success_ratio::numeric * w.probes) AS probes_needed
             FROM windowed w
             CROSS JOIN LATERAL (SELECT greatest(0, 1 - extract(epoch FROM now() - w.started_at)
                                                    / w.window_seconds)::double precision AS weight) v
@@ -213,7 +216,8 @@ BEGIN
             FROM (
                 SELECT e.*,
                        e.old_state = 'closed' AND e.est_attempts >= e.min_attempts
-                           AND e.est_failures >= e.failure_ratio * e.est_attempts AS opens,
+                           AND e.est_failures::numeric >= e.failure_ratio::numeric * e.est_attempts::numeric
+                           AS opens,
                        e.old_state = 'half_open' AND e.probe_successes_now >= e.probes_needed AS closes,
                        e.old_state = 'half_open' AND e.probe_successes_now < e.probes_needed
                            AND e.probe_failures_now > e.probes - e.probes_needed AS reopens

@@ -48,6 +48,8 @@ NOT_RUN = {
     "bash scripts/test.sh": "the whole test suite, which this test is part of",
     "bash scripts/test-at.sh": "the whole test suite again, under a moved clock",
     "bash scripts/bench.sh": "the benchmark takes about 20 minutes",
+    "WEBHOOK_STATEFUL_EXAMPLES=": "the long run of the rules' state machine takes half an hour or more; the "
+                                  "suite runs its bounded setting (tests/api/test_rules_model.py)",
     "docker ": "needs a Docker engine, and none runs here (test_deploy.py checks the Compose file offline)",
     "kubectl ": "needs a Kubernetes cluster (test_deploy.py checks the manifests offline)",
     "(cd k8s/": "kustomize edit changes the checked-in kustomization (test_deploy.py checks that its "

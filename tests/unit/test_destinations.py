@@ -18,6 +18,7 @@ from worker.rules.destinations import (
     embedded_ipv4,
     granted_networks,
     ip_literal,
+    refused_as_private,
     tenant_destinations,
     url_problem,
 )
@@ -446,3 +447,30 @@ def test_networks_are_granted_as_networks_and_anything_else_is_refused_naming_it
             granted_networks([bad])
     with pytest.raises(ValueError, match="at most 100 networks"):
         granted_networks([f"10.0.{i}.0/24" for i in range(101)])
+    assert len(granted_networks([f"10.0.{i}.0/24" for i in range(100)])) == 100  # the bound itself is fine
+    long = "x" * 100
+    with pytest.raises(ValueError) as refused:
+        granted_networks([long])
+    assert str(refused.value) == f"{'x' * 60!r} is not an address or a CIDR such as 10.1.0.0/16"
+
+
+def test_a_network_granted_with_host_bits_is_its_network():
+    # as granted_networks() writes them, and as an operator may have stored them by hand
+    granted = tenant_destinations(OPERATOR, "acme", ["10.1.2.3/16"])
+    assert granted.allow == (ipaddress.ip_network("10.1.0.0/16"),)
+    assert address_blocked("10.1.200.1", granted) is None
+
+
+def test_only_a_refusal_of_a_private_address_is_one_a_granted_network_would_lift():
+    rules = tenant_destinations(OPERATOR, "acme", [])
+    assert refused_as_private(address_blocked("10.9.0.1", rules) or "")
+    assert refused_as_private(address_blocked("10.9.0.1", DEFAULT) or "")
+    for problem in ("https is required (security.require_https)", "URL has no host", "not a valid URL"):
+        assert not refused_as_private(problem)
+
+
+def test_a_host_with_anything_after_an_ipv4_literal_is_a_name_not_that_address():
+    # the C resolver's inet_aton() reads "127.0.0.1 anything" as 127.0.0.1: only the characters of
+    # the legacy forms are read as an address
+    assert ip_literal("127.0.0.1 evil") is None
+    assert ip_literal("127.1 x") is None
