@@ -51,14 +51,20 @@
 -- PostgreSQL's own text of it only when every function, operator and type it uses is PostgreSQL's
 -- own (a domain of the application's, whose check could run its code, is refused). A row is
 -- converted with to_jsonb() unless a type of its columns has a cast to json (which to_jsonb() would
--- call as the owner): those columns are sent as their text (table_row_json_sql()).
+-- call as the owner): those columns are sent as their text (table_row_json_sql()). A condition is
+-- text the owner parses again each time, so a cast of the application's that a column it reads could
+-- reach (added, or reached through a column's new type, after the condition was checked) makes the
+-- rows dead letters (category internal) saying so, and refuses a backfill or an invoke whose key
+-- or conditions would reach one (table_columns_casts()).
 -- Backfill and invoke read the table as the schema owner, which needs USAGE on its schema and
 -- SELECT on it; they say so when it has not.
 --
 -- Schema changes. Columns are registered by number, so a rename keeps the trigger (a condition
 -- reads the renamed column by the name it had, table_condition_sql()); an added column is in the
 -- payloads at once; a dropped one is gone from them (a condition that read it makes each row a
--- dead letter, category internal, saying so: add the trigger again). A dropped table takes its
+-- dead letter, category internal, saying so: add the trigger again), as does a primary key that is
+-- no longer the registered one (each row its own dead letter: rows could share a key or have none).
+-- A partitioned table is backfilled and invoked with its partitions. A dropped table takes its
 -- triggers with it; the registration stays, listed as `table dropped`, until dropped.
 --
 -- Backfill is a bulk operation (api_operations, kind trigger_backfill) that the API's runner steps
@@ -156,6 +162,34 @@ BEGIN
     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped;
     RETURN v_sql;
 END;
+$$;
+
+-- The casts of the application's (functions outside pg_catalog, from or to a type these columns
+-- reach through domains, arrays, composites and ranges) that SQL the schema owner parses over these
+-- columns could call: a condition's text, a key's text cast to its type. They are looked for each
+-- time such SQL runs, since a type's owner may add a cast, or a column's type change, after a
+-- condition was checked. Described, or NULL when there is none.
+CREATE OR REPLACE FUNCTION webhooks.table_columns_casts(p_table oid, p_columns smallint[]) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH RECURSIVE reach(type) AS (
+        SELECT a.atttypid FROM pg_attribute a
+        WHERE a.attrelid = p_table AND a.attnum = ANY (p_columns) AND NOT a.attisdropped AND a.atttypid >= 16384
+        UNION
+        SELECT x.type
+        FROM reach r JOIN pg_type t ON t.oid = r.type
+        CROSS JOIN LATERAL (SELECT t.typbasetype UNION ALL SELECT t.typelem
+                            UNION ALL SELECT g.rngsubtype FROM pg_range g WHERE g.rngtypid = t.oid
+                            UNION ALL SELECT a.atttypid FROM pg_attribute a
+                                      WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) x(type)
+        WHERE x.type >= 16384
+    )
+    SELECT string_agg(DISTINCT pg_describe_object('pg_cast'::regclass, c.oid, 0), ', ')
+    FROM reach r
+    JOIN pg_cast c ON (c.castsource = r.type OR c.casttarget = r.type) AND c.castmethod = 'f'
+    JOIN pg_proc p ON p.oid = c.castfunc
+    WHERE p.pronamespace <> 'pg_catalog'::regnamespace;
 $$;
 
 -- A condition (a trigger's `when`, a backfill's `where`), as the caller: PostgreSQL parses it as a
@@ -358,7 +392,8 @@ BEGIN
                        coalesce(p_trigger.tenant_id, (SELECT tn.id FROM webhooks.tenants tn WHERE tn.name = b.tenant_name)) AS tenant_id
                 FROM (
                     SELECT r.o, r.rw, r.key, r.tenant_name,
-                           'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || r.key_text) AS event_id,
+                           'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || coalesce(r.key_text, '')
+                                             || CASE WHEN p_broken IS NULL THEN '' ELSE ':' || r.o END) AS event_id,
                            left(p_schema || '.' || p_table || ':' || r.key_text, 1000) AS ref,
                            jsonb_build_object(
                                'op', p_op, 'table', v_table, 'key', r.key,
@@ -406,6 +441,7 @@ DECLARE
     v_old     jsonb[];
     v_pass    boolean[];
     v_broken  text;
+    v_casts   text;
 BEGIN
     SELECT * INTO v_trigger FROM webhooks.table_triggers t WHERE t.id = TG_ARGV[0]::bigint;
     IF NOT FOUND OR NOT v_trigger.enabled OR v_trigger.table_oid <> TG_RELID THEN
@@ -427,7 +463,20 @@ BEGIN
             EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
         END IF;
     END IF;
-    IF v_trigger.when_condition IS NOT NULL THEN
+    -- the key the registration keeps must still be the table's primary key: otherwise rows could share
+    -- one (or have none) and their events merge
+    IF NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = TG_RELID AND i.indisprimary
+                   AND i.indkey::smallint[] = v_trigger.key_columns) THEN
+        v_broken := 'the table''s primary key is no longer the one it had when the trigger was added: add the '
+                    'trigger again';
+    END IF;
+    v_casts := webhooks.table_columns_casts(TG_RELID, v_trigger.when_columns);
+    IF v_broken IS NULL AND v_casts IS NOT NULL THEN
+        v_broken := format('its when condition reads a column whose type has a cast of the application''s (%s), '
+                           'which would run as the webhooks schema''s owner: drop the cast, or add the trigger '
+                           'again without that condition', v_casts);
+    END IF;
+    IF v_trigger.when_condition IS NOT NULL AND v_broken IS NULL THEN
         v_sql := webhooks.table_condition_sql(TG_RELID, v_trigger.when_condition, v_trigger.when_columns,
                                               v_trigger.when_names, 'n');
         IF v_sql IS NULL THEN
@@ -856,6 +905,36 @@ BEGIN
 END;
 $$;
 
+-- What a backfill or an invoke reads the table as: ONLY the table itself when it is a plain one (an
+-- inheritance child's rows are not its rows, and its triggers do not see them), a partitioned table
+-- with its partitions (it holds no rows of its own).
+CREATE OR REPLACE FUNCTION webhooks.table_trigger_from(p_trigger webhooks.table_triggers) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT CASE WHEN c.relkind = 'p' THEN '' ELSE 'ONLY ' END || c.oid::regclass::text
+    FROM pg_class c WHERE c.oid = p_trigger.table_oid;
+$$;
+
+-- Refused (42501) when the key's columns, or these, reach a type with a cast of the application's:
+-- a backfill or an invoke parses SQL over them as the schema owner (table_columns_casts()).
+CREATE OR REPLACE FUNCTION webhooks.table_trigger_no_casts(p_trigger webhooks.table_triggers, p_columns smallint[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_casts text := webhooks.table_columns_casts(p_trigger.table_oid, p_trigger.key_columns || coalesce(p_columns, '{}'));
+BEGIN
+    IF v_casts IS NOT NULL THEN
+        RAISE EXCEPTION 'table trigger %: its key or condition reads a column whose type has a cast of the '
+                        'application''s (%), which would run as the webhooks schema''s owner', p_trigger.name, v_casts
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop the cast, or add the trigger again without a condition on that column.';
+    END IF;
+END;
+$$;
+
 -- The primary key's columns now (of the range variable t), the SQL that casts key texts to their
 -- types ($1[i]: the i-th key text) for a keyset comparison, and the SQL of their texts. A domain is read as its base type, whose input function is
 -- PostgreSQL's (a domain's check could run the application's code as the owner).
@@ -986,6 +1065,8 @@ BEGIN
     IF v_key.count < cardinality(v_trigger.key_columns) THEN
         RAISE EXCEPTION 'table trigger %: a column of its key was dropped', v_trigger.name USING ERRCODE = 'undefined_column';
     END IF;
+    PERFORM webhooks.table_trigger_no_casts(v_trigger, v_trigger.when_columns
+                                            || ARRAY(SELECT jsonb_array_elements_text(v_op.filter -> 'where_columns'))::smallint[]);
     v_json := coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)');
     IF v_trigger.when_condition IS NOT NULL THEN
         v_when := webhooks.table_condition_sql(v_trigger.table_oid, v_trigger.when_condition, v_trigger.when_columns,
@@ -1010,9 +1091,9 @@ BEGIN
                    '       (array_agg(p.last ORDER BY p.n DESC))[1] '
                    'FROM (SELECT row_number() OVER (ORDER BY %s) AS n, %s AS rw, %s AND %s AS pass, '
                    '             to_jsonb(ARRAY[%s]) AS last '
-                   '      FROM ONLY %s t WHERE %s ORDER BY %s LIMIT %s) p',
+                   '      FROM %s t WHERE %s ORDER BY %s LIMIT %s) p',
                    v_key.columns, v_json, coalesce(v_when, 'true'), coalesce(v_where, 'true'), v_key.texts,
-                   v_table,
+                   webhooks.table_trigger_from(v_trigger),
                    CASE WHEN v_op.position IS NULL THEN 'true' ELSE format('(%s) > (%s)', v_key.columns, v_key.keys) END,
                    v_key.columns, p_limit)
     INTO v_rows, v_pass, v_last
@@ -1056,6 +1137,7 @@ DECLARE
     v_keys    text[];
     v_row     jsonb;
 BEGIN
+    PERFORM webhooks.table_trigger_no_casts(v_trigger, '{}');
     IF cardinality(v_trigger.key_columns) = 1 THEN
         v_keys := ARRAY[p_key];
     ELSE
@@ -1072,8 +1154,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     BEGIN
-        EXECUTE format('SELECT %s FROM ONLY %s t WHERE (%s) = (%s)',
-                       coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)'), v_table,
+        EXECUTE format('SELECT %s FROM %s t WHERE (%s) = (%s)',
+                       coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)'),
+                       webhooks.table_trigger_from(v_trigger),
                        v_key.columns, v_key.keys)
         INTO v_row USING v_keys;
     EXCEPTION WHEN invalid_text_representation OR invalid_datetime_format OR numeric_value_out_of_range
