@@ -123,7 +123,10 @@ $$;
 -- reaches (through domains, arrays and composites) has a cast to json, a function of whoever owns
 -- that type that to_jsonb() would call. Then those columns are taken as their text output
 -- (format('%s'), which calls the type's output function, never a cast) and the rest as to_jsonb().
-CREATE OR REPLACE FUNCTION webhooks.table_row_json_sql(p_table oid, p_row text) RETURNS text
+-- p_json_as_text: the values of columns that reach the type json and hold \u0000, which jsonb
+-- refuses, are taken as their text too; NULL when there are no such columns.
+CREATE OR REPLACE FUNCTION webhooks.table_row_json_sql(p_table oid, p_row text,
+                                                        p_json_as_text boolean DEFAULT false) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
@@ -131,13 +134,13 @@ DECLARE
     v_sql text;
 BEGIN
     -- PostgreSQL's own types have no such cast: the usual case costs one look at the columns
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_table AND a.attnum > 0
-                   AND NOT a.attisdropped AND a.atttypid >= 16384) THEN
+    IF NOT p_json_as_text AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_table AND a.attnum > 0
+                                          AND NOT a.attisdropped AND a.atttypid >= 16384) THEN
         RETURN NULL;
     END IF;
     WITH RECURSIVE reach(attnum, type) AS (
         SELECT a.attnum, a.atttypid FROM pg_attribute a
-        WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid >= 16384
+        WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND (a.atttypid >= 16384 OR p_json_as_text)
         UNION
         SELECT r.attnum, x.type
         FROM reach r JOIN pg_type t ON t.oid = r.type
@@ -146,14 +149,22 @@ BEGIN
                                       WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) x(type)
         WHERE x.type <> 0
     ), cast_columns AS (
-        SELECT DISTINCT r.attnum FROM reach r
-        JOIN pg_cast c ON c.castsource = r.type AND c.casttarget = 'json'::regtype AND c.castmethod = 'f'
-        WHERE r.type >= 16384
+        SELECT r.attnum, bool_and(r.json) AS json FROM (
+            SELECT r.attnum, false AS json FROM reach r
+            JOIN pg_cast c ON c.castsource = r.type AND c.casttarget = 'json'::regtype AND c.castmethod = 'f'
+            WHERE r.type >= 16384
+            UNION ALL
+            SELECT r.attnum, true FROM reach r WHERE p_json_as_text AND r.type = 'json'::regtype) r
+        GROUP BY r.attnum
     )
     SELECT CASE WHEN count(c.attnum) = 0 THEN NULL ELSE
                '(SELECT jsonb_object_agg(webhooks_column.k, webhooks_column.v) FROM (VALUES '
                || string_agg(format('(%L, %s)', a.attname,
                                     CASE WHEN c.attnum IS NULL THEN format('to_jsonb(%s.%I)', p_row, a.attname)
+                                         -- only the values that hold \u0000 (their text, conservatively)
+                                         WHEN c.json THEN format('CASE WHEN strpos(format(''%%s'', %1$s.%2$I), %3$L) > 0 '
+                                                                 'THEN to_jsonb(format(''%%s'', %1$s.%2$I)) '
+                                                                 'ELSE to_jsonb(%1$s.%2$I) END', p_row, a.attname, '\u0000')
                                          ELSE format('to_jsonb(format(''%%s'', %s.%I))', p_row, a.attname) END),
                              ', ' ORDER BY a.attnum)
                || ') AS webhooks_column(k, v))' END
@@ -448,21 +459,36 @@ BEGIN
         RETURN NULL;
     END IF;
     v_json := webhooks.table_row_json_sql(TG_RELID, 'n');
-    IF v_json IS NULL THEN
-        IF v_op IN ('insert', 'update') THEN
-            v_new := ARRAY(SELECT to_jsonb(n) FROM webhooks_new n);
+    BEGIN
+        -- n.*, not n: a column named n would be read instead of the row
+        IF v_json IS NULL THEN
+            IF v_op IN ('insert', 'update') THEN
+                v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+            END IF;
+            IF v_op IN ('update', 'delete') THEN
+                v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+            END IF;
+        ELSE
+            IF v_op IN ('insert', 'update') THEN
+                EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
+            END IF;
+            IF v_op IN ('update', 'delete') THEN
+                EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
+            END IF;
         END IF;
-        IF v_op IN ('update', 'delete') THEN
-            v_old := ARRAY(SELECT to_jsonb(n) FROM webhooks_old n);
+    EXCEPTION WHEN untranslatable_character OR invalid_text_representation THEN
+        -- a json value jsonb refuses (\u0000) must not fail the write: such values go as their text
+        v_json := webhooks.table_row_json_sql(TG_RELID, 'n', true);
+        IF v_json IS NULL THEN
+            RAISE;
         END IF;
-    ELSE
         IF v_op IN ('insert', 'update') THEN
             EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
         END IF;
         IF v_op IN ('update', 'delete') THEN
             EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
         END IF;
-    END IF;
+    END;
     -- the key the registration keeps must still be the table's primary key: otherwise rows could share
     -- one (or have none) and their events merge
     IF NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = TG_RELID AND i.indisprimary
@@ -1067,7 +1093,7 @@ BEGIN
     END IF;
     PERFORM webhooks.table_trigger_no_casts(v_trigger, v_trigger.when_columns
                                             || ARRAY(SELECT jsonb_array_elements_text(v_op.filter -> 'where_columns'))::smallint[]);
-    v_json := coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)');
+    v_json := coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t.*)');
     IF v_trigger.when_condition IS NOT NULL THEN
         v_when := webhooks.table_condition_sql(v_trigger.table_oid, v_trigger.when_condition, v_trigger.when_columns,
                                                v_trigger.when_names, 't');
@@ -1155,7 +1181,7 @@ BEGIN
     END IF;
     BEGIN
         EXECUTE format('SELECT %s FROM %s t WHERE (%s) = (%s)',
-                       coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)'),
+                       coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t.*)'),
                        webhooks.table_trigger_from(v_trigger),
                        v_key.columns, v_key.keys)
         INTO v_row USING v_keys;

@@ -170,7 +170,8 @@ def test_names_with_quotes_dots_and_unicode_work_and_injected_nothing(db):
     long_column = "ç" * 31  # 62 bytes
     query(db, f'CREATE TABLE {qualified} ("i""d" int PRIMARY KEY, "se.cret" text, "{long_column}" text,'
               ' "St""at" text)')
-    query(db, "SELECT webhooks.table_trigger_add('odd.name-1', %s, ARRAY['insert', 'update'], 'odd.changed',"
+    query(db, "SELECT webhooks.table_trigger_add('odd.name-1', %s, ARRAY['insert', 'update'],"
+              " 'odd.changed',"
               " p_exclude_columns => ARRAY['se.cret'], p_columns => ARRAY['St\"at'],"
               " p_when => '\"St\"\"at\" <> ''skip''')", (qualified,))
     query(db, f"INSERT INTO {qualified} VALUES (1, 'hidden', 'x', 'go'), (2, 'hidden', 'y', 'skip')")
@@ -197,3 +198,51 @@ def test_a_condition_reaches_nothing_but_the_row(db: str) -> None:
         assert query(db, "SELECT count(*) FROM webhooks.table_triggers") == [(0,)], condition
 
 
+
+
+def test_odd_values_never_fail_the_write(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/o", event_types=("odd.*",))
+    query(db, "CREATE DOMAIN public.positive AS numeric CHECK (VALUE > 0)")
+    query(db, "CREATE TABLE public.odd (id int PRIMARY KEY, doc json, n numeric, f float8, p public.positive,"
+              " tags text[][], twice int GENERATED ALWAYS AS (id * 2) STORED, big text)")
+    query(db, "SELECT webhooks.table_trigger_add('odd', 'public.odd', ARRAY['insert', 'update'],"
+              " 'odd.changed',"
+              " p_exclude_columns => ARRAY['big'])")
+    query(db, "INSERT INTO public.odd (id, doc, n, f, p, tags, big) VALUES"
+              " (1, '{\"a\": \"\\u0000\", \"a\": 1}', 'NaN', 'Infinity', 1, '{{a,b},{c,d}}', NULL),"
+              " (2, '[1e400]', 1, '-Infinity', 2, NULL, repeat(md5('x'), 200000))")
+    query(db, "UPDATE public.odd SET big = repeat('y', 10)")
+    assert query(db, "SELECT count(*) FROM public.odd") == [(2,)]
+    rows = query(db, "SELECT payload, status, dead_letter_reason FROM webhooks.deliveries"
+                     " WHERE webhook_id = %s ORDER BY delivery_id", (endpoint,))
+    assert len(rows) == 2  # the update changed an excluded column only
+    assert all("big" not in str(payload) and "y" * 10 not in str(reason) for payload, _, reason in rows)
+    by_key = {payload["key"]["id"]: payload for payload, _, _ in rows}
+    # a json value jsonb cannot hold goes as its text, the other values as JSON
+    assert by_key[1]["new"]["doc"] == '{"a": "\\u0000", "a": 1}'
+    assert (by_key[1]["new"]["n"], by_key[1]["new"]["f"], by_key[1]["new"]["twice"]) == ("NaN", "Infinity", 2)
+    assert len(by_key[2]["new"]["doc"]) == 1
+
+
+def test_columns_named_as_the_row_variables_are_columns_not_the_row(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("nt.*",))
+    query(db, "CREATE TABLE public.nt (id int PRIMARY KEY, n numeric, t text, secret text)")
+    query(db, "INSERT INTO public.nt VALUES (1, 5, 'old', 's1')")
+    query(db, "SELECT webhooks.table_trigger_add('nt', 'public.nt', ARRAY['insert'], 'nt.changed',"
+              " p_exclude_columns => ARRAY['secret'])")
+    query(db, "INSERT INTO public.nt VALUES (2, 'NaN', 'x', 's2')")
+    query(db, "SELECT webhooks.table_trigger_invoke('nt', '1')")
+    [(operation,)] = query(db, "SELECT webhooks.table_trigger_backfill('nt')")
+    query(db, "SELECT * FROM webhooks.api_replay_step(%s, 10)", (operation,))
+    assert sorted((p["op"], p["key"]["id"], p["new"]["t"]) for p in payloads(db)) == [
+        ("backfill", 1, "old"), ("backfill", 2, "x"), ("insert", 2, "x"), ("manual", 1, "old")]
+    assert all(set(p["new"]) == {"id", "n", "t"} for p in payloads(db))
+
+
+def test_readmes_statement_trigger_sends_the_row_of_a_table_with_a_column_named_t(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("t.*",))
+    query(db, "CREATE TABLE public.tt (id int PRIMARY KEY, t text)")
+    query(db, "CREATE TRIGGER tt_webhooks AFTER INSERT ON public.tt REFERENCING NEW TABLE AS webhooks_new"
+              " FOR EACH STATEMENT EXECUTE FUNCTION webhooks.observer_queue_alert('t.created', 'id')")
+    query(db, "INSERT INTO public.tt VALUES (1, 'one')")
+    assert payloads(db) == [{"id": 1, "t": "one"}]
