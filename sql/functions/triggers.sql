@@ -57,7 +57,8 @@
 -- rows dead letters (category internal) saying so, and refuses a backfill or an invoke whose key
 -- or conditions would reach one (table_columns_casts()).
 -- Backfill and invoke read the table as the schema owner, which needs USAGE on its schema and
--- SELECT on it; they say so when it has not.
+-- SELECT on it; they say so when it has not. The role that asks for them must hold SELECT on the
+-- table too: they send its rows.
 --
 -- Schema changes. Columns are registered by number, so a rename keeps the trigger (a condition
 -- reads the renamed column by the name it had, table_condition_sql()); an added column is in the
@@ -390,6 +391,10 @@ BEGIN
                            CASE WHEN e.tenant_name IS NULL
                                 THEN format('row %s.%s %s names no tenant (column %s is null)', p_schema, p_table,
                                             webhooks.table_key_shown(v_key, e.rw), coalesce(v_tenant_column, '(dropped)'))
+                                -- an excluded column's value never leaves the database, not even in a reason
+                                WHEN p_trigger.tenant_column = ANY (p_trigger.excluded_columns)
+                                THEN format('row %s.%s %s names a tenant that does not exist (column %s)', p_schema,
+                                            p_table, webhooks.table_key_shown(v_key, e.rw), v_tenant_column)
                                 ELSE format('row %s.%s %s names tenant %s, which does not exist', p_schema, p_table,
                                             webhooks.table_key_shown(v_key, e.rw), to_jsonb(e.tenant_name)) END END
                )::webhooks.delivery_request
@@ -905,6 +910,26 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.table_trigger_drop(text) TO webhooks_admin;
 
+-- Backfill and invoke send a table's rows: refused (42501) unless the role that asks may read them
+-- itself (the TRIGGER privilege that let it add the trigger is no right to read what is there).
+CREATE OR REPLACE FUNCTION webhooks.table_trigger_caller_reads(p_trigger webhooks.table_triggers) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_role name := webhooks.acting_role();
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p_trigger.table_oid)
+       AND NOT has_table_privilege(v_role, p_trigger.table_oid, 'SELECT') THEN
+        RAISE EXCEPTION 'permission denied to send the rows of %: the role % may not SELECT from it',
+                        p_trigger.table_oid::regclass, v_role
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('The table''s owner can grant it: GRANT SELECT ON %s TO %I',
+                                p_trigger.table_oid::regclass, v_role);
+    END IF;
+END;
+$$;
+
 -- The schema owner reads the table for a backfill or an invoke: refused, saying what to grant, when
 -- it may not. Answers the table as regclass text.
 CREATE OR REPLACE FUNCTION webhooks.table_trigger_readable(p_trigger webhooks.table_triggers) RETURNS text
@@ -1021,6 +1046,7 @@ DECLARE
     v_id        bigint;
 BEGIN
     PERFORM webhooks.table_trigger_readable(v_trigger);
+    PERFORM webhooks.table_trigger_caller_reads(v_trigger);
     IF p_rate IS NOT NULL AND NOT p_rate > 0 THEN
         RAISE EXCEPTION 'rate %: rows a second, more than 0', p_rate USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1163,6 +1189,7 @@ DECLARE
     v_keys    text[];
     v_row     jsonb;
 BEGIN
+    PERFORM webhooks.table_trigger_caller_reads(v_trigger);
     PERFORM webhooks.table_trigger_no_casts(v_trigger, '{}');
     IF cardinality(v_trigger.key_columns) = 1 THEN
         v_keys := ARRAY[p_key];

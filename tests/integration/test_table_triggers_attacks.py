@@ -3,11 +3,13 @@ could make the schema owner run, read or queue through them, and writes they cou
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 
 from tests.integration.test_table_triggers import ORDERS, add_trigger, payloads, plain_login
-from tests.support import TEST_KEYRING, add_endpoint, login_as, query
+from tests.support import TEST_KEYRING, add_endpoint, eventually, login_as, query
 
 
 def endpoint_url(db: str, endpoint: int) -> str:
@@ -246,3 +248,60 @@ def test_readmes_statement_trigger_sends_the_row_of_a_table_with_a_column_named_
               " FOR EACH STATEMENT EXECUTE FUNCTION webhooks.observer_queue_alert('t.created', 'id')")
     query(db, "INSERT INTO public.tt VALUES (1, 'one')")
     assert payloads(db) == [{"id": 1, "t": "one"}]
+
+
+def test_an_excluded_tenant_column_never_shows_its_value_in_a_dead_letter(db):
+    endpoint = add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    add_trigger(db, tenant_column="tenant", exclude_columns=["tenant", "card_token"])
+    query(db, "INSERT INTO public.orders (id, tenant, card_token) VALUES (1, 'tok_secret_tenant',"
+              " 'tok_secret')")
+    [(payload, status, reason)] = query(db, "SELECT payload, status, dead_letter_reason"
+                                            " FROM webhooks.deliveries WHERE webhook_id = %s", (endpoint,))
+    assert status == "dead_letter" and "secret" not in reason + str(payload)
+    assert reason == "row public.orders (id)=(1) names a tenant that does not exist (column tenant)"
+
+
+def test_concurrent_backfills_of_one_trigger_start_one(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    query(db, "INSERT INTO public.orders (id) SELECT generate_series(1, 20)")
+    add_trigger(db, on=("insert",))
+    outcome: list[object] = []
+    with psycopg.connect(db) as first, psycopg.connect(db, autocommit=True) as second:
+        first.execute("SELECT webhooks.table_trigger_backfill('orders')")
+
+        def start() -> None:
+            try:
+                outcome.append(second.execute("SELECT webhooks.table_trigger_backfill('orders')").fetchone())
+            except psycopg.Error as error:
+                outcome.append(error)
+
+        racer = threading.Thread(target=start)
+        racer.start()
+        # the second waits on the trigger's row until the first commits
+        eventually(lambda: query(db, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                     " AND query LIKE '%table_trigger_backfill%'") == [(1,)])
+        first.commit()
+        racer.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.ObjectInUse)
+    assert query(db, "SELECT count(*) FROM webhooks.api_operations WHERE kind = 'trigger_backfill'") == [(1,)]
+
+
+def test_backfill_and_invoke_read_nothing_their_caller_may_not_select(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    query(db, "INSERT INTO public.orders (id, card_token) VALUES (1, 'tok_secret')")
+    admin = login_as(db, "webhooks_test_trigger_admin", "webhooks_admin")
+    query(db, "GRANT TRIGGER ON public.orders TO webhooks_test_trigger_admin")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("SELECT webhooks.table_trigger_add('orders', 'public.orders', ARRAY['insert'],"
+                     " 'order.changed')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="SELECT"):
+            conn.execute("SELECT webhooks.table_trigger_invoke('orders', '1')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="SELECT"):
+            conn.execute("SELECT webhooks.table_trigger_backfill('orders')")
+    assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(0,)]
+    query(db, "GRANT SELECT ON public.orders TO webhooks_test_trigger_admin")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        assert conn.execute("SELECT webhooks.table_trigger_invoke('orders', '1')").fetchone() == (1,)
