@@ -751,7 +751,7 @@ BEGIN
                          ORDER BY r.n),
                array_agg(TG_TABLE_NAME || coalesce(':' || (r.rw ->> coalesce(TG_ARGV[1], 'id')), '') ORDER BY r.n)
         INTO v_types, v_rows, v_keys, v_refs
-        FROM (SELECT row_number() OVER () AS n, to_jsonb(t) AS rw FROM webhooks_new t) r;
+        FROM (SELECT row_number() OVER () AS n, to_jsonb(t.*) AS rw FROM webhooks_new t) r;
         IF array_position(v_types, NULL) IS NOT NULL THEN
             RAISE EXCEPTION 'webhooks.observer_queue_alert: column % is missing or null', TG_ARGV[0];
         END IF;

@@ -51,14 +51,21 @@
 -- PostgreSQL's own text of it only when every function, operator and type it uses is PostgreSQL's
 -- own (a domain of the application's, whose check could run its code, is refused). A row is
 -- converted with to_jsonb() unless a type of its columns has a cast to json (which to_jsonb() would
--- call as the owner): those columns are sent as their text (table_row_json_sql()).
+-- call as the owner): those columns are sent as their text (table_row_json_sql()). A condition is
+-- text the owner parses again each time, so a cast of the application's that a column it reads could
+-- reach (added, or reached through a column's new type, after the condition was checked) makes the
+-- rows dead letters (category internal) saying so, and refuses a backfill or an invoke whose key
+-- or conditions would reach one (table_columns_casts()).
 -- Backfill and invoke read the table as the schema owner, which needs USAGE on its schema and
--- SELECT on it; they say so when it has not.
+-- SELECT on it; they say so when it has not. The role that asks for them must hold SELECT on the
+-- table too: they send its rows.
 --
 -- Schema changes. Columns are registered by number, so a rename keeps the trigger (a condition
 -- reads the renamed column by the name it had, table_condition_sql()); an added column is in the
 -- payloads at once; a dropped one is gone from them (a condition that read it makes each row a
--- dead letter, category internal, saying so: add the trigger again). A dropped table takes its
+-- dead letter, category internal, saying so: add the trigger again), as does a primary key that is
+-- no longer the registered one (each row its own dead letter: rows could share a key or have none).
+-- A partitioned table is backfilled and invoked with its partitions. A dropped table takes its
 -- triggers with it; the registration stays, listed as `table dropped`, until dropped.
 --
 -- Backfill is a bulk operation (api_operations, kind trigger_backfill) that the API's runner steps
@@ -117,7 +124,10 @@ $$;
 -- reaches (through domains, arrays and composites) has a cast to json, a function of whoever owns
 -- that type that to_jsonb() would call. Then those columns are taken as their text output
 -- (format('%s'), which calls the type's output function, never a cast) and the rest as to_jsonb().
-CREATE OR REPLACE FUNCTION webhooks.table_row_json_sql(p_table oid, p_row text) RETURNS text
+-- p_json_as_text: the values of columns that reach the type json and hold \u0000, which jsonb
+-- refuses, are taken as their text too; NULL when there are no such columns.
+CREATE OR REPLACE FUNCTION webhooks.table_row_json_sql(p_table oid, p_row text,
+                                                        p_json_as_text boolean DEFAULT false) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, webhooks, pg_temp
 AS $$
@@ -125,13 +135,13 @@ DECLARE
     v_sql text;
 BEGIN
     -- PostgreSQL's own types have no such cast: the usual case costs one look at the columns
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_table AND a.attnum > 0
-                   AND NOT a.attisdropped AND a.atttypid >= 16384) THEN
+    IF NOT p_json_as_text AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_table AND a.attnum > 0
+                                          AND NOT a.attisdropped AND a.atttypid >= 16384) THEN
         RETURN NULL;
     END IF;
     WITH RECURSIVE reach(attnum, type) AS (
         SELECT a.attnum, a.atttypid FROM pg_attribute a
-        WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid >= 16384
+        WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped AND (a.atttypid >= 16384 OR p_json_as_text)
         UNION
         SELECT r.attnum, x.type
         FROM reach r JOIN pg_type t ON t.oid = r.type
@@ -140,14 +150,22 @@ BEGIN
                                       WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) x(type)
         WHERE x.type <> 0
     ), cast_columns AS (
-        SELECT DISTINCT r.attnum FROM reach r
-        JOIN pg_cast c ON c.castsource = r.type AND c.casttarget = 'json'::regtype AND c.castmethod = 'f'
-        WHERE r.type >= 16384
+        SELECT r.attnum, bool_and(r.json) AS json FROM (
+            SELECT r.attnum, false AS json FROM reach r
+            JOIN pg_cast c ON c.castsource = r.type AND c.casttarget = 'json'::regtype AND c.castmethod = 'f'
+            WHERE r.type >= 16384
+            UNION ALL
+            SELECT r.attnum, true FROM reach r WHERE p_json_as_text AND r.type = 'json'::regtype) r
+        GROUP BY r.attnum
     )
     SELECT CASE WHEN count(c.attnum) = 0 THEN NULL ELSE
                '(SELECT jsonb_object_agg(webhooks_column.k, webhooks_column.v) FROM (VALUES '
                || string_agg(format('(%L, %s)', a.attname,
                                     CASE WHEN c.attnum IS NULL THEN format('to_jsonb(%s.%I)', p_row, a.attname)
+                                         -- only the values that hold \u0000 (their text, conservatively)
+                                         WHEN c.json THEN format('CASE WHEN strpos(format(''%%s'', %1$s.%2$I), %3$L) > 0 '
+                                                                 'THEN to_jsonb(format(''%%s'', %1$s.%2$I)) '
+                                                                 'ELSE to_jsonb(%1$s.%2$I) END', p_row, a.attname, '\u0000')
                                          ELSE format('to_jsonb(format(''%%s'', %s.%I))', p_row, a.attname) END),
                              ', ' ORDER BY a.attnum)
                || ') AS webhooks_column(k, v))' END
@@ -156,6 +174,34 @@ BEGIN
     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped;
     RETURN v_sql;
 END;
+$$;
+
+-- The casts of the application's (functions outside pg_catalog, from or to a type these columns
+-- reach through domains, arrays, composites and ranges) that SQL the schema owner parses over these
+-- columns could call: a condition's text, a key's text cast to its type. They are looked for each
+-- time such SQL runs, since a type's owner may add a cast, or a column's type change, after a
+-- condition was checked. Described, or NULL when there is none.
+CREATE OR REPLACE FUNCTION webhooks.table_columns_casts(p_table oid, p_columns smallint[]) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    WITH RECURSIVE reach(type) AS (
+        SELECT a.atttypid FROM pg_attribute a
+        WHERE a.attrelid = p_table AND a.attnum = ANY (p_columns) AND NOT a.attisdropped AND a.atttypid >= 16384
+        UNION
+        SELECT x.type
+        FROM reach r JOIN pg_type t ON t.oid = r.type
+        CROSS JOIN LATERAL (SELECT t.typbasetype UNION ALL SELECT t.typelem
+                            UNION ALL SELECT g.rngsubtype FROM pg_range g WHERE g.rngtypid = t.oid
+                            UNION ALL SELECT a.atttypid FROM pg_attribute a
+                                      WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) x(type)
+        WHERE x.type >= 16384
+    )
+    SELECT string_agg(DISTINCT pg_describe_object('pg_cast'::regclass, c.oid, 0), ', ')
+    FROM reach r
+    JOIN pg_cast c ON (c.castsource = r.type OR c.casttarget = r.type) AND c.castmethod = 'f'
+    JOIN pg_proc p ON p.oid = c.castfunc
+    WHERE p.pronamespace <> 'pg_catalog'::regnamespace;
 $$;
 
 -- A condition (a trigger's `when`, a backfill's `where`), as the caller: PostgreSQL parses it as a
@@ -345,6 +391,10 @@ BEGIN
                            CASE WHEN e.tenant_name IS NULL
                                 THEN format('row %s.%s %s names no tenant (column %s is null)', p_schema, p_table,
                                             webhooks.table_key_shown(v_key, e.rw), coalesce(v_tenant_column, '(dropped)'))
+                                -- an excluded column's value never leaves the database, not even in a reason
+                                WHEN p_trigger.tenant_column = ANY (p_trigger.excluded_columns)
+                                THEN format('row %s.%s %s names a tenant that does not exist (column %s)', p_schema,
+                                            p_table, webhooks.table_key_shown(v_key, e.rw), v_tenant_column)
                                 ELSE format('row %s.%s %s names tenant %s, which does not exist', p_schema, p_table,
                                             webhooks.table_key_shown(v_key, e.rw), to_jsonb(e.tenant_name)) END END
                )::webhooks.delivery_request
@@ -358,7 +408,8 @@ BEGIN
                        coalesce(p_trigger.tenant_id, (SELECT tn.id FROM webhooks.tenants tn WHERE tn.name = b.tenant_name)) AS tenant_id
                 FROM (
                     SELECT r.o, r.rw, r.key, r.tenant_name,
-                           'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || r.key_text) AS event_id,
+                           'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || coalesce(r.key_text, '')
+                                             || CASE WHEN p_broken IS NULL THEN '' ELSE ':' || r.o END) AS event_id,
                            left(p_schema || '.' || p_table || ':' || r.key_text, 1000) AS ref,
                            jsonb_build_object(
                                'op', p_op, 'table', v_table, 'key', r.key,
@@ -406,28 +457,57 @@ DECLARE
     v_old     jsonb[];
     v_pass    boolean[];
     v_broken  text;
+    v_casts   text;
 BEGIN
     SELECT * INTO v_trigger FROM webhooks.table_triggers t WHERE t.id = TG_ARGV[0]::bigint;
     IF NOT FOUND OR NOT v_trigger.enabled OR v_trigger.table_oid <> TG_RELID THEN
         RETURN NULL;
     END IF;
     v_json := webhooks.table_row_json_sql(TG_RELID, 'n');
-    IF v_json IS NULL THEN
-        IF v_op IN ('insert', 'update') THEN
-            v_new := ARRAY(SELECT to_jsonb(n) FROM webhooks_new n);
+    BEGIN
+        -- n.*, not n: a column named n would be read instead of the row
+        IF v_json IS NULL THEN
+            IF v_op IN ('insert', 'update') THEN
+                v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+            END IF;
+            IF v_op IN ('update', 'delete') THEN
+                v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+            END IF;
+        ELSE
+            IF v_op IN ('insert', 'update') THEN
+                EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
+            END IF;
+            IF v_op IN ('update', 'delete') THEN
+                EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
+            END IF;
         END IF;
-        IF v_op IN ('update', 'delete') THEN
-            v_old := ARRAY(SELECT to_jsonb(n) FROM webhooks_old n);
+    EXCEPTION WHEN untranslatable_character OR invalid_text_representation THEN
+        -- a json value jsonb refuses (\u0000) must not fail the write: such values go as their text
+        v_json := webhooks.table_row_json_sql(TG_RELID, 'n', true);
+        IF v_json IS NULL THEN
+            RAISE;
         END IF;
-    ELSE
         IF v_op IN ('insert', 'update') THEN
             EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
         END IF;
         IF v_op IN ('update', 'delete') THEN
             EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
         END IF;
+    END;
+    -- the key the registration keeps must still be the table's primary key: otherwise rows could share
+    -- one (or have none) and their events merge
+    IF NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = TG_RELID AND i.indisprimary
+                   AND i.indkey::smallint[] = v_trigger.key_columns) THEN
+        v_broken := 'the table''s primary key is no longer the one it had when the trigger was added: add the '
+                    'trigger again';
     END IF;
-    IF v_trigger.when_condition IS NOT NULL THEN
+    v_casts := webhooks.table_columns_casts(TG_RELID, v_trigger.when_columns);
+    IF v_broken IS NULL AND v_casts IS NOT NULL THEN
+        v_broken := format('its when condition reads a column whose type has a cast of the application''s (%s), '
+                           'which would run as the webhooks schema''s owner: drop the cast, or add the trigger '
+                           'again without that condition', v_casts);
+    END IF;
+    IF v_trigger.when_condition IS NOT NULL AND v_broken IS NULL THEN
         v_sql := webhooks.table_condition_sql(TG_RELID, v_trigger.when_condition, v_trigger.when_columns,
                                               v_trigger.when_names, 'n');
         IF v_sql IS NULL THEN
@@ -830,6 +910,26 @@ END;
 $$;
 GRANT EXECUTE ON FUNCTION webhooks.table_trigger_drop(text) TO webhooks_admin;
 
+-- Backfill and invoke send a table's rows: refused (42501) unless the role that asks may read them
+-- itself (the TRIGGER privilege that let it add the trigger is no right to read what is there).
+CREATE OR REPLACE FUNCTION webhooks.table_trigger_caller_reads(p_trigger webhooks.table_triggers) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_role name := webhooks.acting_role();
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p_trigger.table_oid)
+       AND NOT has_table_privilege(v_role, p_trigger.table_oid, 'SELECT') THEN
+        RAISE EXCEPTION 'permission denied to send the rows of %: the role % may not SELECT from it',
+                        p_trigger.table_oid::regclass, v_role
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('The table''s owner can grant it: GRANT SELECT ON %s TO %I',
+                                p_trigger.table_oid::regclass, v_role);
+    END IF;
+END;
+$$;
+
 -- The schema owner reads the table for a backfill or an invoke: refused, saying what to grant, when
 -- it may not. Answers the table as regclass text.
 CREATE OR REPLACE FUNCTION webhooks.table_trigger_readable(p_trigger webhooks.table_triggers) RETURNS text
@@ -853,6 +953,36 @@ BEGIN
                                 p_trigger.table_oid::regclass, current_user);
     END IF;
     RETURN p_trigger.table_oid::regclass::text;
+END;
+$$;
+
+-- What a backfill or an invoke reads the table as: ONLY the table itself when it is a plain one (an
+-- inheritance child's rows are not its rows, and its triggers do not see them), a partitioned table
+-- with its partitions (it holds no rows of its own).
+CREATE OR REPLACE FUNCTION webhooks.table_trigger_from(p_trigger webhooks.table_triggers) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+    SELECT CASE WHEN c.relkind = 'p' THEN '' ELSE 'ONLY ' END || c.oid::regclass::text
+    FROM pg_class c WHERE c.oid = p_trigger.table_oid;
+$$;
+
+-- Refused (42501) when the key's columns, or these, reach a type with a cast of the application's:
+-- a backfill or an invoke parses SQL over them as the schema owner (table_columns_casts()).
+CREATE OR REPLACE FUNCTION webhooks.table_trigger_no_casts(p_trigger webhooks.table_triggers, p_columns smallint[])
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, webhooks, pg_temp
+AS $$
+DECLARE
+    v_casts text := webhooks.table_columns_casts(p_trigger.table_oid, p_trigger.key_columns || coalesce(p_columns, '{}'));
+BEGIN
+    IF v_casts IS NOT NULL THEN
+        RAISE EXCEPTION 'table trigger %: its key or condition reads a column whose type has a cast of the '
+                        'application''s (%), which would run as the webhooks schema''s owner', p_trigger.name, v_casts
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop the cast, or add the trigger again without a condition on that column.';
+    END IF;
 END;
 $$;
 
@@ -916,6 +1046,7 @@ DECLARE
     v_id        bigint;
 BEGIN
     PERFORM webhooks.table_trigger_readable(v_trigger);
+    PERFORM webhooks.table_trigger_caller_reads(v_trigger);
     IF p_rate IS NOT NULL AND NOT p_rate > 0 THEN
         RAISE EXCEPTION 'rate %: rows a second, more than 0', p_rate USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -986,7 +1117,9 @@ BEGIN
     IF v_key.count < cardinality(v_trigger.key_columns) THEN
         RAISE EXCEPTION 'table trigger %: a column of its key was dropped', v_trigger.name USING ERRCODE = 'undefined_column';
     END IF;
-    v_json := coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)');
+    PERFORM webhooks.table_trigger_no_casts(v_trigger, v_trigger.when_columns
+                                            || ARRAY(SELECT jsonb_array_elements_text(v_op.filter -> 'where_columns'))::smallint[]);
+    v_json := coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t.*)');
     IF v_trigger.when_condition IS NOT NULL THEN
         v_when := webhooks.table_condition_sql(v_trigger.table_oid, v_trigger.when_condition, v_trigger.when_columns,
                                                v_trigger.when_names, 't');
@@ -1010,9 +1143,9 @@ BEGIN
                    '       (array_agg(p.last ORDER BY p.n DESC))[1] '
                    'FROM (SELECT row_number() OVER (ORDER BY %s) AS n, %s AS rw, %s AND %s AS pass, '
                    '             to_jsonb(ARRAY[%s]) AS last '
-                   '      FROM ONLY %s t WHERE %s ORDER BY %s LIMIT %s) p',
+                   '      FROM %s t WHERE %s ORDER BY %s LIMIT %s) p',
                    v_key.columns, v_json, coalesce(v_when, 'true'), coalesce(v_where, 'true'), v_key.texts,
-                   v_table,
+                   webhooks.table_trigger_from(v_trigger),
                    CASE WHEN v_op.position IS NULL THEN 'true' ELSE format('(%s) > (%s)', v_key.columns, v_key.keys) END,
                    v_key.columns, p_limit)
     INTO v_rows, v_pass, v_last
@@ -1056,6 +1189,8 @@ DECLARE
     v_keys    text[];
     v_row     jsonb;
 BEGIN
+    PERFORM webhooks.table_trigger_caller_reads(v_trigger);
+    PERFORM webhooks.table_trigger_no_casts(v_trigger, '{}');
     IF cardinality(v_trigger.key_columns) = 1 THEN
         v_keys := ARRAY[p_key];
     ELSE
@@ -1072,8 +1207,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     BEGIN
-        EXECUTE format('SELECT %s FROM ONLY %s t WHERE (%s) = (%s)',
-                       coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t)'), v_table,
+        EXECUTE format('SELECT %s FROM %s t WHERE (%s) = (%s)',
+                       coalesce(webhooks.table_row_json_sql(v_trigger.table_oid, 't'), 'to_jsonb(t.*)'),
+                       webhooks.table_trigger_from(v_trigger),
                        v_key.columns, v_key.keys)
         INTO v_row USING v_keys;
     EXCEPTION WHEN invalid_text_representation OR invalid_datetime_format OR numeric_value_out_of_range
