@@ -31,6 +31,8 @@ def setup_triggers(db: str) -> int:
     query(db, "SELECT webhooks.register_tenant('acme')")
     add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
     query(db, ORDERS)
+    # the console invokes as webhooks_admin, which must be able to read the rows it sends
+    query(db, "GRANT SELECT ON public.orders TO webhooks_admin")
     query(db, "SELECT webhooks.table_trigger_add('orders', 'public.orders', ARRAY['insert', 'update'],"
               " 'order.changed', p_when => 'status <> ''draft''')")
     query(db, "SELECT webhooks.table_trigger_add('acme-orders', 'public.orders', ARRAY['delete'],"
