@@ -312,6 +312,7 @@ def test_every_console_page_passes_axe_core_for_an_admin_and_for_a_portal_custom
     [waiting] = [delivery for delivery, status in statuses(db, replayed).items() if status == "pending"]
     # table triggers: one of acme's, one with a backfill that stays running, one whose table is gone
     query(db, "CREATE TABLE public.orders (id bigint PRIMARY KEY, status text)")
+    query(db, "GRANT SELECT ON public.orders TO webhooks_admin")  # the console invokes as webhooks_admin
     query(db, "INSERT INTO public.orders VALUES (1, 'new'), (2, 'new')")
     query(db, "SELECT webhooks.table_trigger_add('orders', 'public.orders', ARRAY['insert', 'update'],"
               " 'order.changed', p_when => 'status <> ''draft''')")

@@ -201,7 +201,8 @@ def test_a_publish_under_a_token_that_is_not_usable_is_refused_as_such_before_an
 def requests(*targets):
     """The gate's requests, one per (endpoint id or None for its subscribers, event type)."""
     rows = ", ".join(f"ROW({n}, {'NULL' if hook is None else int(hook)}, '{event_type}', NULL, NULL, '{{}}',"
-                     " NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::webhooks.delivery_request"
+                     " NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+                     "::webhooks.delivery_request"
                      for n, (hook, event_type) in enumerate(targets, 1))
     return f"ARRAY[{rows}]"
 
