@@ -30,10 +30,12 @@
 -- the database in any op. changed lists the payload's columns whose values differ (an update's;
 -- empty for the other ops). key is the row's primary key.
 --
--- Guarantees. The event id is derived from the transaction, the trigger, the op and the row's key
--- (backfill: from the operation instead of the transaction), so a row gives one event per op per
--- transaction, whatever runs the statement again: a row changed twice the same way in one
--- transaction queues its first change. The ordering key is the table and the row's key, so one
+-- Guarantees. The event id is derived from the transaction, the trigger, the op, the row's key and,
+-- for an insert, update or delete, the change (an md5 of the payload: the row before and after), so
+-- each different change of a row in a transaction is its own event and the same change made again
+-- queues nothing twice (a row changed back and then the same way again repeats an earlier change's
+-- id: that repeat is not queued). A backfill's derive from the operation and the row instead, an
+-- invoke's from the transaction and the row. The ordering key is the table and the row's key, so one
 -- row's changes reach each endpoint in order. A row whose payload is over max_payload_bytes does
 -- not fail the write: each subscriber gets a dead letter (category too_large) whose payload is the
 -- row's op, table and key only, with a reason naming the key. With a tenant column, a row naming no
@@ -343,8 +345,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
--- Planned once per session: its statements read only their parameters and the catalog by key.
+-- Planned once per session: its statements read only their parameters and the catalog by key
+-- (and a tenant by name, by its index whatever the statistics say: not the whole table per row).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_limit    integer;
@@ -404,12 +408,16 @@ BEGIN
                         WHEN p_trigger.tenant_column IS NOT NULL AND c.tenant_id IS NULL THEN 'unknown_tenant'
                         WHEN c.size > v_limit THEN 'too_large' END AS category
             FROM (
-                SELECT b.*, octet_length(b.payload::text) AS size,
+                SELECT b.*, octet_length(p.text) AS size,
+                       -- a row's change: what it was and became is in the id, so another change of the
+                       -- row in the transaction is another event, and the same change made again is not
+                       'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || coalesce(b.key_text, '')
+                                     || CASE WHEN p_op IN ('insert', 'update', 'delete') THEN ':' || md5(p.text)
+                                             ELSE '' END
+                                     || CASE WHEN p_broken IS NULL THEN '' ELSE ':' || b.o END) AS event_id,
                        coalesce(p_trigger.tenant_id, (SELECT tn.id FROM webhooks.tenants tn WHERE tn.name = b.tenant_name)) AS tenant_id
                 FROM (
-                    SELECT r.o, r.rw, r.key, r.tenant_name,
-                           'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || coalesce(r.key_text, '')
-                                             || CASE WHEN p_broken IS NULL THEN '' ELSE ':' || r.o END) AS event_id,
+                    SELECT r.o, r.rw, r.key, r.key_text, r.tenant_name,
                            left(p_schema || '.' || p_table || ':' || r.key_text, 1000) AS ref,
                            jsonb_build_object(
                                'op', p_op, 'table', v_table, 'key', r.key,
@@ -432,6 +440,7 @@ BEGIN
                                                           WHERE t.new_row -> w IS DISTINCT FROM t.old_row -> w)
                     ) r
                 ) b
+                CROSS JOIN LATERAL (SELECT b.payload::text) AS p(text)
             ) c
         ) e
         ORDER BY e.o), 'trigger') g;
