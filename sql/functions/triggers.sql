@@ -67,7 +67,9 @@
 -- payloads at once; a dropped one is gone from them (a condition that read it makes each row a
 -- dead letter, category internal, saying so: add the trigger again), as does a primary key that is
 -- no longer the registered one (each row its own dead letter: rows could share a key or have none).
--- A partitioned table is backfilled and invoked with its partitions. A dropped table takes its
+-- A partitioned table is backfilled and invoked with its partitions. Its triggers fire for statements
+-- on it (rows routed to a partition included), never for one that names a partition (PostgreSQL fires
+-- a statement's triggers on the table it names): table_trigger_add() says so. A dropped table takes its
 -- triggers with it; the registration stays, listed as `table dropped`, until dropped.
 --
 -- Backfill is a bulk operation (api_operations, kind trigger_backfill) that the API's runner steps
@@ -736,6 +738,12 @@ BEGIN
                                  ELSE 'OLD TABLE AS webhooks_old' END,
                        v_id);
     END LOOP;
+    -- PostgreSQL fires a statement's triggers on the table it names only
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = v_table) = 'p' THEN
+        RAISE NOTICE 'table %: partitioned: statements on % fire the trigger, with the rows they route to its '
+                     'partitions; a statement that names a partition fires nothing', p_table, p_table
+            USING HINT = 'Write through the partitioned table, or add a trigger to each partition written to directly.';
+    END IF;
     RETURN v_id;
 END;
 $$;
