@@ -475,36 +475,48 @@ BEGIN
         RETURN NULL;
     END IF;
     v_json := webhooks.table_row_json_sql(TG_RELID, 'n');
-    BEGIN
-        -- n.*, not n: a column named n would be read instead of the row
-        IF v_json IS NULL THEN
-            IF v_op IN ('insert', 'update') THEN
-                v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+    -- n.*, not n: a column named n would be read instead of the row
+    IF v_json IS NULL AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = TG_RELID AND a.attnum > 0
+                                      AND NOT a.attisdropped
+                                      AND (a.atttypid >= 16384 OR a.atttypid IN ('json'::regtype, '_json'::regtype))) THEN
+        -- PostgreSQL's own types, none of them json: no value jsonb refuses, no subtransaction needed
+        IF v_op IN ('insert', 'update') THEN
+            v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+        END IF;
+        IF v_op IN ('update', 'delete') THEN
+            v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+        END IF;
+    ELSE
+        BEGIN
+            IF v_json IS NULL THEN
+                IF v_op IN ('insert', 'update') THEN
+                    v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+                END IF;
+                IF v_op IN ('update', 'delete') THEN
+                    v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+                END IF;
+            ELSE
+                IF v_op IN ('insert', 'update') THEN
+                    EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
+                END IF;
+                IF v_op IN ('update', 'delete') THEN
+                    EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
+                END IF;
             END IF;
-            IF v_op IN ('update', 'delete') THEN
-                v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+        EXCEPTION WHEN untranslatable_character OR invalid_text_representation THEN
+            -- a json value jsonb refuses (\u0000) must not fail the write: such values go as their text
+            v_json := webhooks.table_row_json_sql(TG_RELID, 'n', true);
+            IF v_json IS NULL THEN
+                RAISE;
             END IF;
-        ELSE
             IF v_op IN ('insert', 'update') THEN
                 EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
             END IF;
             IF v_op IN ('update', 'delete') THEN
                 EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
             END IF;
-        END IF;
-    EXCEPTION WHEN untranslatable_character OR invalid_text_representation THEN
-        -- a json value jsonb refuses (\u0000) must not fail the write: such values go as their text
-        v_json := webhooks.table_row_json_sql(TG_RELID, 'n', true);
-        IF v_json IS NULL THEN
-            RAISE;
-        END IF;
-        IF v_op IN ('insert', 'update') THEN
-            EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
-        END IF;
-        IF v_op IN ('update', 'delete') THEN
-            EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
-        END IF;
-    END;
+        END;
+    END IF;
     -- the key the registration keeps must still be the table's primary key: otherwise rows could share
     -- one (or have none) and their events merge
     IF NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = TG_RELID AND i.indisprimary
@@ -512,7 +524,9 @@ BEGIN
         v_broken := 'the table''s primary key is no longer the one it had when the trigger was added: add the '
                     'trigger again';
     END IF;
-    v_casts := webhooks.table_columns_casts(TG_RELID, v_trigger.when_columns);
+    IF cardinality(v_trigger.when_columns) > 0 THEN
+        v_casts := webhooks.table_columns_casts(TG_RELID, v_trigger.when_columns);
+    END IF;
     IF v_broken IS NULL AND v_casts IS NOT NULL THEN
         v_broken := format('its when condition reads a column whose type has a cast of the application''s (%s), '
                            'which would run as the webhooks schema''s owner: drop the cast, or add the trigger '
