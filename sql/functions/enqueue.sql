@@ -31,6 +31,14 @@ CREATE OR REPLACE FUNCTION webhooks.fill_idempotency_key() RETURNS trigger
 LANGUAGE plpgsql
 -- Runs for producers that may not read endpoints or the config (see roles.sql).
 SECURITY DEFINER SET search_path = pg_catalog, webhooks, pg_temp
+-- Its lookups (the queue by endpoint and key, the messages by tenant and event) are planned once per
+-- session and run once per row. Planned from statistics that say the queue is empty while it is not
+-- (an ANALYZE, autovacuum's too, that ran during a bulk INSERT, or on an emptied table), they would
+-- read the whole table for each row: an INSERT of n rows would cost n² and a large one never end.
+-- The indexes answer them whatever the statistics say. (A plan that must still read a table, the
+-- one-row config, costs so much then that JIT would compile it for each row: off.)
+SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     v_limit   integer;
@@ -256,8 +264,11 @@ SET search_path = pg_catalog, webhooks, pg_temp
 -- Short OLTP statements: JIT compilation would cost far more than it saves.
 SET jit = off
 -- Its statements read arrays given as parameters; with custom plans PostgreSQL planned them again
--- on every call. The generic plans reach the queue by its indexes whatever its size.
+-- on every call. The generic plans reach the queue by its indexes whatever its size, and whatever its
+-- statistics say (planned while they said it was empty, a key already queued would be looked for
+-- by reading the whole queue, for each of a bulk statement's rows): see fill_idempotency_key().
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -589,7 +600,9 @@ BEGIN
             SELECT q.delivery_id INTO v_found FROM webhooks.alert_delivery_queue q
             WHERE q.webhook_id = v_hook[v_j] AND q.idempotency_key = v_key;
             CONTINUE WHEN v_found IS NULL;
-            created := coalesce(v_found = ANY (v_ins_id), false);
+            -- made by this call: the insert's ids ascend, so one below the first is not (and a
+            -- bulk statement sent again, found row after row, costs no search of them)
+            created := coalesce(v_found >= v_ins_id[1] AND v_found = ANY (v_ins_id), false);
             -- Over the API, the same key for another message (another event type or payload) is
             -- refused, as an idempotency key reused with other parameters is elsewhere: answered
             -- with the old deliveries, the new message would be lost without a word.

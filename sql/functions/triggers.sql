@@ -30,10 +30,12 @@
 -- the database in any op. changed lists the payload's columns whose values differ (an update's;
 -- empty for the other ops). key is the row's primary key.
 --
--- Guarantees. The event id is derived from the transaction, the trigger, the op and the row's key
--- (backfill: from the operation instead of the transaction), so a row gives one event per op per
--- transaction, whatever runs the statement again: a row changed twice the same way in one
--- transaction queues its first change. The ordering key is the table and the row's key, so one
+-- Guarantees. The event id is derived from the transaction, the trigger, the op, the row's key and,
+-- for an insert, update or delete, the change (an md5 of the payload: the row before and after), so
+-- each different change of a row in a transaction is its own event and the same change made again
+-- queues nothing twice (a row changed back and then the same way again repeats an earlier change's
+-- id: that repeat is not queued). A backfill's derive from the operation and the row instead, an
+-- invoke's from the transaction and the row. The ordering key is the table and the row's key, so one
 -- row's changes reach each endpoint in order. A row whose payload is over max_payload_bytes does
 -- not fail the write: each subscriber gets a dead letter (category too_large) whose payload is the
 -- row's op, table and key only, with a reason naming the key. With a tenant column, a row naming no
@@ -65,7 +67,9 @@
 -- payloads at once; a dropped one is gone from them (a condition that read it makes each row a
 -- dead letter, category internal, saying so: add the trigger again), as does a primary key that is
 -- no longer the registered one (each row its own dead letter: rows could share a key or have none).
--- A partitioned table is backfilled and invoked with its partitions. A dropped table takes its
+-- A partitioned table is backfilled and invoked with its partitions. Its triggers fire for statements
+-- on it (rows routed to a partition included), never for one that names a partition (PostgreSQL fires
+-- a statement's triggers on the table it names): table_trigger_add() says so. A dropped table takes its
 -- triggers with it; the registration stays, listed as `table dropped`, until dropped.
 --
 -- Backfill is a bulk operation (api_operations, kind trigger_backfill) that the API's runner steps
@@ -343,8 +347,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, webhooks, pg_temp
 SET jit = off
--- Planned once per session: its statements read only their parameters and the catalog by key.
+-- Planned once per session: its statements read only their parameters and the catalog by key
+-- (and a tenant by name, by its index whatever the statistics say: not the whole table per row).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_limit    integer;
@@ -404,12 +410,16 @@ BEGIN
                         WHEN p_trigger.tenant_column IS NOT NULL AND c.tenant_id IS NULL THEN 'unknown_tenant'
                         WHEN c.size > v_limit THEN 'too_large' END AS category
             FROM (
-                SELECT b.*, octet_length(b.payload::text) AS size,
+                SELECT b.*, octet_length(p.text) AS size,
+                       -- a row's change: what it was and became is in the id, so another change of the
+                       -- row in the transaction is another event, and the same change made again is not
+                       'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || coalesce(b.key_text, '')
+                                     || CASE WHEN p_op IN ('insert', 'update', 'delete') THEN ':' || md5(p.text)
+                                             ELSE '' END
+                                     || CASE WHEN p_broken IS NULL THEN '' ELSE ':' || b.o END) AS event_id,
                        coalesce(p_trigger.tenant_id, (SELECT tn.id FROM webhooks.tenants tn WHERE tn.name = b.tenant_name)) AS tenant_id
                 FROM (
-                    SELECT r.o, r.rw, r.key, r.tenant_name,
-                           'evt_' || md5(p_seed || ':' || p_trigger.id || ':' || p_op || ':' || coalesce(r.key_text, '')
-                                             || CASE WHEN p_broken IS NULL THEN '' ELSE ':' || r.o END) AS event_id,
+                    SELECT r.o, r.rw, r.key, r.key_text, r.tenant_name,
                            left(p_schema || '.' || p_table || ':' || r.key_text, 1000) AS ref,
                            jsonb_build_object(
                                'op', p_op, 'table', v_table, 'key', r.key,
@@ -432,6 +442,7 @@ BEGIN
                                                           WHERE t.new_row -> w IS DISTINCT FROM t.old_row -> w)
                     ) r
                 ) b
+                CROSS JOIN LATERAL (SELECT b.payload::text) AS p(text)
             ) c
         ) e
         ORDER BY e.o), 'trigger') g;
@@ -464,36 +475,48 @@ BEGIN
         RETURN NULL;
     END IF;
     v_json := webhooks.table_row_json_sql(TG_RELID, 'n');
-    BEGIN
-        -- n.*, not n: a column named n would be read instead of the row
-        IF v_json IS NULL THEN
-            IF v_op IN ('insert', 'update') THEN
-                v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+    -- n.*, not n: a column named n would be read instead of the row
+    IF v_json IS NULL AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = TG_RELID AND a.attnum > 0
+                                      AND NOT a.attisdropped
+                                      AND (a.atttypid >= 16384 OR a.atttypid IN ('json'::regtype, '_json'::regtype))) THEN
+        -- PostgreSQL's own types, none of them json: no value jsonb refuses, no subtransaction needed
+        IF v_op IN ('insert', 'update') THEN
+            v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+        END IF;
+        IF v_op IN ('update', 'delete') THEN
+            v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+        END IF;
+    ELSE
+        BEGIN
+            IF v_json IS NULL THEN
+                IF v_op IN ('insert', 'update') THEN
+                    v_new := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_new n);
+                END IF;
+                IF v_op IN ('update', 'delete') THEN
+                    v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+                END IF;
+            ELSE
+                IF v_op IN ('insert', 'update') THEN
+                    EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
+                END IF;
+                IF v_op IN ('update', 'delete') THEN
+                    EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
+                END IF;
             END IF;
-            IF v_op IN ('update', 'delete') THEN
-                v_old := ARRAY(SELECT to_jsonb(n.*) FROM webhooks_old n);
+        EXCEPTION WHEN untranslatable_character OR invalid_text_representation THEN
+            -- a json value jsonb refuses (\u0000) must not fail the write: such values go as their text
+            v_json := webhooks.table_row_json_sql(TG_RELID, 'n', true);
+            IF v_json IS NULL THEN
+                RAISE;
             END IF;
-        ELSE
             IF v_op IN ('insert', 'update') THEN
                 EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
             END IF;
             IF v_op IN ('update', 'delete') THEN
                 EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
             END IF;
-        END IF;
-    EXCEPTION WHEN untranslatable_character OR invalid_text_representation THEN
-        -- a json value jsonb refuses (\u0000) must not fail the write: such values go as their text
-        v_json := webhooks.table_row_json_sql(TG_RELID, 'n', true);
-        IF v_json IS NULL THEN
-            RAISE;
-        END IF;
-        IF v_op IN ('insert', 'update') THEN
-            EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_new n)', v_json) INTO v_new;
-        END IF;
-        IF v_op IN ('update', 'delete') THEN
-            EXECUTE format('SELECT ARRAY(SELECT %s FROM webhooks_old n)', v_json) INTO v_old;
-        END IF;
-    END;
+        END;
+    END IF;
     -- the key the registration keeps must still be the table's primary key: otherwise rows could share
     -- one (or have none) and their events merge
     IF NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = TG_RELID AND i.indisprimary
@@ -501,7 +524,9 @@ BEGIN
         v_broken := 'the table''s primary key is no longer the one it had when the trigger was added: add the '
                     'trigger again';
     END IF;
-    v_casts := webhooks.table_columns_casts(TG_RELID, v_trigger.when_columns);
+    IF cardinality(v_trigger.when_columns) > 0 THEN
+        v_casts := webhooks.table_columns_casts(TG_RELID, v_trigger.when_columns);
+    END IF;
     IF v_broken IS NULL AND v_casts IS NOT NULL THEN
         v_broken := format('its when condition reads a column whose type has a cast of the application''s (%s), '
                            'which would run as the webhooks schema''s owner: drop the cast, or add the trigger '
@@ -727,6 +752,12 @@ BEGIN
                                  ELSE 'OLD TABLE AS webhooks_old' END,
                        v_id);
     END LOOP;
+    -- PostgreSQL fires a statement's triggers on the table it names only
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = v_table) = 'p' THEN
+        RAISE NOTICE 'table %: partitioned: statements on % fire the trigger, with the rows they route to its '
+                     'partitions; a statement that names a partition fires nothing', p_table, p_table
+            USING HINT = 'Write through the partitioned table, or add a trigger to each partition written to directly.';
+    END IF;
     RETURN v_id;
 END;
 $$;

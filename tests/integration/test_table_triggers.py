@@ -185,15 +185,40 @@ def test_a_write_retried_in_its_transaction_queues_nothing_twice(db):
         conn.execute("INSERT INTO public.orders (id, status) VALUES (1, 'new')")
         conn.execute("ROLLBACK TO SAVEPOINT attempt")
         conn.execute("INSERT INTO public.orders (id, status) VALUES (1, 'new')")
-        # the same change made again: the event id is the transaction's, the row's and the op's
+        conn.execute("SAVEPOINT attempt")
         conn.execute("UPDATE public.orders SET status = 'paid'")
+        conn.execute("ROLLBACK TO SAVEPOINT attempt")
+        conn.execute("UPDATE public.orders SET status = 'paid'")
+        # the same change made again changes nothing: no event
         conn.execute("UPDATE public.orders SET status = 'paid'")
         txid = conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
         trigger = conn.execute("SELECT id FROM webhooks.table_trigger_show('orders')").fetchone()[0]
         conn.commit()
-    assert query(db, "SELECT event_id, payload ->> 'op' FROM webhooks.deliveries ORDER BY delivery_id") == [
-        (query(db, "SELECT 'evt_' || md5(%s)", (f"{txid}:{trigger}:insert:1",))[0][0], "insert"),
-        (query(db, "SELECT 'evt_' || md5(%s)", (f"{txid}:{trigger}:update:1",))[0][0], "update")]
+    # the event id is the transaction's, the trigger's, the op's, the row's and its change's
+    queued = query(db, "SELECT event_id, payload ->> 'op' FROM webhooks.deliveries ORDER BY delivery_id")
+    assert queued == query(
+        db, "SELECT 'evt_' || md5(%s || (payload ->> 'op') || ':1:' || md5(payload::text)), payload ->> 'op'"
+            " FROM webhooks.deliveries ORDER BY delivery_id", (f"{txid}:{trigger}:",))
+    assert [op for _, op in queued] == ["insert", "update"]
+
+
+def test_every_other_change_of_a_row_in_one_transaction_is_its_own_event(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    add_trigger(db)
+    with psycopg.connect(db) as conn:
+        conn.execute("INSERT INTO public.orders (id, status) VALUES (1, 'new')")
+        conn.execute("UPDATE public.orders SET status = 'paid'")
+        conn.execute("UPDATE public.orders SET status = 'shipped'")
+        conn.execute("DELETE FROM public.orders")
+        conn.execute("INSERT INTO public.orders (id, status) VALUES (1, 'again')")
+        conn.commit()
+    assert query(db, "SELECT payload ->> 'op', payload -> 'old' ->> 'status', payload -> 'new' ->> 'status',"
+                     " ordering_key FROM webhooks.deliveries ORDER BY delivery_id") == [
+        ("insert", None, "new", "public.orders:1"), ("update", "new", "paid", "public.orders:1"),
+        ("update", "paid", "shipped", "public.orders:1"), ("delete", "shipped", None, "public.orders:1"),
+        ("insert", None, "again", "public.orders:1")]
+    assert query(db, "SELECT count(DISTINCT event_id) FROM webhooks.deliveries") == [(5,)]
 
 
 def test_a_statement_of_many_rows_queues_them_in_one_call_of_the_gate(db):

@@ -87,6 +87,23 @@ def test_a_partitioned_tables_rows_are_backfilled_and_invoked(db):
         ("backfill", 1), ("backfill", 2), ("backfill", 150), ("insert", 2), ("manual", 150)]
 
 
+def test_a_partitioned_table_fires_for_statements_on_it_and_says_a_partition_named_fires_nothing(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("part.*",))
+    query(db, "CREATE TABLE public.parts (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+    query(db, "CREATE TABLE public.parts_low PARTITION OF public.parts FOR VALUES FROM (0) TO (100)")
+    notices: list[str] = []
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary))
+        conn.execute("SELECT webhooks.table_trigger_add('parts', 'public.parts', ARRAY['insert'],"
+                     " 'part.changed')")
+    assert notices == ["table public.parts: partitioned: statements on public.parts fire the trigger, with"
+                       " the rows they route to its partitions; a statement that names a partition fires"
+                       " nothing"]
+    query(db, "INSERT INTO public.parts VALUES (1, 'through the parent')")
+    query(db, "INSERT INTO public.parts_low VALUES (2, 'to the partition')")
+    assert [(p["op"], p["key"]["id"], p["table"]["name"]) for p in payloads(db)] == [("insert", 1, "parts")]
+
+
 def test_a_dropped_primary_key_never_fails_the_write_nor_merges_rows(db):
     add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
     query(db, ORDERS)

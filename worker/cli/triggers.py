@@ -69,15 +69,19 @@ async def cmd_triggers_add(args: argparse.Namespace) -> int:
     on = _names("--on", args.on) or []
     async with connect(args) as conn:
         try:
-            await trigger_store.add(conn, args.name, args.table, on, args.event_type,
-                                    columns=_names("--columns", args.columns),
-                                    exclude_columns=_names("--exclude-columns", args.exclude_columns),
-                                    when=args.when, tenant=args.tenant, tenant_column=args.tenant_column)
+            _id, notices = await trigger_store.add(conn, args.name, args.table, on, args.event_type,
+                                                   columns=_names("--columns", args.columns),
+                                                   exclude_columns=_names("--exclude-columns",
+                                                                          args.exclude_columns),
+                                                   when=args.when, tenant=args.tenant,
+                                                   tenant_column=args.tenant_column)
         except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
                 psycopg.errors.UndefinedColumn, psycopg.errors.DuplicateObject,
                 psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound) as exc:
             raise _refused(exc) from None
         added = await trigger_store.show(conn, args.name)
+    for said in notices:
+        print(said, file=sys.stderr)
     if args.json:
         emit(args, added)
     else:

@@ -18,14 +18,25 @@ OPS = ("insert", "update", "delete")
 
 async def add(conn: Conn, name: str, table: str, on: list[str], event_type: str, *,
               columns: list[str] | None = None, exclude_columns: list[str] | None = None,
-              when: str | None = None, tenant: str | None = None, tenant_column: str | None = None) -> int:
+              when: str | None = None, tenant: str | None = None,
+              tenant_column: str | None = None) -> tuple[int, list[str]]:
     """Register a table trigger and install its PostgreSQL triggers with the caller's own rights
-    (the table's owner, or its TRIGGER privilege): the registration's id."""
-    row = await fetch_one(
-        conn, "SELECT webhooks.table_trigger_add(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS id",
-        (name, table, on, event_type, columns, exclude_columns, when, tenant, tenant_column))
+    (the table's owner, or its TRIGGER privilege): the registration's id, and the notices PostgreSQL
+    sent (a partitioned table's: a statement naming a partition fires nothing)."""
+    notices: list[str] = []
+
+    def keep(diagnostic: Any) -> None:
+        notices.append(str(diagnostic.message_primary))
+
+    conn.add_notice_handler(keep)
+    try:
+        row = await fetch_one(
+            conn, "SELECT webhooks.table_trigger_add(%s, %s, %s, %s, %s, %s, %s, %s, %s) AS id",
+            (name, table, on, event_type, columns, exclude_columns, when, tenant, tenant_column))
+    finally:
+        conn.remove_notice_handler(keep)
     assert row is not None
-    return int(row["id"])
+    return int(row["id"]), notices
 
 
 def _in_order(row: dict[str, Any]) -> dict[str, Any]:
