@@ -540,11 +540,20 @@ BEGIN
                                v_trigger.when_condition);
         ELSE
             -- the transition table is read in the same order as above
-            EXECUTE format('SELECT ARRAY(SELECT %s FROM %I n)', v_sql,
-                           CASE WHEN v_op = 'delete' THEN 'webhooks_old' ELSE 'webhooks_new' END) INTO v_pass;
-            SELECT array_agg(t.new_row ORDER BY t.o), array_agg(t.old_row ORDER BY t.o) INTO v_new, v_old
-            FROM unnest(v_new, v_old, v_pass) WITH ORDINALITY AS t(new_row, old_row, pass, o)
-            WHERE t.pass;
+            BEGIN
+                EXECUTE format('SELECT ARRAY(SELECT %s FROM %I n)', v_sql,
+                               CASE WHEN v_op = 'delete' THEN 'webhooks_old' ELSE 'webhooks_new' END) INTO v_pass;
+            EXCEPTION WHEN data_exception THEN
+                -- the application's write goes on; the rows become dead letters saying why. Only the
+                -- SQLSTATE is kept: PostgreSQL's message may quote a value of an excluded column.
+                v_broken := format('its when condition (%s) failed on a row of this statement (SQLSTATE %s)',
+                                   v_trigger.when_condition, SQLSTATE);
+            END;
+            IF v_broken IS NULL THEN
+                SELECT array_agg(t.new_row ORDER BY t.o), array_agg(t.old_row ORDER BY t.o) INTO v_new, v_old
+                FROM unnest(v_new, v_old, v_pass) WITH ORDINALITY AS t(new_row, old_row, pass, o)
+                WHERE t.pass;
+            END IF;
         END IF;
     END IF;
     IF coalesce(cardinality(v_new), cardinality(v_old), 0) > 0 THEN
@@ -1078,8 +1087,9 @@ DECLARE
 BEGIN
     PERFORM webhooks.table_trigger_readable(v_trigger);
     PERFORM webhooks.table_trigger_caller_reads(v_trigger);
-    IF p_rate IS NOT NULL AND NOT p_rate > 0 THEN
-        RAISE EXCEPTION 'rate %: rows a second, more than 0', p_rate USING ERRCODE = 'invalid_parameter_value';
+    -- the bounds of worker/rules/pacing.py (NaN compares above every number: both ends are checked)
+    IF p_rate IS NOT NULL AND NOT (p_rate >= 0.001 AND p_rate <= 100000) THEN
+        RAISE EXCEPTION 'rate %: rows a second, from 0.001 to 100000', p_rate USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT o.id INTO v_running FROM webhooks.api_operations o
     WHERE o.kind = 'trigger_backfill' AND o.status = 'running' AND (o.filter ->> 'trigger_id')::bigint = v_trigger.id;
@@ -1170,6 +1180,7 @@ BEGIN
         END IF;
     END IF;
     -- the page: every row read (its place is the next page's start), and which of them to queue
+    BEGIN
     EXECUTE format('SELECT array_agg(p.rw ORDER BY p.n), array_agg(p.pass ORDER BY p.n), '
                    '       (array_agg(p.last ORDER BY p.n DESC))[1] '
                    'FROM (SELECT row_number() OVER (ORDER BY %s) AS n, %s AS rw, %s AND %s AS pass, '
@@ -1181,6 +1192,12 @@ BEGIN
                    v_key.columns, p_limit)
     INTO v_rows, v_pass, v_last
     USING ARRAY(SELECT jsonb_array_elements_text(v_op.position));
+    EXCEPTION WHEN data_exception THEN
+        -- only the SQLSTATE: PostgreSQL's message may quote a value of an excluded column, and the
+        -- operation's error is read by anyone who may list operations
+        RAISE EXCEPTION 'backfill %: its where or when condition failed on a row (SQLSTATE %)', v_op.id, SQLSTATE
+            USING ERRCODE = SQLSTATE;
+    END;
     IF coalesce(cardinality(v_rows), 0) > 0 THEN
         v_rows := ARRAY(SELECT r.rw FROM unnest(v_rows, v_pass) AS r(rw, pass) WHERE r.pass);
         v_queued := coalesce(cardinality(v_rows), 0);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -195,6 +196,60 @@ def test_a_backfill_from_the_cli_is_an_operation_that_operations_cancel_stops(db
     status, processed = operation(db, shown["id"])
     assert status == "cancelled" and 0 < processed < 200
     assert query(db, "SELECT count(*) FROM webhooks.alert_delivery_queue") == [(processed,)]
+
+
+def test_a_backfill_rate_outside_its_bounds_is_refused_before_anything_starts(db):
+    env = {"DATABASE_URL": db}
+    query(db, ORDERS)
+    assert cli("triggers", "add", "orders", "--table", "public.orders", "--on", "insert", "--event-type",
+               "order.created", env=env).returncode == 0
+    for rate in ("inf", "nan", "0.0001", "1e9"):
+        refused = cli("triggers", "backfill", "orders", "--rate", rate, env=env)
+        assert refused.returncode == 2, (rate, refused.stderr)
+        assert "rows a second, from 0.001 to 100000" in refused.stderr, refused.stderr
+    assert query(db, "SELECT count(*) FROM webhooks.api_operations") == [(0,)]
+
+
+def test_a_backfill_waiting_for_its_next_step_notices_a_cancel_at_once(db):
+    env = {"DATABASE_URL": db}
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    query(db, "INSERT INTO public.orders (id, status) SELECT n, 'new' FROM generate_series(1, 5) n")
+    assert cli("triggers", "add", "orders", "--table", "public.orders", "--on", "insert", "--event-type",
+               "order.created", env=env).returncode == 0
+    running = backfill(db, "orders", "--rate", "0.01")  # a row, then 100 s until the next
+    try:
+        [(operation_id,)] = eventually(lambda: query(
+            db, "SELECT id FROM webhooks.api_operations WHERE kind = 'trigger_backfill' AND processed > 0"),
+            message="the backfill's first step")
+        assert cli("operations", "cancel", str(operation_id), env=env).returncode == 0
+        # well within the 100 s pause: the command looks at its operation while it waits
+        _out, err = running.communicate(timeout=30)
+    finally:
+        running.kill()
+    assert running.returncode == 1 and f"backfill {operation_id} cancelled by cli after 1 row(s)" in err, err
+
+
+def test_a_backfill_continued_keeps_to_the_rate_it_was_started_with(db):
+    env = {"DATABASE_URL": db}
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    query(db, "INSERT INTO public.orders (id, status) SELECT n, 'new' FROM generate_series(1, 20) n")
+    assert cli("triggers", "add", "orders", "--table", "public.orders", "--on", "insert", "--event-type",
+               "order.created", env=env).returncode == 0
+    running = backfill(db, "orders", "--rate", "5")
+    try:
+        eventually(lambda: query(db, "SELECT 1 FROM webhooks.api_operations WHERE processed > 0"),
+                   message="the backfill's first step")
+        running.send_signal(signal.SIGKILL)
+        running.wait(timeout=30)
+    finally:
+        running.kill()
+    again = cli("triggers", "backfill", "orders", env=env)  # no --rate: the stored one holds
+    assert again.returncode == 0, again.stderr
+    queued = [int(n) for n in re.findall(r": (\d+) row\(s\) queued", again.stderr)]
+    steps = [b - a for a, b in zip([0, *queued], queued, strict=False)][1:]
+    assert queued and queued[-1] == 20 and max(steps, default=0) <= 5, again.stderr
 
 
 def test_a_backfill_killed_half_way_continues_when_run_again_and_queues_each_row_once(db):

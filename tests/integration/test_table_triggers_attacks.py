@@ -322,3 +322,38 @@ def test_backfill_and_invoke_read_nothing_their_caller_may_not_select(db):
     query(db, "GRANT SELECT ON public.orders TO webhooks_test_trigger_admin")
     with psycopg.connect(admin, autocommit=True) as conn:
         assert conn.execute("SELECT webhooks.table_trigger_invoke('orders', '1')").fetchone() == (1,)
+
+
+def test_a_when_condition_failing_on_a_row_never_fails_the_write_nor_quotes_the_row(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    add_trigger(db, when="card_token::int > 0 AND 100 / amount > 1", exclude_columns=["card_token"])
+    query(db, "INSERT INTO public.orders (id, amount, card_token) VALUES (1, 0, '5'), (2, 1, 'tok_secret')")
+    assert query(db, "SELECT count(*) FROM public.orders") == [(2,)]
+    rows = query(db, "SELECT status, failure_category, dead_letter_reason, payload FROM webhooks.deliveries")
+    assert [(status, category) for status, category, _, _ in rows] == [("dead_letter", "internal")] * 2
+    for _, _, reason, payload in rows:
+        assert "failed on a row of this statement (SQLSTATE 22" in reason, reason
+        assert "secret" not in reason + str(payload)
+
+
+def test_a_backfill_whose_condition_fails_on_a_row_says_so_without_the_rows_values(db):
+    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
+    query(db, ORDERS)
+    add_trigger(db, exclude_columns=["card_token"])
+    query(db, "INSERT INTO public.orders (id, card_token) VALUES (1, 'tok_secret')")
+    [(operation,)] = query(db, "SELECT webhooks.table_trigger_backfill('orders',"
+                               " p_where => 'card_token::int > 0')")
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation) as refused:
+        query(db, "SELECT webhooks.table_trigger_backfill_step(%s, 100)", (operation,))
+    said = str(refused.value)
+    assert "its where or when condition failed on a row (SQLSTATE 22P02)" in said and "secret" not in said
+
+
+@pytest.mark.parametrize("rate", ["NaN", "Infinity", "0.0001", "100001"])
+def test_a_backfill_rate_outside_its_bounds_is_refused(db, rate):
+    query(db, ORDERS)
+    add_trigger(db)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"from 0\.001 to 100000"):
+        query(db, "SELECT webhooks.table_trigger_backfill('orders', p_rate => %s::float8)", (rate,))
+    assert query(db, "SELECT count(*) FROM webhooks.api_operations") == [(0,)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from worker.api.inputs import dead_letter_cursor, encode_dead_letter_cursor
 from worker.api.messages import _valid_traceparent
 from worker.rules import tokens
-from worker.rules.pacing import step_plan
+from worker.rules.pacing import rate_problem, step_plan
 from worker.web.problems import Problem
 
 
@@ -57,6 +58,17 @@ def test_dead_letter_cursors_round_trip_and_refuse_anything_else():
 )
 def test_a_bulk_replay_keeps_to_its_rate_in_whole_steps(rows, rate, expected):
     assert step_plan(rows, rate) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("rate", [math.inf, math.nan, 0.0, -1.0, 0.0009, 100_001.0])
+def test_a_rate_outside_its_bounds_is_refused_and_an_operation_stored_with_one_still_steps(rate):
+    assert rate_problem(rate) == "rows a second, from 0.001 to 100000"
+    # the runner steps every operation of its process: one stored by hand must not stop the others
+    assert step_plan(100, rate) == (100, 0.0)
+
+
+def test_the_rates_bounds_themselves_are_rates():
+    assert rate_problem(0.001) is None and rate_problem(100_000) is None
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from worker.api.inputs import (
 )
 from worker.observability import get_logger
 from worker.rules import coalescing
+from worker.rules.pacing import RATE_MAX, RATE_MIN
 from worker.store import deliveries as delivery_store
 from worker.store import operations as operation_store
 from worker.web.context import (
@@ -145,8 +146,7 @@ class ReplayFilter(Body):
 
 class BulkReplayBody(Body):
     filter: ReplayFilter = Field(default_factory=ReplayFilter)
-    # rows a second; below one row in 1000 s the pacing's intervals overflow, and nobody means it
-    rate: float | None = Field(default=None, ge=0.001, le=100_000)
+    rate: float | None = Field(default=None, ge=RATE_MIN, le=RATE_MAX)  # rows a second
     max: int | None = Field(default=None, ge=1, le=INTEGER_MAX)
 
 

@@ -22,6 +22,7 @@ from worker.cli.base import (
 )
 from worker.rules import coalescing
 from worker.rules.classification import CATEGORIES
+from worker.rules.pacing import rate_problem
 from worker.store import deliveries as delivery_store
 from worker.store import operations as operation_store
 from worker.store.database import Conn
@@ -142,6 +143,8 @@ async def cmd_replay(args: argparse.Namespace) -> int:
             return 0
         if not args.all:
             raise UsageError("give a delivery id, or --all with filters to replay every matching dead letter")
+        if args.rate is not None and (problem := rate_problem(args.rate)) is not None:
+            raise UsageError(f"--rate {args.rate:g}: {problem}")
         # Batches of the oldest matching dead letters: replayed rows leave the dead-letter state, so
         # an interrupted run simply continues where it stopped when run again. Only those that were
         # dead letters when it started: one that fails again is not replayed a second time, so the

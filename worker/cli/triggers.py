@@ -20,7 +20,7 @@ from worker.cli.base import (
     first_line,
     run_async,
 )
-from worker.rules.pacing import step_plan
+from worker.rules.pacing import rate_problem, step_plan
 from worker.store import triggers as trigger_store
 from worker.store.database import Conn
 
@@ -164,19 +164,21 @@ async def cmd_triggers_drop(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _start_backfill(conn: Conn, args: argparse.Namespace) -> int:
-    """The backfill's operation: a new one, or the trigger's backfill that is running already (a run
-    of this command that was killed, or one an API process steps), continued as it was started."""
+async def _start_backfill(conn: Conn, args: argparse.Namespace) -> tuple[int, float | None]:
+    """The backfill's operation and its rate: a new one, or the trigger's backfill that is running
+    already (a run of this command that was killed, or one an API process steps), continued as it
+    was started."""
     try:
-        return await trigger_store.start_backfill(conn, args.name, args.where, args.rate)
+        return await trigger_store.start_backfill(conn, args.name, args.where, args.rate), args.rate
     except psycopg.errors.ObjectInUse:
         running = await trigger_store.running_backfill(conn, args.name)
         if running is None:  # it ended between the two calls
-            return await trigger_store.start_backfill(conn, args.name, args.where, args.rate)
+            return await trigger_store.start_backfill(conn, args.name, args.where, args.rate), args.rate
         print(f"backfill {running['id']} of {args.name} is running already: continuing it as it was started"
               f" (where: {running['where'] or 'every row'}; rate: {running['rate'] or 'as fast as it goes'})",
               file=sys.stderr)
-        return int(running["id"])
+        rate = running["rate"]
+        return int(running["id"]), None if rate is None else float(rate)
     except (psycopg.errors.NoDataFound, psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable,
             psycopg.errors.UndefinedColumn) as exc:
         raise _refused(exc) from None
@@ -185,12 +187,14 @@ async def _start_backfill(conn: Conn, args: argparse.Namespace) -> int:
 @run_async
 async def cmd_triggers_backfill(args: argparse.Namespace) -> int:
     step_rows = config_of(args).api.replay_step_rows
+    if args.rate is not None and (problem := rate_problem(args.rate)) is not None:
+        raise UsageError(f"--rate {args.rate:g}: {problem}")
     async with connect(args) as conn:
-        operation_id = await _start_backfill(conn, args)
+        operation_id, rate = await _start_backfill(conn, args)
         print(f"backfill {operation_id} of {args.name} started: `operations list` shows it, "
               f"`operations cancel {operation_id}` stops it", file=sys.stderr)
         try:
-            progress = await _step_until_ended(conn, operation_id, step_plan(step_rows, args.rate)[0])
+            progress = await _step_until_ended(conn, operation_id, step_plan(step_rows, rate)[0])
         except asyncio.CancelledError:  # Ctrl-C: the operation stays, where it got to
             print(f"\ninterrupted: backfill {operation_id} stays running where it got to; run this command"
                   " again (or let `webhook-worker api` step it) to continue, `operations cancel"
@@ -228,8 +232,8 @@ async def _step_until_ended(conn: Conn, operation_id: int, rows: int) -> dict[st
             of = f" of about {estimate}" if estimate else ""
             queued, read = progress["processed"], progress["scanned"]
             print(f"backfill {operation_id}: {queued} row(s) queued, {read} read{of}", file=sys.stderr)
-        wait = progress["due_in_seconds"] if stepped is not None else min(
-            BACKFILL_LOOK_SECONDS, max(progress["due_in_seconds"], 0.05))
+        # never longer than a look: a cancel is noticed while the next step is not yet due
+        wait = min(BACKFILL_LOOK_SECONDS, max(progress["due_in_seconds"], 0.05 if stepped is None else 0.0))
         if wait > 0:
             await asyncio.sleep(wait)
 
