@@ -7,7 +7,7 @@ import math
 # Rows a second a bulk operation may be given: below one row in 1000 s its pauses overflow, and
 # nobody means it; sql/functions/triggers.sql checks the same bounds for a backfill started in SQL.
 RATE_MIN = 0.001
-RATE_MAX = 100_000.0
+RATE_MAX = 100_000
 
 
 def rate_problem(rate: float) -> str | None:
