@@ -16,6 +16,7 @@ import psycopg
 
 from worker.config import Config, load_config
 from worker.encryption import Keyring, load_keyring
+from worker.rules.pacing import rate_problem
 from worker.rules.shapes import json_default
 from worker.store import database
 from worker.store import endpoints as endpoint_store
@@ -40,6 +41,19 @@ class UsageError(Exception):
 class CommandFailed(Exception):
     """A well-formed command that could not be done: what it names does not exist, or the state of
     the database refuses it."""
+
+
+def rows_a_second(text: str) -> float:
+    """--rate of a bulk operation (`replay --all`, `triggers backfill`): rows a second, within the
+    bounds every way of starting one keeps to."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rows a second, got {text!r}") from None
+    problem = rate_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def config_of(args: argparse.Namespace) -> Config:

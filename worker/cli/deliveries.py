@@ -17,12 +17,12 @@ from worker.cli.base import (
     connect,
     emit,
     endpoint_ref,
+    rows_a_second,
     run_async,
     tenant_scope,
 )
 from worker.rules import coalescing
 from worker.rules.classification import CATEGORIES
-from worker.rules.pacing import rate_problem
 from worker.store import deliveries as delivery_store
 from worker.store import operations as operation_store
 from worker.store.database import Conn
@@ -143,8 +143,6 @@ async def cmd_replay(args: argparse.Namespace) -> int:
             return 0
         if not args.all:
             raise UsageError("give a delivery id, or --all with filters to replay every matching dead letter")
-        if args.rate is not None and (problem := rate_problem(args.rate)) is not None:
-            raise UsageError(f"--rate {args.rate:g}: {problem}")
         # Batches of the oldest matching dead letters: replayed rows leave the dead-letter state, so
         # an interrupted run simply continues where it stopped when run again. Only those that were
         # dead letters when it started: one that fails again is not replayed a second time, so the
@@ -228,7 +226,7 @@ def register(cli: Commands) -> None:
     replay.add_argument("--all", action="store_true", help="every dead letter matching the filters")
     add_filters(replay)
     replay.add_argument("--batch", type=int, default=100, help="rows per step (default 100)")
-    replay.add_argument("--rate", type=float, help="at most this many rows per second")
+    replay.add_argument("--rate", type=rows_a_second, help="at most this many rows per second")
     replay.add_argument("--max", type=int, help="stop after this many")
     replay.add_argument("--json", action="store_true", help="print JSON")
 

@@ -18,9 +18,10 @@ from worker.cli.base import (
     connect,
     emit,
     first_line,
+    rows_a_second,
     run_async,
 )
-from worker.rules.pacing import rate_problem, step_plan
+from worker.rules.pacing import step_plan
 from worker.store import triggers as trigger_store
 from worker.store.database import Conn
 
@@ -187,8 +188,6 @@ async def _start_backfill(conn: Conn, args: argparse.Namespace) -> tuple[int, fl
 @run_async
 async def cmd_triggers_backfill(args: argparse.Namespace) -> int:
     step_rows = config_of(args).api.replay_step_rows
-    if args.rate is not None and (problem := rate_problem(args.rate)) is not None:
-        raise UsageError(f"--rate {args.rate:g}: {problem}")
     async with connect(args) as conn:
         operation_id, rate = await _start_backfill(conn, args)
         print(f"backfill {operation_id} of {args.name} started: `operations list` shows it, "
@@ -300,7 +299,7 @@ def register(cli: Commands) -> None:
                            "list|cancel`), stepped here until done; run again after a kill to continue it")
     backfill.add_argument("name", metavar="NAME")
     backfill.add_argument("--where", metavar="SQL_CONDITION", help="only rows meeting this condition")
-    backfill.add_argument("--rate", type=float, metavar="N", help="at most N rows a second")
+    backfill.add_argument("--rate", type=rows_a_second, metavar="N", help="at most N rows a second")
     backfill.add_argument("--json", action="store_true", help="print the finished operation as JSON")
 
     invoke = cli.command(group, "invoke", cmd_triggers_invoke, "queue one row now, as op manual")
