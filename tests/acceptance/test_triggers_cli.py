@@ -171,13 +171,20 @@ def operation(db: str, operation_id: int) -> tuple[str, int]:
                  (operation_id,))[0]
 
 
-def test_a_backfill_from_the_cli_is_an_operation_that_operations_cancel_stops(db):
+def orders_to_backfill(db: str, rows: int) -> dict[str, str]:
+    """`rows` orders waiting in a table with a trigger `orders` on inserts and an endpoint subscribed:
+    the environment the CLI runs with."""
     env = {"DATABASE_URL": db}
     add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
     query(db, ORDERS)
-    query(db, "INSERT INTO public.orders (id, status) SELECT n, 'new' FROM generate_series(1, 200) n")
+    query(db, "INSERT INTO public.orders (id, status) SELECT n, 'new' FROM generate_series(1, %s) n", (rows,))
     assert cli("triggers", "add", "orders", "--table", "public.orders", "--on", "insert", "--event-type",
                "order.created", env=env).returncode == 0
+    return env
+
+
+def test_a_backfill_from_the_cli_is_an_operation_that_operations_cancel_stops(db):
+    env = orders_to_backfill(db, 200)
     running = backfill(db, "orders", "--rate", "4")
     try:
         listed = eventually(
@@ -211,12 +218,7 @@ def test_a_backfill_rate_outside_its_bounds_is_refused_before_anything_starts(db
 
 
 def test_a_backfill_waiting_for_its_next_step_notices_a_cancel_at_once(db):
-    env = {"DATABASE_URL": db}
-    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
-    query(db, ORDERS)
-    query(db, "INSERT INTO public.orders (id, status) SELECT n, 'new' FROM generate_series(1, 5) n")
-    assert cli("triggers", "add", "orders", "--table", "public.orders", "--on", "insert", "--event-type",
-               "order.created", env=env).returncode == 0
+    env = orders_to_backfill(db, 5)
     running = backfill(db, "orders", "--rate", "0.01")  # a row, then 100 s until the next
     try:
         [(operation_id,)] = eventually(lambda: query(
@@ -231,12 +233,7 @@ def test_a_backfill_waiting_for_its_next_step_notices_a_cancel_at_once(db):
 
 
 def test_a_backfill_continued_keeps_to_the_rate_it_was_started_with(db):
-    env = {"DATABASE_URL": db}
-    add_endpoint(db, "http://127.0.0.1:9/o", event_types=("order.*",))
-    query(db, ORDERS)
-    query(db, "INSERT INTO public.orders (id, status) SELECT n, 'new' FROM generate_series(1, 20) n")
-    assert cli("triggers", "add", "orders", "--table", "public.orders", "--on", "insert", "--event-type",
-               "order.created", env=env).returncode == 0
+    env = orders_to_backfill(db, 20)
     running = backfill(db, "orders", "--rate", "5")
     try:
         eventually(lambda: query(db, "SELECT 1 FROM webhooks.api_operations WHERE processed > 0"),
